@@ -1,0 +1,3 @@
+from specdec.cache.kv import KVCache
+
+__all__ = ["KVCache"]

@@ -1,0 +1,61 @@
+"""Preallocated KV cache for speculation.
+
+Layout: k, v: (num_layers, num_slots, num_kv_heads, max_len, head_dim), written by
+absolute position. Each slot (one sequence) has a length pointer; rollback moves it
+(O(1)), and the buffer never reallocates during generation. Tree verification
+writes every tree node after the committed prefix; `keep` then moves the accepted
+path's entries down so the prefix is contiguous again.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, num_slots: int = 1,
+                 dtype: torch.dtype = torch.float32):
+        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)
+        self.v = torch.zeros(shape, dtype=dtype)
+        self.max_len = max_len
+        self.lengths = [0] * num_slots
+        self.free_slots = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.lengths)
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def allocate(self) -> int:
+        """A free slot with length 0; raises RuntimeError when all are in use."""
+        if not self.free_slots:
+            raise RuntimeError(f"all {self.num_slots} KV cache slots are in use")
+        slot = self.free_slots.pop()
+        self.lengths[slot] = 0
+        return slot
+
+    def release(self, slot: int) -> None:
+        self.lengths[slot] = 0
+        if slot not in self.free_slots:
+            self.free_slots.append(slot)
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Roll back `slot` to its first `length` positions."""
+        if not 0 <= length <= self.lengths[slot]:
+            raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
+        self.lengths[slot] = length
+
+    def keep(self, slot: int, start: int, offsets: list[int]) -> None:
+        """Keep the entries at start+offsets[i] as positions start+i; drop everything after.
+
+        Used after tree verification: offsets are the accepted nodes' indices in the tree.
+        """
+        if offsets != list(range(len(offsets))):
+            src = torch.tensor([start + o for o in offsets])
+            n = len(offsets)
+            self.k[:, slot, :, start : start + n] = self.k[:, slot, :, src]
+            self.v[:, slot, :, start : start + n] = self.v[:, slot, :, src]
+        self.lengths[slot] = start + len(offsets)

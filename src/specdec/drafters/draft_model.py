@@ -1,0 +1,139 @@
+"""draft-simple: a smaller model with its own KV cache proposes tokens one at a time.
+
+Greedy requests get a greedy draft (one-hot, draft_probs None); sampled requests get
+tokens sampled from the draft's processed distribution, with those probabilities,
+so rejection sampling keeps the target's distribution exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from specdec.drafters.base import Draft, DrafterBase
+from specdec.model.errors import SpecdecError
+from specdec.sampling import SamplingParams, process_logits, sample_token
+
+# Vocabulary sizes may differ by padding rows that no tokenizer emits (Qwen pads to a multiple of 128).
+MAX_VOCAB_PADDING = 128
+
+
+class DraftCompatibilityError(SpecdecError):
+    pass
+
+
+def check_compatible(target, draft) -> None:
+    """Raise DraftCompatibilityError naming the first difference between two models' tokenizers."""
+    tt, dt = target.tokenizer, draft.tokenizer
+    t_name, d_name = target.info.name, draft.info.name
+    if tt.kind != dt.kind:
+        raise DraftCompatibilityError(f"draft {d_name} has a {dt.kind} tokenizer, target {t_name} a {tt.kind} one")
+    if tt.bos_id != dt.bos_id or sorted(tt.eos_ids) != sorted(dt.eos_ids):
+        raise DraftCompatibilityError(
+            f"draft {d_name} has BOS/EOS {dt.bos_id}/{dt.eos_ids}, target {t_name} has {tt.bos_id}/{tt.eos_ids}")
+    tv, dv = target.config.vocab_size, draft.config.vocab_size
+    if abs(tv - dv) > MAX_VOCAB_PADDING:
+        raise DraftCompatibilityError(
+            f"vocabulary sizes differ too much: target {t_name} has {tv}, draft {d_name} has {dv}; pass "
+            "--spec-cross-tokenizer to draft through text instead")
+    for i in range(min(tt.vocab_size, dt.vocab_size)):
+        a, b = tt.token_text(i), dt.token_text(i)
+        if a != b:
+            raise DraftCompatibilityError(
+                f"token {i} differs: target {t_name} has {a!r}, draft {d_name} has {b!r}; pass "
+                "--spec-cross-tokenizer to draft through text instead")
+
+
+class DraftModelDrafter(DrafterBase):
+    """Drafts with `draft` (a loaded Model); `target_vocab` bounds the ids it may propose."""
+
+    def __init__(self, draft, target_vocab: int, p_min: float = 0.0, max_len: int = 4096):
+        self.name = "draft-simple"
+        self.draft = draft
+        self.target_vocab = target_vocab
+        self.p_min = p_min
+        self.cache = draft.transformer.new_cache(max_len)
+        self.slot = self.cache.allocate()
+        self.fed: list[int] = []  # tokens whose K/V sit in the draft cache
+        self.sampling = SamplingParams()
+        self.generator = torch.Generator()
+
+    def set_sampling(self, sampling: SamplingParams, generator: torch.Generator) -> None:
+        self.sampling, self.generator = sampling, generator
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.cache.truncate(self.slot, 0)
+        self.fed = []
+
+    def _feed(self, tokens: list[int]) -> torch.Tensor:
+        """Feed tokens after the cached ones; returns the logits of the last row, (V,)."""
+        out = self.draft.transformer.forward(torch.tensor([tokens]), self.cache, [self.slot],
+                                             exact=len(tokens) == 1, last_only=True)
+        self.fed.extend(tokens)
+        return out.logits[0, -1]
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        if max_tokens <= 0:
+            return Draft(source=self.name)
+        context = list(context)
+        common = 0
+        for a, b in zip(self.fed, context):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(context) - 1)  # always feed at least the newest token
+        self.cache.truncate(self.slot, common)
+        del self.fed[common:]
+        logits = self._feed(context[common:])
+        tokens, probs = [], []
+        for i in range(max_tokens):
+            logits = logits[: self.target_vocab]
+            if self.sampling.greedy:
+                if self.p_min > 0 and float(torch.softmax(logits.float(), -1).max()) < self.p_min:
+                    break
+                token = int(logits.argmax())
+            else:
+                row = process_logits(logits, self.sampling)
+                if self.p_min > 0 and float(row.max()) < self.p_min:
+                    break
+                token = sample_token(row, self.generator)
+                probs.append(row)
+            tokens.append(token)
+            if i + 1 < max_tokens:
+                logits = self._feed([token])
+        draft_probs = torch.stack(probs) if probs else None
+        return Draft(tuple(tokens), draft_probs, source=self.name)
+
+
+class CrossTokenizerDrafter(DrafterBase):
+    """Drafts with a model whose tokenizer differs: target ids -> text -> draft ids, and back.
+
+    The draft's text is re-tokenized with the target's tokenizer; the draft is
+    deterministic (one-hot), so verification stays exact.
+    """
+
+    def __init__(self, draft, target_tokenizer, p_min: float = 0.0, max_len: int = 4096):
+        self.name = "draft-simple"
+        self.inner = DraftModelDrafter(draft, draft.config.vocab_size, p_min, max_len)
+        self.draft_tok = draft.tokenizer
+        self.target_tok = target_tokenizer
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.inner.begin(prompt)
+
+    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+        if max_tokens <= 0:
+            return Draft(source=self.name)
+        text = self.target_tok.decode(context)
+        draft_ids = self.draft_tok.encode(text)
+        proposal = self.inner.propose(draft_ids, max_tokens + 2)
+        if not proposal.tokens:
+            return Draft(source=self.name)
+        # Re-tokenize the whole text so token boundaries match what the target would see,
+        # then keep only the ids after the context.
+        full = self.target_tok.encode(text + self.draft_tok.decode(list(proposal.tokens)), add_bos=False)
+        ctx = self.target_tok.encode(text, add_bos=False)
+        if full[: len(ctx)] != ctx:
+            return Draft(source=self.name)  # the boundary re-merged: no safe draft this step
+        return Draft(tuple(full[len(ctx) : len(ctx) + max_tokens]), source=self.name)

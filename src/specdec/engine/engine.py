@@ -1,0 +1,268 @@
+"""The draft -> verify -> commit loop.
+
+Plain decoding is the same loop with an empty draft: both feed [last token] +
+draft through one exact forward, so greedy speculative output equals plain greedy
+output token for token (see model/transformer.py, Numerics).
+
+    engine = Engine(model, SpecConfig(types=("ngram-simple",)))
+    result = engine.generate(prompt_ids, SamplingParams(), max_tokens=64)
+    result.token_ids, result.stats.summary()
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import torch
+
+from specdec.drafters.base import Draft, Drafter
+from specdec.engine.config import SpecConfig
+from specdec.engine.stats import SpecStats
+from specdec.model.load import Model
+from specdec.sampling import SamplingParams, process_logits
+from specdec.verify import (VerifyResult, verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling,
+                            verify_typical)
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    stop: tuple[str, ...]
+    spec: SpecConfig
+    slot: int
+    drafters: list[Drafter]
+    generator: torch.Generator
+    output: list[int] = field(default_factory=list)  # emitted tokens; the last one is not in the cache yet
+    stop_text: str | None = None  # the decoded output cut before the stop string that ended it
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    stats: SpecStats = field(default_factory=SpecStats)
+    draft_len: int = 0  # current draft length (adaptive mode moves it)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    _decoded_upto: int = 0
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    stats: SpecStats
+    prefill_s: float
+    decode_s: float
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        # the first token comes from prefill; decode produced the rest
+        n = max(len(self.token_ids) - 1, 0)
+        return n / self.decode_s if self.decode_s > 0 else 0.0
+
+
+class Engine:
+    """Runs requests on one target model with the drafters a SpecConfig names."""
+
+    def __init__(self, model: Model, spec: SpecConfig = SpecConfig(), max_len: int = 4096, drafter_factory=None):
+        self.model = model
+        self.spec = spec
+        self.cache = model.transformer.new_cache(max_len)
+        self.eos = set(model.tokenizer.eos_ids)
+        # make_drafter(name, spec) -> Drafter; the default resolves through the registry
+        from specdec.drafters.factory import DrafterFactory
+
+        self.drafter_factory = drafter_factory or DrafterFactory(model)
+        self._drafters: dict[str, Drafter] = {}
+
+    # -- drafters ----------------------------------------------------------------------------
+    def drafters_for(self, spec: SpecConfig) -> list[Drafter]:
+        out = []
+        for name in spec.types:
+            key = f"{name}|{spec.draft_model}|{spec.draft_p_min}|{spec.cross_tokenizer}"
+            if key not in self._drafters:
+                self._drafters[key] = self.drafter_factory(name, spec)
+            out.append(self._drafters[key])
+        return out
+
+    # -- request lifecycle -------------------------------------------------------------------
+    def start(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
+              stop: Sequence[str] = (), spec: SpecConfig | None = None) -> Request:
+        """Prefill the prompt and emit the first token."""
+        spec = self.spec if spec is None else spec
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if len(prompt) + 1 > self.cache.max_len:
+            raise ValueError(f"the prompt has {len(prompt)} tokens; the context holds {self.cache.max_len}")
+        vocab = self.model.config.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        drafters = self.drafters_for(spec)
+        slot = self.cache.allocate()
+        req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, sampling.generator(),
+                      stats=SpecStats(method=spec.method), draft_len=spec.draft_n_max)
+        for d in drafters:
+            d.begin(prompt)
+            configure = getattr(d, "set_sampling", None)
+            if configure is not None:
+                configure(sampling, req.generator)
+        t0 = time.perf_counter()
+        try:
+            out = self.model.transformer.forward(torch.tensor([prompt]), self.cache, [slot], exact=False,
+                                                 last_only=True)
+            first = self._verify(req, out.logits[0], Draft())
+        except BaseException:
+            self.cache.release(slot)
+            raise
+        req.prefill_s = time.perf_counter() - t0
+        self._emit(req, first.tokens)
+        return req
+
+    def step(self, req: Request) -> list[int]:
+        """One draft -> verify -> commit round; returns the newly emitted tokens."""
+        if req.finished:
+            return []
+        t0 = time.perf_counter()
+        tr = self.model.transformer
+        start = self.cache.lengths[req.slot]
+        room = min(req.max_tokens - len(req.output) - 1, self.cache.max_len - start - 2)
+        draft = self._propose(req, max(0, min(req.draft_len, room)))
+        t1 = time.perf_counter()
+        tokens = [req.output[-1]]
+        if draft.tree is not None:
+            tree = draft.tree
+            tokens += list(tree.tokens)
+            n = len(tree) + 1
+            mask = torch.zeros(n, n, dtype=torch.bool)
+            mask[:, 0] = True
+            mask[1:, 1:] = tree.attention_mask()
+            positions = torch.tensor([[start] + [start + d for d in tree.depths()]])
+            out = tr.forward(torch.tensor([tokens]), self.cache, [req.slot], positions=positions, tree_mask=mask[None])
+        else:
+            tokens += list(draft.tokens)
+            out = tr.forward(torch.tensor([tokens]), self.cache, [req.slot])
+        result = self._verify(req, out.logits[0], draft)
+        if draft.tree is not None:
+            self.cache.keep(req.slot, start, [0] + [1 + i for i in result.accepted_path])
+        else:
+            self.cache.truncate(req.slot, start + 1 + result.num_accepted)
+        t2 = time.perf_counter()
+        for d in req.drafters:
+            if d.name == draft.source:
+                d.on_accept(result.num_accepted)
+        req.stats.record(draft.source, len(draft), result.num_accepted)
+        req.stats.draft_s += t1 - t0
+        req.stats.verify_s += t2 - t1
+        req.stats.lossy |= result.lossy
+        self._adapt(req, len(draft), result.num_accepted)
+        new = self._emit(req, result.tokens)
+        req.decode_s += time.perf_counter() - t0
+        return new
+
+    def finish(self, req: Request) -> None:
+        """Free the request's cache slot and let drafters learn from its output."""
+        if req.slot >= 0:
+            self.cache.release(req.slot)
+            req.slot = -1
+            for d in req.drafters:
+                d.end(req.output)
+
+    def stream(self, prompt, sampling=SamplingParams(), max_tokens=128, stop=(), spec=None) -> Iterator[list[int]]:
+        """Yields lists of new token ids as they are committed; the last value of `req` holds the stats."""
+        req = self.start(prompt, sampling, max_tokens, stop, spec)
+        try:
+            yield req.output[:]
+            while not req.finished:
+                new = self.step(req)
+                if new:
+                    yield new
+        finally:
+            self.finish(req)
+        self.last_request = req
+
+    def generate(self, prompt, sampling=SamplingParams(), max_tokens=128, stop=(), spec=None) -> GenerationResult:
+        req = self.start(prompt, sampling, max_tokens, stop, spec)
+        try:
+            while not req.finished:
+                self.step(req)
+        finally:
+            self.finish(req)
+        return self.result(req)
+
+    def result(self, req: Request) -> GenerationResult:
+        text = req.stop_text if req.stop_text is not None else self.model.tokenizer.decode(req.output)
+        return GenerationResult(req.output, text, req.finish_reason or "length", len(req.prompt), req.stats,
+                                req.prefill_s, req.decode_s)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _propose(self, req: Request, k: int) -> Draft:
+        if k <= 0 or not req.drafters:
+            return Draft()
+        context = req.prompt + req.output
+        for d in req.drafters:
+            draft = d.propose(context, k)
+            if len(draft) > 0:
+                if len(draft) < req.spec.draft_n_min:
+                    return Draft(source=draft.source)
+                if draft.tree is None and len(draft.tokens) > k:
+                    raise RuntimeError(f"drafter {d.name} proposed {len(draft.tokens)} tokens, more than {k}")
+                return draft
+        return Draft()
+
+    def _verify(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyResult:
+        # logits: (1 + len(draft), V)
+        if req.sampling.greedy:
+            if draft.tree is not None:
+                return verify_tree_greedy(logits, draft.tree)
+            return verify_greedy(logits, draft.tokens)
+        target_probs = process_logits(logits, req.sampling)
+        draft_probs = draft.draft_probs
+        if draft.tree is not None:
+            return verify_tree_sampling(target_probs, draft.tree, draft_probs, req.generator)
+        if req.spec.acceptance == "typical" and len(draft.tokens) > 0:
+            return verify_typical(target_probs, draft.tokens)
+        return verify_sampling(target_probs, draft.tokens, draft_probs, req.generator)
+
+    def _adapt(self, req: Request, drafted: int, accepted: int) -> None:
+        if not req.spec.adaptive or drafted == 0:
+            return
+        if accepted == drafted:
+            req.draft_len = min(req.draft_len + 1, req.spec.draft_n_max)
+        elif accepted < drafted // 2:
+            req.draft_len = max(1, req.draft_len - 1)
+
+    def _emit(self, req: Request, tokens: Sequence[int]) -> list[int]:
+        """Append tokens one at a time, stopping exactly where plain decoding would."""
+        new = []
+        for t in tokens:
+            if t in self.eos:
+                req.finished, req.finish_reason = True, "stop"
+                break
+            req.output.append(t)
+            new.append(t)
+            if req.stop and self._hit_stop(req):
+                req.finished, req.finish_reason = True, "stop"
+                break
+            if len(req.output) >= req.max_tokens:
+                req.finished, req.finish_reason = True, "length"
+                break
+            if len(req.prompt) + len(req.output) + 1 >= self.cache.max_len:
+                req.finished, req.finish_reason = True, "length"
+                break
+        return new
+
+    def _hit_stop(self, req: Request) -> bool:
+        text = self.model.tokenizer.decode(req.output)
+        for s in req.stop:
+            at = text.find(s)
+            if at >= 0:
+                req.stop_text = text[:at]
+                return True
+        return False

@@ -1,0 +1,230 @@
+"""Read a GGUF file: configuration, tensors (dequantized on demand), tokenizer metadata.
+
+Tensors are renamed to the Hugging Face names (model.layers.0.self_attn.q_proj.weight,
+...) so that one model builder serves GGUF files and HF folders alike. The `gguf`
+package's reader and dequantizers do the byte work.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.model.config import SUPPORTED_ARCHS, ModelConfig
+from specdec.model.errors import ModelFileError
+
+# GGML types we dequantize (the gguf package can do more; these are the ones we test).
+SUPPORTED_GGML_TYPES = {
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
+}
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+@dataclass
+class GGUFModel:
+    path: Path
+    config: ModelConfig
+    metadata: dict
+    quant: str  # dominant tensor type of the 2-D weights, e.g. "Q4_K" ("Q4_K_M" from file_type when known)
+    tensor_types: dict[str, str]
+    gguf_names: list[str]
+    _tensors: dict = field(repr=False, default_factory=dict)  # HF name -> gguf ReaderTensor
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor in float32, in the Hugging Face layout ((out, in) for matrices)."""
+        from gguf.quants import dequantize
+
+        t = self._tensors[name]
+        try:
+            array = dequantize(t.data, t.tensor_type)
+        except Exception as exc:  # the gguf package raises assorted errors on bad blocks
+            raise ModelFileError(self.path, f"tensor {t.name} ({t.tensor_type.name}) cannot be decoded: {exc}") from None
+        out = torch.from_numpy(np.array(array, dtype=np.float32, copy=True))
+        expected = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if len(expected) == 1:
+            expected = (expected[0],)
+        if tuple(out.shape) != expected:
+            out = out.reshape(expected)
+        if self.config.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
+            out = _unpermute_rope(out, heads)
+        return out
+
+
+# llama.cpp's file_type enum (LLAMA_FTYPE_*), for naming the quantization the way users know it.
+_FILE_TYPES = {
+    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K",
+    11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M", 16: "Q5_K_S",
+    17: "Q5_K_M", 18: "Q6_K", 32: "BF16",
+}
+
+
+def _unpermute_rope(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row permutation for the llama architecture.
+
+    The converter reorders each head's rows from HF's half-split rotary layout to
+    interleaved pairs; we keep HF's layout and its rotate-half RoPE.
+    """
+    rows = weight.shape[0]
+    return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    value = f.contents()
+    return value
+
+
+def read_gguf(path: str | os.PathLike) -> GGUFModel:
+    """Open a GGUF file and check it can be run; raises ModelFileError with a clear reason."""
+    from gguf import GGUFReader
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(path, "no such file")
+    try:
+        reader = GGUFReader(path)
+    except Exception as exc:
+        raise ModelFileError(path, f"not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+    size = path.stat().st_size
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise ModelFileError(path, f"truncated: tensor data needs {end} bytes but the file has {size}")
+
+    meta = {}
+    for key in reader.fields:
+        if key.startswith("tokenizer.ggml.") and key.split(".")[-1] in ("tokens", "scores", "token_type", "merges"):
+            continue  # big arrays: read on demand by the tokenizer
+        try:
+            meta[key] = _field(reader, key)
+        except Exception:
+            meta[key] = None
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelFileError(path, f"architecture {arch!r} is not supported (specdec runs {', '.join(SUPPORTED_ARCHS)})")
+
+    tensors, types = {}, {}
+    gguf_names = []
+    for t in reader.tensors:
+        gguf_names.append(t.name)
+        types[t.name] = t.tensor_type.name
+        if t.tensor_type.name not in SUPPORTED_GGML_TYPES:
+            raise ModelFileError(path, f"tensor {t.name} has quantization {t.tensor_type.name}, which specdec cannot load "
+                                 f"(supported: {', '.join(sorted(SUPPORTED_GGML_TYPES))})")
+        hf = _hf_name(t.name)
+        if hf is not None:
+            tensors[hf] = t
+    config = _config(path, arch, meta, tensors)
+    two_d = [types[t.name] for t in reader.tensors if len(t.shape) == 2]
+    ftype = meta.get("general.file_type")
+    quant = _FILE_TYPES.get(int(ftype)) if ftype is not None else None
+    if quant is None:
+        quant = max(set(two_d), key=two_d.count) if two_d else "F32"
+    model = GGUFModel(path, config, meta, quant, types, gguf_names, tensors)
+    model.reader = reader
+    _check_shapes(model)
+    return model
+
+
+def _hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def _config(path, arch: str, meta: dict, tensors: dict) -> ModelConfig:
+    def need(key):
+        value = meta.get(f"{arch}.{key}")
+        if value is None:
+            raise ModelFileError(path, f"metadata key {arch}.{key} is missing")
+        return value
+
+    hidden = int(need("embedding_length"))
+    heads = int(need("attention.head_count"))
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv") or heads)
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+    embed = tensors.get("model.embed_tokens.weight")
+    if embed is None:
+        raise ModelFileError(path, "tensor token_embd.weight is missing")
+    vocab = int(meta.get(f"{arch}.vocab_size") or embed.shape[-1])
+    nextn = int(meta.get(f"{arch}.nextn_predict_layers") or 0)
+    return ModelConfig(
+        arch=arch,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_layers=int(need("block_count")) - nextn,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=int(need("feed_forward_length")),
+        rope_theta=float(meta.get(f"{arch}.rope.freq_base") or 10000.0),
+        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon") or 1e-6),
+        context_length=int(meta.get(f"{arch}.context_length") or 4096),
+        qkv_bias="model.layers.0.self_attn.q_proj.bias" in tensors,
+        qk_norm="model.layers.0.self_attn.q_norm.weight" in tensors,
+        tie_embeddings="lm_head.weight" not in tensors,
+        mtp_layers_declared=nextn,
+    )
+
+
+def _check_shapes(model: GGUFModel) -> None:
+    c = model.config
+    expected = {
+        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
+        "model.norm.weight": (c.hidden_size,),
+    }
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        expected.update({
+            p + "self_attn.q_proj.weight": (c.q_size, c.hidden_size),
+            p + "self_attn.k_proj.weight": (c.kv_size, c.hidden_size),
+            p + "self_attn.v_proj.weight": (c.kv_size, c.hidden_size),
+            p + "self_attn.o_proj.weight": (c.hidden_size, c.q_size),
+            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+            p + "input_layernorm.weight": (c.hidden_size,),
+            p + "post_attention_layernorm.weight": (c.hidden_size,),
+        })
+    for name, shape in expected.items():
+        t = model._tensors.get(name)
+        if t is None:
+            raise ModelFileError(model.path, f"tensor for {name} is missing")
+        got = tuple(int(d) for d in reversed(t.shape.tolist()))
+        if got != shape:
+            raise ModelFileError(model.path, f"tensor {t.name} has shape {got}, expected {shape}")

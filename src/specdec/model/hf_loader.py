@@ -1,0 +1,96 @@
+"""Read a Hugging Face folder: config.json + safetensors (one file or sharded). Never unpickles."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from specdec.model.config import ModelConfig
+from specdec.model.errors import ModelFileError
+
+_ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+@dataclass
+class HFModel:
+    path: Path
+    config: ModelConfig
+    raw_config: dict
+    quant: str
+    _files: dict = field(repr=False, default_factory=dict)  # tensor name -> safetensors file
+
+    def names(self) -> list[str]:
+        return list(self._files)
+
+    def get(self, name: str) -> torch.Tensor:
+        from safetensors import safe_open
+
+        with safe_open(self._files[name], framework="pt") as f:
+            return f.get_tensor(name).float()
+
+
+def read_hf_folder(path: str | os.PathLike) -> HFModel:
+    from safetensors import safe_open
+
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelFileError(path, "no config.json in this folder")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as exc:
+        raise ModelFileError(cfg_file, f"config.json is not valid JSON ({exc})") from None
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        bins = sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))
+        hint = " (pickled .bin weights are never loaded; convert them to safetensors)" if bins else ""
+        raise ModelFileError(path, f"no .safetensors weights in this folder{hint}")
+    files, dtypes = {}, {}
+    for shard in shards:
+        try:
+            with safe_open(shard, framework="pt") as f:
+                for name in f.keys():
+                    files[name] = shard
+                    dtypes[str(f.get_slice(name).get_dtype())] = True
+        except Exception as exc:
+            raise ModelFileError(shard, f"not a readable safetensors file ({exc})") from None
+    config = config_from_hf(path, raw, files)
+    quant = "BF16" if "BF16" in dtypes else "F16" if "F16" in dtypes else "F32"
+    model = HFModel(path, config, raw, quant, files)
+    for name in ("model.embed_tokens.weight", "model.norm.weight"):
+        if name not in files:
+            raise ModelFileError(path, f"tensor {name} is missing")
+    return model
+
+
+def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
+    model_type = raw.get("model_type")
+    arch = _ARCH_BY_MODEL_TYPE.get(model_type)
+    if arch is None:
+        raise ModelFileError(path, f"model_type {model_type!r} is not supported (specdec runs llama, qwen2, qwen3)")
+    try:
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        return ModelConfig(
+            arch=arch,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            intermediate_size=int(raw["intermediate_size"]),
+            rope_theta=float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            context_length=int(raw.get("max_position_embeddings", 4096)),
+            qkv_bias=bool(raw.get("attention_bias", arch == "qwen2")),
+            qk_norm=arch == "qwen3",
+            tie_embeddings=bool(raw.get("tie_word_embeddings", False)) or "lm_head.weight" not in tensor_names,
+            mtp_layers_declared=int(raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers") or 0),
+        )
+    except KeyError as exc:
+        raise ModelFileError(path, f"config.json lacks {exc.args[0]!r}") from None

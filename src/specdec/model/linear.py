@@ -1,0 +1,95 @@
+"""Weight storage formats and the matmul that goes with each.
+
+Every format here except fp32 is *row-invariant*: a row of the output is bitwise the
+same whether the input has 1 row or 16 (measured on this project's CPU, see
+DESIGN.md, Numerics). That is what makes greedy speculative output bit-identical
+to plain decoding. fp32 `linear` is not (MKL picks another kernel for 1 row), so
+the fp32 format computes row by row when `exact=True`.
+
+Formats, and what one decode step reads per weight element:
+    fp32  4 bytes   reference numerics (parity tests with transformers)
+    bf16  2 bytes   activations rounded to bf16 at the matmul
+    int8  1 byte    per-output-channel symmetric, bf16 scales (torch._weight_int8pack_mm)
+    int4  0.5 byte  groups of 32, asymmetric, bf16 scale+zero (torch._weight_int4pack_mm_for_cpu);
+                    GGUF 4-bit blocks (Q4_0, Q4_1, Q4_K) are 16-level grids per 32 values,
+                    so they requantize to int4 with only the bf16 rounding of scale and zero.
+"""
+
+from __future__ import annotations
+
+import torch
+
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+INT4_GROUP = 32
+
+
+class QLinear:
+    """y = x @ W.T (+ bias), with W stored in one of WEIGHT_FORMATS.
+
+    x: (M, K) float32 -> (M, N) float32.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):
+        if fmt not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown weight format {fmt!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+        weight = weight.float()
+        self.out_features, self.in_features = weight.shape
+        self.fmt = fmt
+        self.bias = None if bias is None else bias.float().contiguous()
+        if fmt == "int4" and self.in_features % INT4_GROUP != 0:
+            fmt = self.fmt = "int8"  # rows that do not split into groups of 32 fall back to int8
+        if fmt == "fp32":
+            self.weight = weight.contiguous()
+        elif fmt == "bf16":
+            self.weight = weight.to(torch.bfloat16).contiguous()
+        elif fmt == "int8":
+            scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0  # (N,)
+            self.weight = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
+            self.scale = scale.to(torch.bfloat16)
+        else:
+            self._pack_int4(weight)
+
+    def _pack_int4(self, weight: torch.Tensor) -> None:
+        n, k = weight.shape
+        groups = weight.reshape(n, k // INT4_GROUP, INT4_GROUP)
+        low = groups.amin(-1, keepdim=True)
+        high = groups.amax(-1, keepdim=True)
+        scale = ((high - low) / 15.0).clamp(min=1e-12)
+        q = torch.round((groups - low) / scale).clamp(0, 15).to(torch.int32).reshape(n, k)
+        self.weight = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        # torch's int4 kernel computes (q - 8) * scale + zero
+        zero = low + 8.0 * scale
+        self.scale_zero = (
+            torch.stack([scale.reshape(n, -1).t(), zero.reshape(n, -1).t()], dim=-1).to(torch.bfloat16).contiguous()
+        )  # (K/32, N, 2)
+
+    def nbytes(self) -> int:
+        """Bytes read from memory per use (weights, scales, bias)."""
+        tensors = [self.weight, self.bias, getattr(self, "scale", None), getattr(self, "scale_zero", None)]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    def dense_weight(self) -> torch.Tensor:
+        """(N, K) float32: the weight as this format represents it."""
+        if self.fmt in ("fp32", "bf16"):
+            return self.weight.float()
+        if self.fmt == "int8":
+            return self.weight.float() * self.scale.float()[:, None]
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        return torch._weight_int4pack_mm_for_cpu(eye, self.weight, INT4_GROUP, self.scale_zero).float().t()
+
+    def __call__(self, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
+        # x: (M, K) float32
+        if self.fmt == "fp32":
+            if exact and x.shape[0] > 1:
+                y = torch.cat([torch.nn.functional.linear(x[i : i + 1], self.weight) for i in range(x.shape[0])])
+            else:
+                y = torch.nn.functional.linear(x, self.weight)
+        elif self.fmt == "bf16":
+            y = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).float()
+        elif self.fmt == "int8":
+            y = torch._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scale).float()
+        else:
+            y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.weight, INT4_GROUP, self.scale_zero).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y

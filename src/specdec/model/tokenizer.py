@@ -1,0 +1,156 @@
+"""Tokenizer and chat template, built from GGUF metadata or a tokenizer.json.
+
+Byte-level BPE (the `gpt2` tokenizer model of GGUF, used by SmolLM2, Qwen2.5, Qwen3,
+Llama 3) is built with the `tokenizers` library from the file's vocabulary and
+merges, with the pre-tokenizer split that `tokenizer.ggml.pre` names.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdec.model.errors import ModelFileError
+
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPLITS = {"qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
+           "llama3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT}
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+class Tokenizer:
+    def __init__(self, backend, bos_id: int | None, eos_ids: list[int], add_bos: bool, chat_template: str | None,
+                 kind: str):
+        self.backend = backend  # tokenizers.Tokenizer
+        self.bos_id = bos_id
+        self.eos_ids = eos_ids  # generation stops at any of these
+        self.add_bos = add_bos
+        self.chat_template = chat_template
+        self.kind = kind  # "gpt2" (byte-level BPE) or "tokenizer.json"
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids, skip_special: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_text(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render messages with the model's own Jinja template (sandboxed)."""
+        if not self.chat_template:
+            raise ValueError("this model has no chat template; use a plain prompt instead of --chat")
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise ValueError(f"chat template: {message}")
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        template = env.from_string(self.chat_template)
+        bos = self.token_text(self.bos_id) if self.bos_id is not None else ""
+        eos = self.token_text(self.eos_ids[0]) if self.eos_ids else ""
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos,
+                               eos_token=eos)
+
+
+class StreamDecoder:
+    """Turns a growing list of token ids into text pieces, never splitting a UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.emitted = 0  # characters of the decoded text already handed out
+
+    def push(self, ids) -> str:
+        self.ids.extend(ids)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):
+            return ""  # an incomplete multi-byte character: wait for the next token
+        piece = text[self.emitted :]
+        self.emitted = len(text)
+        return piece
+
+
+def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as Backend
+
+    kind = metadata.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ModelFileError(path, f"tokenizer model {kind!r} is not supported yet (specdec builds byte-level BPE, "
+                             "'gpt2'); use an HF folder with tokenizer.json instead")
+    tokens = reader.fields["tokenizer.ggml.tokens"].contents()
+    merges = reader.fields["tokenizer.ggml.merges"].contents() if "tokenizer.ggml.merges" in reader.fields else []
+    types = reader.fields["tokenizer.ggml.token_type"].contents() if "tokenizer.ggml.token_type" in reader.fields else []
+    vocab = {t: i for i, t in enumerate(tokens)}
+    backend = Backend(models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], dropout=None,
+                                 continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
+    pre = metadata.get("tokenizer.ggml.pre")
+    if pre in _SPLITS:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    elif pre == "smollm":  # SmolLM's own tokenizer.json: single digits, then GPT-2 byte-level
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    else:
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    special = [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types) if ty == _CONTROL]
+    backend.add_special_tokens(special)
+    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
+                        if ty == _USER_DEFINED])
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    eos_ids = [int(metadata[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+               if metadata.get(k) is not None]
+    return Tokenizer(backend, None if bos is None else int(bos), list(dict.fromkeys(eos_ids)),
+                     bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+                     metadata.get("tokenizer.chat_template"), "gpt2")
+
+
+def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
+    from tokenizers import Tokenizer as Backend
+
+    file = Path(path) / "tokenizer.json"
+    if not file.is_file():
+        raise ModelFileError(path, "no tokenizer.json in this folder")
+    backend = Backend.from_file(str(file))
+    cfg_file = Path(path) / "tokenizer_config.json"
+    tcfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+
+    def token_id(value):
+        if isinstance(value, dict):
+            value = value.get("content")
+        return backend.token_to_id(value) if isinstance(value, str) else None
+
+    bos = token_id(tcfg.get("bos_token"))
+    if bos is None and isinstance(raw_config.get("bos_token_id"), int):
+        bos = raw_config["bos_token_id"]
+    eos = raw_config.get("eos_token_id")
+    eos_ids = eos if isinstance(eos, list) else ([eos] if isinstance(eos, int) else [])
+    tok_eos = token_id(tcfg.get("eos_token"))
+    if tok_eos is not None and tok_eos not in eos_ids:
+        eos_ids = [tok_eos] + eos_ids
+    template = tcfg.get("chat_template")
+    template_file = Path(path) / "chat_template.jinja"
+    if template is None and template_file.is_file():
+        template = template_file.read_text()
+    return Tokenizer(backend, bos, eos_ids, bool(tcfg.get("add_bos_token", False)), template, "tokenizer.json")

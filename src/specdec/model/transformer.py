@@ -1,0 +1,194 @@
+"""The decoder-only transformer (Llama, Qwen2, Qwen3), written for speculation.
+
+One forward takes several new tokens per sequence with explicit positions, an
+optional tree mask, and returns logits plus the hidden states of chosen layers.
+
+Numerics: with `exact=True` every output row is computed with exactly the ops a
+one-token decode step would use (row-invariant matmuls, and attention that reduces
+each query row over exactly its own keys, in order). So verifying k drafted tokens
+in one pass gives bitwise the logits k single steps would give, and greedy
+speculative output equals plain greedy output by construction.
+`exact=False` (prefill) uses fused attention; plain and speculative decoding share it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from specdec.cache.kv import KVCache
+from specdec.model.config import ModelConfig
+from specdec.model.linear import QLinear
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x: (..., H) float32; row-wise, hence batch-invariant
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def rope_tables(head_dim: int, theta: float, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: (max_len, head_dim), computed as transformers does (rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (T, nh, hd); cos/sin: (T, 1, hd)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+@dataclass
+class Layer:
+    qkv: QLinear  # q, k, v projections fused: (q_size + 2 * kv_size, H)
+    o: QLinear
+    gate_up: QLinear  # gate and up fused: (2 * I, H)
+    down: QLinear
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # (B, T, V) float32, or (B, 1, V) when only the last row was asked for
+    hidden: dict[int, torch.Tensor]  # layer index -> (B, T, H); see Transformer.forward
+
+
+class Transformer:
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[Layer], norm: torch.Tensor,
+                 lm_head: QLinear, weights_format: str):
+        self.config = config
+        self.embed = embed  # (V, H), float32 or bf16 (rows are looked up, then widened)
+        self.layers = layers
+        self.norm = norm
+        self.lm_head = lm_head
+        self.weights_format = weights_format
+        self.max_positions = config.context_length
+        self.cos, self.sin = rope_tables(config.head_dim, config.rope_theta, self.max_positions)
+
+    # -- sizes -------------------------------------------------------------------------------
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads (all matrices, norms, one embedding row)."""
+        total = self.lm_head.nbytes() + self.embed.shape[1] * self.embed.element_size()
+        for layer in self.layers:
+            total += sum(m.nbytes() for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        return total
+
+    def new_cache(self, max_len: int | None = None, num_slots: int = 1) -> KVCache:
+        c = self.config
+        max_len = min(max_len or c.context_length, self.max_positions)
+        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_len, num_slots)
+
+    # -- forward -----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        cache: KVCache,
+        slots: list[int],
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+        hidden_layers: tuple[int, ...] = (),
+        exact: bool = True,
+        last_only: bool = False,
+    ) -> ForwardOutput:
+        """Run new tokens through the model, appending their K/V to each slot of the cache.
+
+        tokens:    (B, T) ids; row b continues the sequence in cache slot slots[b].
+        positions: (B, T) RoPE positions; default start_b + arange(T). A tree passes
+                   start_b + depth - 1 for each node.
+        tree_mask: (B, T, T) bool; [b, i, j] True when new token i attends new token j.
+                   Default causal. Every row always attends the whole committed prefix.
+        hidden_layers: indices as in transformers' hidden_states: 0 = embeddings,
+                   i = output of decoder layer i-1, num_layers = last layer before the norm.
+        exact:     decode-identical numerics per row (see module docstring).
+        last_only: compute logits for the last row of each sequence only (prefill).
+        The cache length of each slot grows by T; the caller truncates what it rejects.
+        """
+        c = self.config
+        B, T = tokens.shape
+        starts = [cache.lengths[s] for s in slots]
+        for b, s in enumerate(slots):
+            if starts[b] + T > cache.max_len:
+                raise ValueError(f"sequence in slot {s} would exceed the cache length {cache.max_len}")
+        if positions is None:
+            positions = torch.tensor(starts)[:, None] + torch.arange(T)[None, :]
+        if int(positions.max()) >= self.max_positions:
+            raise ValueError(f"position {int(positions.max())} is beyond the context length {self.max_positions}")
+        cos = self.cos[positions].reshape(B * T, 1, -1)
+        sin = self.sin[positions].reshape(B * T, 1, -1)
+
+        x = self.embed[tokens.reshape(-1)].float()  # (B*T, H)
+        hidden = {}
+        if 0 in hidden_layers:
+            hidden[0] = x.reshape(B, T, -1)
+        for li, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
+            qkv = layer.qkv(h, exact)  # (B*T, q + 2kv)
+            q = qkv[:, : c.q_size].reshape(B * T, c.num_heads, c.head_dim)
+            k = qkv[:, c.q_size : c.q_size + c.kv_size].reshape(B * T, c.num_kv_heads, c.head_dim)
+            v = qkv[:, c.q_size + c.kv_size :].reshape(B * T, c.num_kv_heads, c.head_dim)
+            if layer.q_norm is not None:
+                q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
+                k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
+            q = apply_rope(q, cos, sin)
+            k = apply_rope(k, cos, sin)
+            attn = torch.empty(B, T, c.num_heads, c.head_dim)
+            for b, slot in enumerate(slots):
+                rows = slice(b * T, (b + 1) * T)
+                cache.k[li, slot, :, starts[b] : starts[b] + T] = k[rows].transpose(0, 1)
+                cache.v[li, slot, :, starts[b] : starts[b] + T] = v[rows].transpose(0, 1)
+                mask = None if tree_mask is None else tree_mask[b]
+                attn[b] = self._attend(q[rows], cache, li, slot, starts[b], mask, exact)
+            x = x + layer.o(attn.reshape(B * T, c.q_size), exact)
+            h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
+            gate, up = layer.gate_up(h, exact).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up, exact)
+            if li + 1 in hidden_layers:
+                hidden[li + 1] = x.reshape(B, T, -1)
+        for b, slot in enumerate(slots):
+            cache.lengths[slot] = starts[b] + T
+        x = x.reshape(B, T, -1)
+        if last_only:
+            x = x[:, -1:]
+        x = rms_norm(x, self.norm, c.rms_norm_eps)
+        logits = self.lm_head(x.reshape(-1, c.hidden_size), exact).reshape(B, x.shape[1], -1)
+        return ForwardOutput(logits, hidden)
+
+    def _attend(self, q: torch.Tensor, cache: KVCache, li: int, slot: int, start: int,
+                tree_mask: torch.Tensor | None, exact: bool) -> torch.Tensor:
+        """q: (T, nh, hd) for new tokens at cache offsets start..start+T-1 -> (T, nh, hd)."""
+        c = self.config
+        T = q.shape[0]
+        group = c.num_heads // c.num_kv_heads
+        keys = cache.k[li, slot]  # (nkv, max_len, hd)
+        values = cache.v[li, slot]
+        scale = 1.0 / math.sqrt(c.head_dim)
+        if not exact and tree_mask is None:
+            end = start + T
+            qh = q.transpose(0, 1)  # (nh, T, hd)
+            k = keys[:, :end].repeat_interleave(group, dim=0)
+            v = values[:, :end].repeat_interleave(group, dim=0)
+            allowed = torch.arange(end)[None, :] <= (start + torch.arange(T))[:, None]  # (T, end)
+            out = F.scaled_dot_product_attention(qh, k, v, attn_mask=allowed, scale=scale)
+            return out.transpose(0, 1)
+        out = torch.empty_like(q)
+        qg = q.reshape(T, c.num_kv_heads, group, c.head_dim)
+        for t in range(T):
+            if tree_mask is None:
+                k, v = keys[:, : start + t + 1], values[:, : start + t + 1]
+            else:
+                idx = torch.cat([torch.arange(start), start + tree_mask[t].nonzero().flatten()])
+                k, v = keys[:, idx], values[:, idx]
+            # one decode step's attention: (nkv, group, hd) x (nkv, L, hd) -> (nkv, group, hd)
+            scores = torch.matmul(qg[t], k.transpose(1, 2)) * scale
+            out[t] = torch.matmul(torch.softmax(scores, dim=-1), v).reshape(c.num_heads, c.head_dim)
+        return out

@@ -1,0 +1,216 @@
+"""The n-gram drafters on hand-made token sequences: exact drafts, thresholds, files."""
+
+import json
+
+import numpy as np
+import pytest
+
+from specdec.drafters.ngram import (
+    NgramCache,
+    NgramMapK,
+    NgramMapK4V,
+    NgramSimple,
+    load_corpus,
+    save_corpus,
+)
+
+
+def draft(drafter, context, max_tokens=8, prompt=None):
+    """begin(prompt or context) then one propose; returns the drafted tokens."""
+    drafter.begin(context if prompt is None else prompt)
+    result = drafter.propose(context, max_tokens)
+    assert result.source == drafter.name and result.tree is None and result.draft_probs is None
+    assert len(result.tokens) <= max_tokens
+    return result.tokens
+
+
+# --- ngram-simple ---
+
+
+def test_simple_copies_what_followed_the_earlier_occurrence():
+    assert draft(NgramSimple(), [1, 2, 3, 4, 9, 1, 2, 3], max_tokens=3) == (4, 9, 1)
+    # Past the end of the context the copy continues with the same period.
+    assert draft(NgramSimple(), [1, 2, 3, 4, 9, 1, 2, 3], max_tokens=7) == (4, 9, 1, 2, 3, 4, 9)
+
+
+def test_simple_prefers_the_longest_match_then_the_most_recent():
+    # (1, 2) occurred last before 6, but (7, 1, 2) pins the place before 5.
+    assert draft(NgramSimple(), [7, 1, 2, 5, 8, 1, 2, 6, 7, 1, 2], max_tokens=3) == (5, 8, 1)
+    assert draft(NgramSimple(), [1, 2, 5, 1, 2, 6, 1, 2], max_tokens=3) == (6, 1, 2)
+
+
+def test_simple_needs_an_earlier_occurrence_of_at_least_n_min_tokens():
+    assert draft(NgramSimple(), [1, 2, 3]) == ()  # the tail alone is no earlier occurrence
+    assert draft(NgramSimple(), [1, 5, 1]) == ()  # only a 1-gram repeats
+    assert draft(NgramSimple(n_min=1), [1, 5, 1], max_tokens=3) == (5, 1, 5)
+    assert draft(NgramSimple(n_min=3, n_max=3), [7, 1, 2, 5, 8, 1, 2]) == ()
+
+
+def test_simple_rejects_impossible_settings():
+    with pytest.raises(ValueError, match="n_max"):
+        NgramSimple(n_min=4, n_max=3)
+    with pytest.raises(ValueError, match="n_min"):
+        NgramSimple(n_min=0)
+
+
+# --- ngram-map-k ---
+
+
+def test_map_k_drafts_only_after_min_hits():
+    once = [1, 2, 3, 4, 9, 1, 2, 3]
+    assert draft(NgramMapK(min_hits=2), once) == ()
+    assert draft(NgramMapK(min_hits=1), once, max_tokens=3) == (4, 9, 1)
+    twice = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3]
+    assert draft(NgramMapK(min_hits=2), twice, max_tokens=3) == (5, 1, 2)  # the latest one
+    assert draft(NgramMapK(min_hits=3), twice) == ()
+
+
+def test_map_k_uses_exactly_key_size_tokens():
+    context = [7, 1, 2, 5, 8, 1, 2]
+    assert draft(NgramMapK(key_size=3, min_hits=1), context) == ()
+    assert draft(NgramMapK(key_size=2, min_hits=1), context, max_tokens=2) == (5, 8)
+
+
+# --- ngram-map-k4v ---
+
+# key (1, 2) followed by 4 twice and 5 once; the rest (9, 1, 2, ...) repeats.
+DOMINANT = [1, 2, 4, 9, 1, 2, 4, 9, 1, 2, 5, 9, 1, 2]
+
+
+def test_k4v_drafts_a_clear_winner_and_chains_on():
+    assert draft(NgramMapK4V(key_size=2), DOMINANT, max_tokens=5) == (4, 9, 1, 2, 4)
+
+
+def test_k4v_refuses_when_ambiguous():
+    tied = DOMINANT + [5, 9, 1, 2]  # 4: 2, 5: 2
+    assert draft(NgramMapK4V(key_size=2), tied) == ()
+    close = tied + [4, 9, 1, 2]  # 4: 3, 5: 2 is not 2x
+    assert draft(NgramMapK4V(key_size=2), close) == ()
+    assert draft(NgramMapK4V(key_size=2, dominance=1.5), close, max_tokens=1) == (4,)
+
+
+def test_k4v_respects_min_hits():
+    once = [1, 2, 4, 9, 1, 2]
+    assert draft(NgramMapK4V(key_size=2), once) == ()
+    assert draft(NgramMapK4V(key_size=2, min_hits=1), once, max_tokens=2) == (4, 9)
+
+
+def test_k4v_keeps_four_candidates_and_forgets_the_weakest():
+    def after_key(nexts):  # key (1, 2) followed by each of nexts, separated by fresh tokens
+        context = []
+        for i, token in enumerate(nexts):
+            context += [1, 2, token, 100 + i]
+        return context + [1, 2]
+
+    d = NgramMapK4V(key_size=2, min_hits=1)
+    assert draft(d, after_key([10, 11, 12, 13, 10]), max_tokens=1) == (10,)  # 10 seen twice
+    # A fifth candidate (14) evicted 10's count, so 10's next sighting counts 1 again.
+    assert draft(d, after_key([10, 11, 12, 13, 14, 10]), max_tokens=1) == ()
+
+
+# --- ngram-cache ---
+
+
+def test_cache_context_tier_drafts_token_by_token():
+    assert draft(NgramCache(), [5, 6, 7, 5, 6, 7, 5, 6], max_tokens=4) == (7, 5, 6, 7)
+
+
+def test_cache_context_thresholds():
+    # 1-grams need 2 samples and 66 %: "1" -> 2 then 3 is a split, "1" -> 2, 2 is not.
+    assert draft(NgramCache(), [1, 2, 1, 3, 1]) == ()
+    assert draft(NgramCache(), [1, 2, 1, 2, 1], max_tokens=1) == (2,)
+    assert draft(NgramCache(ngram_min=2, ngram_max=2), [1, 2, 1, 2, 1]) == ()  # 2-grams need 2
+
+
+def test_cache_prefers_the_longest_ngram():
+    context = [5, 1, 2, 6, 1, 2, 7, 1, 2, 9, 8, 1, 3, 4, 9, 8, 1]  # "1" -> 2 3 of 4 times
+    assert draft(NgramCache(), context, max_tokens=1) == (3,)  # but (9, 8, 1) -> 3
+    assert draft(NgramCache(ngram_max=1), context, max_tokens=1) == (2,)
+
+
+def test_cache_dynamic_tier_learns_from_earlier_outputs_with_strict_thresholds():
+    d = NgramCache()
+    output = [40, 41, 42, 43, 44]
+    prompt = [99, 40, 41]
+    for seen in range(3):
+        assert draft(d, prompt) == ()  # a 2-gram needs 3 earlier sightings here
+        d.end(output)
+    assert draft(d, prompt) == (42, 43, 44)
+    assert draft(NgramCache(), prompt) == ()  # the dynamic tier is per drafter, not global
+
+
+def test_cache_static_counts_break_ties_in_the_context_tier():
+    context = [7, 8, 9, 10, 7, 8, 9, 20, 7, 8, 9]  # (7, 8, 9) -> 10 or 20
+    assert draft(NgramCache(), context, max_tokens=1) == (10,)
+    assert draft(NgramCache(static_corpus=[[8, 9, 20]]), context, max_tokens=1) == (20,)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".npy", ".txt"])
+def test_cache_static_file_round_trip(tmp_path, suffix):
+    docs = [[10, 11, 12, 13]] * 3  # each 2-gram followed 3 times: enough for the strict tier
+    path = tmp_path / f"corpus{suffix}"
+    if suffix == ".json":
+        save_corpus(path, docs)
+    elif suffix == ".npy":
+        np.save(path, np.array(sum(docs, []), dtype=np.int32))
+    else:
+        path.write_text("\n".join(" ".join(map(str, doc)) for doc in docs))
+    assert sum(load_corpus(path), []) == sum(docs, [])
+    # n-grams do not span documents (13 -> 10 is not learned from the .json/.txt documents).
+    assert draft(NgramCache.from_file(path), [7, 10, 11]) == (12, 13)
+    assert draft(NgramCache(), [7, 10, 11]) == ()
+
+
+def test_cache_static_file_needs_enough_samples(tmp_path):
+    path = tmp_path / "corpus.json"
+    save_corpus(path, [[10, 11, 12, 13]] * 2)
+    assert draft(NgramCache.from_file(path), [7, 10, 11]) == ()
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("words.json", '[1, 2, "x"]'),
+        ("negative.json", "[1, -2, 3]"),
+        ("object.json", '{"ids": [1, 2]}'),
+        ("broken.json", "[1, 2"),
+        ("empty.json", "[]"),
+        ("words.txt", "1 2 three"),
+        ("blank.txt", "\n\n"),
+        ("garbage.npy", "not a numpy file"),
+    ],
+)
+def test_cache_bad_static_file_is_one_clear_error(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content)
+    with pytest.raises(ValueError, match=f"ngram-cache corpus {path}"):
+        NgramCache.from_file(path)
+
+
+def test_cache_bad_npy_dtype_and_missing_file(tmp_path):
+    path = tmp_path / "floats.npy"
+    np.save(path, np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="float64"):
+        load_corpus(path)
+    with pytest.raises(FileNotFoundError, match="nothere.json does not exist"):
+        NgramCache.from_file(tmp_path / "nothere.json")
+    with pytest.raises(ValueError, match="not both"):
+        NgramCache(static_path=tmp_path / "x.json", static_corpus=[[1, 2]])
+
+
+def test_save_corpus_writes_plain_json(tmp_path):
+    save_corpus(tmp_path / "c.json", [np.array([1, 2]), (3,)])
+    assert json.loads((tmp_path / "c.json").read_text()) == [[1, 2], [3]]
+
+
+@pytest.mark.parametrize("cls", [NgramSimple, NgramMapK, NgramMapK4V, NgramCache])
+def test_each_token_is_indexed_once(cls, monkeypatch):
+    indexed = []
+    original = cls._append
+    monkeypatch.setattr(cls, "_append", lambda self, i: (indexed.append(i), original(self, i)))
+    context = [1, 2, 3, 4] * 25
+    d = cls()
+    d.begin(context[:50])
+    for end in range(51, 101):
+        d.propose(context[:end], 4)
+    assert indexed == list(range(100))
