@@ -117,7 +117,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
     try:
         reader = GGUFReader(path)
     except Exception as exc:
-        raise ModelFileError(path, f"not a readable GGUF file ({type(exc).__name__}: {exc})") from None
+        raise ModelFileError(path, f"not a readable GGUF file: truncated or corrupt ({type(exc).__name__}: {exc})") from None
     size = path.stat().st_size
     end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     if end > size:

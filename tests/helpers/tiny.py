@@ -1,0 +1,155 @@
+"""Tiny random models that tests build themselves: an HF folder and a GGUF file.
+
+The tokenizer is byte-level BPE over the 256 byte symbols plus a few merges and
+ChatML specials, so text round-trips and chat templates render.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _byte_vocab():
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    symbols = list(bytes_to_unicode().values())
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"), ("o", "n"), ("Ġ", "s")]
+    tokens = SPECIALS + symbols + ["".join(m) for m in merges]
+    return tokens, merges
+
+
+def tiny_config(arch: str = "llama", vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4,
+                kv_heads: int = 2, intermediate: int = 128) -> dict:
+    return {
+        "model_type": arch, "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": intermediate,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+        "tie_word_embeddings": False, "attention_bias": arch == "qwen2", "bos_token_id": None, "eos_token_id": 2,
+        "head_dim": hidden // heads,
+    }
+
+
+def random_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    h, v, i = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"]
+    hd = cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+
+    def w(*shape, scale=0.08):
+        return torch.randn(*shape, generator=g) * scale
+
+    out = {"model.embed_tokens.weight": w(v, h, scale=1.0), "model.norm.weight": 1 + w(h, scale=0.1),
+           "lm_head.weight": w(v, h)}
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        out.update({
+            p + "self_attn.q_proj.weight": w(q, h), p + "self_attn.k_proj.weight": w(kv, h),
+            p + "self_attn.v_proj.weight": w(kv, h), p + "self_attn.o_proj.weight": w(h, q),
+            p + "mlp.gate_proj.weight": w(i, h), p + "mlp.up_proj.weight": w(i, h), p + "mlp.down_proj.weight": w(h, i),
+            p + "input_layernorm.weight": 1 + w(h, scale=0.1), p + "post_attention_layernorm.weight": 1 + w(h, scale=0.1),
+        })
+        if cfg["model_type"] == "qwen2":
+            out.update({p + "self_attn.q_proj.bias": w(q), p + "self_attn.k_proj.bias": w(kv),
+                        p + "self_attn.v_proj.bias": w(kv)})
+        if cfg["model_type"] == "qwen3":
+            out.update({p + "self_attn.q_norm.weight": 1 + w(hd, scale=0.1),
+                        p + "self_attn.k_norm.weight": 1 + w(hd, scale=0.1)})
+    return out
+
+
+def write_tokenizer_json(folder: Path, vocab_size: int) -> None:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tokens, merges = _byte_vocab()
+    tokens = tokens + [f"<unused{i}>" for i in range(vocab_size - len(tokens))]
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|im_end|>", "bos_token": None, "add_bos_token": False, "chat_template": CHATML}))
+
+
+def make_hf_model(folder: Path, arch: str = "llama", seed: int = 0, extra_config: dict | None = None,
+                  extra_tensors: dict | None = None, **sizes) -> Path:
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = tiny_config(arch, **sizes)
+    cfg.update(extra_config or {})
+    weights = random_weights(cfg, seed)
+    weights.update(extra_tensors or {})
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
+    write_tokenizer_json(folder, cfg["vocab_size"])
+    return folder
+
+
+def make_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", **sizes) -> Path:
+    """A tiny llama GGUF (weights F32 or Q8_0), with the llama.cpp q/k row permutation applied."""
+    import gguf
+
+    cfg = tiny_config("llama", **sizes)
+    weights = random_weights(cfg, seed)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    tokens, merges = _byte_vocab()
+    tokens = tokens + [f"<unused{i}>" for i in range(cfg["vocab_size"] - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_merges([" ".join(m) for m in merges])
+    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+
+    def permute(t, heads):
+        return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    layer_names = {"self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+                   "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+                   "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+                   "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight",
+                   "post_attention_layernorm.weight": "ffn_norm.weight"}
+    qtype = getattr(gguf.GGMLQuantizationType, tensor_type)
+    for name, t in weights.items():
+        if name.startswith("model.layers."):
+            _, _, idx, rest = name.split(".", 3)
+            gname = f"blk.{idx}.{layer_names[rest]}"
+            if rest.startswith("self_attn.q_proj"):
+                t = permute(t, cfg["num_attention_heads"])
+            elif rest.startswith("self_attn.k_proj"):
+                t = permute(t, cfg["num_key_value_heads"])
+        else:
+            gname = names[name]
+        array = t.numpy().astype(np.float32)
+        if t.dim() == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gname, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -1,0 +1,148 @@
+"""The model runtime on tiny random models the tests build: loading, exact forward, cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.tiny import make_gguf_model, make_hf_model
+from specdec.drafters.base import TokenTree
+from specdec.model.linear import WEIGHT_FORMATS
+from specdec.model.load import load_model
+
+PROMPT = [5, 17, 33, 101, 7, 250, 64, 9, 3, 12]
+NEW = [40, 41, 300, 301, 7, 8]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def arch_dir(request, tmp_path_factory):
+    return make_hf_model(tmp_path_factory.mktemp(request.param) / request.param, arch=request.param)
+
+
+def _prefill(tr, cache, slot, ids):
+    return tr.forward(torch.tensor([ids]), cache, [slot], exact=False, last_only=True)
+
+
+def test_gguf_and_hf_folder_give_the_same_logits(tmp_path):
+    """The GGUF path (with llama.cpp's q/k permutation undone) equals the HF path."""
+    hf = load_model(str(make_hf_model(tmp_path / "hf")), "fp32", progress=False)
+    gg = load_model(str(make_gguf_model(tmp_path / "m.gguf")), "fp32", progress=False)
+    ids = torch.tensor([PROMPT])
+    a = hf.transformer.forward(ids, hf.transformer.new_cache(64), [0], exact=False).logits
+    b = gg.transformer.forward(ids, gg.transformer.new_cache(64), [0], exact=False).logits
+    assert torch.allclose(a, b, atol=1e-5)
+    assert gg.info.quant == "F32" and gg.info.arch == "llama"
+
+
+def test_q8_0_gguf_loads_close_to_fp32(tmp_path):
+    f32 = load_model(str(make_gguf_model(tmp_path / "a.gguf")), "fp32", progress=False)
+    q8 = load_model(str(make_gguf_model(tmp_path / "b.gguf", tensor_type="Q8_0")), "fp32", progress=False)
+    ids = torch.tensor([PROMPT])
+    a = f32.transformer.forward(ids, f32.transformer.new_cache(64), [0], exact=False).logits
+    b = q8.transformer.forward(ids, q8.transformer.new_cache(64), [0], exact=False).logits
+    assert q8.info.quant == "Q8_0"
+    assert not torch.equal(a, b) and torch.allclose(a, b, atol=0.05 * a.abs().max().item())
+
+
+@pytest.mark.parametrize("fmt", WEIGHT_FORMATS)
+def test_multi_token_forward_equals_single_steps_bitwise(arch_dir, fmt):
+    """k tokens in one exact forward give bitwise the logits of k single decode steps."""
+    model = load_model(str(arch_dir), fmt, progress=False)
+    tr = model.transformer
+    cache = tr.new_cache(128)
+    slot = cache.allocate()
+    _prefill(tr, cache, slot, PROMPT)
+    start = cache.lengths[slot]
+    singles = [tr.forward(torch.tensor([[t]]), cache, [slot]).logits[0, 0] for t in NEW]
+    cache.truncate(slot, start)  # rollback, then redo all at once
+    multi = tr.forward(torch.tensor([NEW]), cache, [slot]).logits[0]
+    for i in range(len(NEW)):
+        assert torch.equal(multi[i], singles[i]), f"row {i} differs in {fmt}"
+    assert cache.lengths[slot] == start + len(NEW)
+
+
+def test_tree_forward_equals_the_path_decoded_alone(tiny_model):
+    tr = tiny_model.transformer
+    cache = tr.new_cache(128)
+    slot = cache.allocate()
+    _prefill(tr, cache, slot, PROMPT)
+    start = cache.lengths[slot]
+    path = [40, 300, 7]
+    singles = [tr.forward(torch.tensor([[t]]), cache, [slot]).logits[0, 0] for t in path]
+    cache.truncate(slot, start)
+    # root children 40, 99; 40 -> 300, 12; 300 -> 7
+    tree = TokenTree((40, 99, 300, 12, 7), (-1, -1, 0, 0, 2))
+    positions = torch.tensor([[start + d - 1 for d in tree.depths()]])
+    logits = tr.forward(torch.tensor([list(tree.tokens)]), cache, [slot], positions=positions,
+                        tree_mask=tree.attention_mask()[None]).logits[0]
+    for node, single in zip([0, 2, 4], singles):
+        assert torch.equal(logits[node], single)
+    # keep the accepted path, then one more step must match decoding the path alone
+    cache.keep(slot, start, [0, 2, 4])
+    after_tree = tr.forward(torch.tensor([[8]]), cache, [slot]).logits[0, 0]
+    cache.truncate(slot, start)
+    for t in path:
+        tr.forward(torch.tensor([[t]]), cache, [slot])
+    plain = tr.forward(torch.tensor([[8]]), cache, [slot]).logits[0, 0]
+    assert torch.equal(after_tree, plain)
+
+
+def test_batch_of_sequences_with_different_lengths(tiny_model):
+    """Two sequences in one forward give the rows each would give alone."""
+    tr = tiny_model.transformer
+    cache = tr.new_cache(128, num_slots=2)
+    a, b = cache.allocate(), cache.allocate()
+    _prefill(tr, cache, a, PROMPT)
+    _prefill(tr, cache, b, PROMPT[:4])
+    la, lb = cache.lengths[a], cache.lengths[b]
+    both = tr.forward(torch.tensor([NEW[:3], NEW[3:]]), cache, [a, b]).logits
+    cache.truncate(a, la)
+    cache.truncate(b, lb)
+    alone_a = tr.forward(torch.tensor([NEW[:3]]), cache, [a]).logits[0]
+    alone_b = tr.forward(torch.tensor([NEW[3:]]), cache, [b]).logits[0]
+    assert torch.equal(both[0], alone_a) and torch.equal(both[1], alone_b)
+
+
+def test_hidden_states_of_chosen_layers(tiny_model):
+    tr = tiny_model.transformer
+    n = tiny_model.config.num_layers
+    out = tr.forward(torch.tensor([PROMPT]), tr.new_cache(64), [0], hidden_layers=(0, 1, n))
+    assert set(out.hidden) == {0, 1, n}
+    assert out.hidden[0].shape == (1, len(PROMPT), tiny_model.config.hidden_size)
+    assert torch.equal(out.hidden[0][0], tr.embed[torch.tensor(PROMPT)].float())
+    assert not torch.equal(out.hidden[1], out.hidden[n])
+
+
+def test_prefill_and_exact_paths_agree_closely(tiny_model):
+    tr = tiny_model.transformer
+    fused = tr.forward(torch.tensor([PROMPT]), tr.new_cache(64), [0], exact=False).logits
+    exact = tr.forward(torch.tensor([PROMPT]), tr.new_cache(64), [0], exact=True).logits
+    assert torch.allclose(fused, exact, atol=1e-4)
+
+
+def test_cache_is_bounded_and_rollback_checked(tiny_model):
+    tr = tiny_model.transformer
+    cache = tr.new_cache(8)
+    slot = cache.allocate()
+    with pytest.raises(ValueError, match="exceed the cache length 8"):
+        tr.forward(torch.tensor([list(range(9))]), cache, [slot])
+    tr.forward(torch.tensor([[1, 2, 3]]), cache, [slot])
+    with pytest.raises(ValueError, match="cannot truncate"):
+        cache.truncate(slot, 4)
+    cache.truncate(slot, 1)
+    assert cache.lengths[slot] == 1
+    with pytest.raises(RuntimeError, match="slots are in use"):
+        cache.allocate()
+
+
+def test_int4_and_int8_weights_stay_close_to_fp32(tiny_hf_dir):
+    ref = load_model(str(tiny_hf_dir), "fp32", progress=False)
+    ids = torch.tensor([PROMPT])
+    base = ref.transformer.forward(ids, ref.transformer.new_cache(64), [0], exact=False).logits
+    # random Gaussian weights are the worst case for a 16-level grid, hence int4's loose bound
+    for fmt, bound in (("bf16", 0.02), ("int8", 0.05), ("int4", 0.25)):
+        m = load_model(str(tiny_hf_dir), fmt, progress=False)
+        out = m.transformer.forward(ids, m.transformer.new_cache(64), [0], exact=False).logits
+        rel = (out - base).abs().max() / base.abs().max()
+        assert rel < bound, f"{fmt} drifted {rel:.3f}"
+        assert m.info.weights_dtype == fmt
