@@ -63,13 +63,17 @@ class DraftModelDrafter(DrafterBase):
         self.sampling, self.generator = sampling, generator
 
     def begin(self, prompt: Sequence[int]) -> None:
+        # Prefill the prompt the way the engine prefills the target, so a draft that is the
+        # target model computes bit-identical states (and is accepted every time).
         self.cache.truncate(self.slot, 0)
         self.fed = []
+        if len(prompt) > 1:
+            self._feed(list(prompt), exact=False)
 
-    def _feed(self, tokens: list[int]) -> torch.Tensor:
+    def _feed(self, tokens: list[int], exact: bool = True) -> torch.Tensor:
         """Feed tokens after the cached ones; returns the logits of the last row, (V,)."""
-        out = self.draft.transformer.forward(torch.tensor([tokens]), self.cache, [self.slot],
-                                             exact=len(tokens) == 1, last_only=True)
+        out = self.draft.transformer.forward(torch.tensor([tokens]), self.cache, [self.slot], exact=exact,
+                                             last_only=True)
         self.fed.extend(tokens)
         return out.logits[0, -1]
 

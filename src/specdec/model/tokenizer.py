@@ -26,13 +26,14 @@ _CONTROL, _USER_DEFINED = 3, 4
 
 class Tokenizer:
     def __init__(self, backend, bos_id: int | None, eos_ids: list[int], add_bos: bool, chat_template: str | None,
-                 kind: str):
+                 source: str):
         self.backend = backend  # tokenizers.Tokenizer
         self.bos_id = bos_id
         self.eos_ids = eos_ids  # generation stops at any of these
         self.add_bos = add_bos
         self.chat_template = chat_template
-        self.kind = kind  # "gpt2" (byte-level BPE) or "tokenizer.json"
+        self.source = source  # "gguf" or "tokenizer.json"
+        self.kind = type(backend.model).__name__  # the tokenizer algorithm: BPE, Unigram, WordPiece, ...
 
     @property
     def vocab_size(self) -> int:
@@ -123,7 +124,7 @@ def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
                if metadata.get(k) is not None]
     return Tokenizer(backend, None if bos is None else int(bos), list(dict.fromkeys(eos_ids)),
                      bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
-                     metadata.get("tokenizer.chat_template"), "gpt2")
+                     metadata.get("tokenizer.chat_template"), "gguf")
 
 
 def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Set up and run the tests. `scripts/test.sh fast` skips the real-model (slow) tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+. .venv/bin/activate
+if [ "${1:-}" = "fast" ]; then
+  shift
+  exec python -m pytest -q -m "not slow" "$@"
+fi
+specdec pull smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+exec python -m pytest -q "$@"

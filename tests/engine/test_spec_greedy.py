@@ -1,0 +1,154 @@
+"""Greedy speculative output equals plain greedy output, token for token, on real models."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import real_model
+from specdec.engine.config import SpecConfig
+from specdec.engine.engine import Engine
+from specdec.sampling import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+EDIT_PROMPT = """Rename the variable `total` to `running_sum` in this code and return the whole code.
+
+def accumulate(values):
+    total = 0
+    for v in values:
+        total = total + v
+        print("total so far:", total)
+    return total
+
+Answer:
+def accumulate(values):
+"""
+CODE_PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is a prime number.\"\"\"\n"
+PROSE_PROMPT = "Once upon a time, in a small village by the sea, there lived"
+PROMPTS = [EDIT_PROMPT, CODE_PROMPT, PROSE_PROMPT]
+MODEL_FREE = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "suffix"]
+
+
+@pytest.fixture(scope="module")
+def engine(smollm):
+    return Engine(smollm, max_len=1024)
+
+
+@pytest.fixture(scope="module")
+def plain(engine):
+    tok = engine.model.tokenizer
+    return {p: engine.generate(tok.encode(p), SamplingParams(), max_tokens=64).token_ids for p in PROMPTS}
+
+
+@pytest.mark.parametrize("kind", MODEL_FREE)
+def test_model_free_drafters_keep_greedy_output(engine, plain, kind):
+    tok = engine.model.tokenizer
+    spec = SpecConfig(types=(kind,), draft_n_max=4)
+    drafted = 0
+    for p in PROMPTS:
+        out = engine.generate(tok.encode(p), SamplingParams(), max_tokens=64, spec=spec)
+        assert out.token_ids == plain[p], f"{kind} changed the output of {p[:30]!r}"
+        drafted += out.stats.drafted
+        assert out.stats.accepted <= out.stats.drafted
+    if kind in ("ngram-simple", "suffix", "ngram-cache"):
+        assert drafted > 0, f"{kind} never drafted on an editing prompt"
+
+
+def test_editing_prompt_engages_ngram_and_accepts(engine, plain):
+    tok = engine.model.tokenizer
+    out = engine.generate(tok.encode(EDIT_PROMPT), SamplingParams(), max_tokens=64,
+                          spec=SpecConfig(types=("ngram-simple",), draft_n_max=5))
+    assert out.token_ids == plain[EDIT_PROMPT]
+    assert out.stats.engaged and out.stats.accepted > 0
+    assert out.stats.mean_acceptance_length > 1.0
+
+
+def test_several_drafters_at_once(engine, plain):
+    tok = engine.model.tokenizer
+    spec = SpecConfig(types=("ngram-simple", "suffix"), draft_n_max=3)
+    out = engine.generate(tok.encode(EDIT_PROMPT), SamplingParams(), max_tokens=64, spec=spec)
+    assert out.token_ids == plain[EDIT_PROMPT]
+    assert sum(c.drafted for c in out.stats.by_drafter.values()) == out.stats.drafted
+
+
+def test_adaptive_and_min_length_keep_output(engine, plain):
+    tok = engine.model.tokenizer
+    for spec in (SpecConfig(types=("ngram-simple",), draft_n_max=6, adaptive=True),
+                 SpecConfig(types=("ngram-simple",), draft_n_max=4, draft_n_min=3)):
+        out = engine.generate(tok.encode(EDIT_PROMPT), SamplingParams(), max_tokens=64, spec=spec)
+        assert out.token_ids == plain[EDIT_PROMPT]
+
+
+def test_draft_model_equal_to_target_accepts_everything(smollm, engine, plain):
+    """All-accept case: the draft is the target itself (same weights, same numerics)."""
+    tok = engine.model.tokenizer
+    spec = SpecConfig(types=("draft-simple",), draft_model="smollm2-135m", draft_n_max=4)
+    out = engine.generate(tok.encode(CODE_PROMPT), SamplingParams(), max_tokens=48, spec=spec)
+    assert out.token_ids == plain[CODE_PROMPT][:48]
+    assert out.stats.drafted > 0 and out.stats.acceptance_rate == 1.0
+
+
+def test_unrelated_draft_model_is_rejected_but_output_unchanged(engine, plain, random_smollm_dir):
+    """All-reject case: random weights with the same tokenizer propose nonsense."""
+    tok = engine.model.tokenizer
+    spec = SpecConfig(types=("draft-simple",), draft_model=str(random_smollm_dir), draft_n_max=3)
+    out = engine.generate(tok.encode(PROSE_PROMPT), SamplingParams(), max_tokens=32, spec=spec)
+    assert out.token_ids == plain[PROSE_PROMPT][:32]
+    assert out.stats.drafted > 0 and out.stats.acceptance_rate < 0.2
+
+
+@pytest.fixture(scope="module")
+def random_smollm_dir(smollm, tmp_path_factory):
+    """A 2-layer random model that shares smollm2's tokenizer (so the compatibility check passes)."""
+    import json
+
+    from helpers.tiny import random_weights, tiny_config
+    from safetensors.torch import save_file
+
+    folder = tmp_path_factory.mktemp("rand") / "random-smollm"
+    folder.mkdir()
+    cfg = tiny_config("llama", vocab=smollm.config.vocab_size, hidden=64, layers=2)
+    cfg["eos_token_id"] = smollm.tokenizer.eos_ids[0]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file(random_weights(cfg, seed=7), str(folder / "model.safetensors"))
+    smollm.tokenizer.backend.save(str(folder / "tokenizer.json"))
+    bos = smollm.tokenizer.token_text(smollm.tokenizer.bos_id)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False, "bos_token": bos}))
+    return folder
+
+
+def test_stops_inside_an_accepted_run_match_plain_decoding(engine):
+    """Stop strings and max_tokens cut exactly where plain decoding cuts."""
+    tok = engine.model.tokenizer
+    ids = tok.encode(EDIT_PROMPT)
+    spec = SpecConfig(types=("ngram-simple",), draft_n_max=6)
+    for stop, max_tokens in ((["print("], 64), (["running_sum"], 64), ([], 7), ([], 13)):
+        a = engine.generate(ids, SamplingParams(), max_tokens=max_tokens, stop=stop)
+        b = engine.generate(ids, SamplingParams(), max_tokens=max_tokens, stop=stop, spec=spec)
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+        if stop:
+            assert stop[0] not in b.text
+
+
+def test_eos_stops_generation(engine):
+    tok = engine.model.tokenizer
+    chat = tok.apply_chat_template([{"role": "user", "content": "Say just: OK"}])
+    ids = tok.encode(chat, add_bos=False)
+    a = engine.generate(ids, SamplingParams(), max_tokens=200)
+    b = engine.generate(ids, SamplingParams(), max_tokens=200, spec=SpecConfig(types=("suffix",)))
+    assert a.finish_reason == "stop" and len(a.token_ids) < 200
+    assert a.token_ids == b.token_ids
+    assert not set(a.token_ids) & set(tok.eos_ids)
+
+
+def test_qwen_pair_greedy_equality():
+    """The real target/draft pair: 1.5B target, 0.5B draft, both Q4_K_M as shipped."""
+    target = real_model("qwen2.5-coder-1.5b", "int8")
+    engine = Engine(target, max_len=512)
+    tok = target.tokenizer
+    ids = tok.encode(CODE_PROMPT)
+    plain = engine.generate(ids, SamplingParams(), max_tokens=32)
+    spec = SpecConfig(types=("draft-simple",), draft_model="qwen2.5-coder-0.5b", draft_n_max=3)
+    out = engine.generate(ids, SamplingParams(), max_tokens=32, spec=spec)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.drafted > 0 and out.stats.accepted > 0
