@@ -1,0 +1,78 @@
+"""The main job: one speculative generation on the default model, beside plain decoding.
+
+    python -m specdec.demo [--model M] [--spec-type ngram-simple] [--repeats 3]
+
+Plain and speculative runs alternate in one process; the report gives medians, the
+speed-up, acceptance, and whether the greedy outputs are identical token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import torch
+
+PROMPT = """Rename the function `get_user` to `fetch_user` everywhere in this code, and return the full code.
+
+def get_user(db, user_id):
+    row = db.query("SELECT * FROM users WHERE id = ?", user_id)
+    if row is None:
+        raise KeyError(user_id)
+    return row
+
+def get_user_name(db, user_id):
+    return get_user(db, user_id)["name"]
+
+def get_user_email(db, user_id):
+    return get_user(db, user_id)["email"]
+"""
+
+
+def main(argv=None) -> int:
+    from specdec.engine.config import SpecConfig, parse_spec_types
+    from specdec.engine.engine import Engine
+    from specdec.model.load import load_model
+    from specdec.sampling import SamplingParams
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--weights", default="int8")
+    p.add_argument("--spec-type", default="ngram-simple")
+    p.add_argument("--draft-n-max", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+
+    model = load_model(args.model, args.weights)
+    tok = model.tokenizer
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]), add_bos=False)
+    engine = Engine(model, max_len=2048)
+    spec = SpecConfig(types=parse_spec_types(args.spec_type), draft_n_max=args.draft_n_max)
+    greedy = SamplingParams()
+    engine.generate(ids, greedy, max_tokens=8)  # warm-up
+    plain_tps, spec_tps, ratios = [], [], []
+    for _ in range(args.repeats):
+        plain = engine.generate(ids, greedy, max_tokens=args.max_tokens)
+        fast = engine.generate(ids, greedy, max_tokens=args.max_tokens, spec=spec)
+        plain_tps.append(plain.decode_tokens_per_s)
+        spec_tps.append(fast.decode_tokens_per_s)
+        ratios.append(fast.decode_tokens_per_s / plain.decode_tokens_per_s)
+    info = model.info
+    print(f"model: {info.name} {info.path}\n  sha256 {info.sha256}, file {info.quant}, weights in memory "
+          f"{info.weights_dtype}, {info.params / 1e6:.0f}M params; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"prompt: {len(ids)} tokens (code editing), {args.max_tokens} new tokens, greedy, {args.repeats} repeats")
+    print(f"output:\n{fast.text}\n")
+    print(f"plain decoding:        {statistics.median(plain_tps):7.1f} tok/s (median)")
+    print(f"{spec.method + ' k=' + str(spec.draft_n_max) + ':':<22} {statistics.median(spec_tps):7.1f} tok/s (median)")
+    print(f"speed-up:              {statistics.median(ratios):7.2f}x (median of per-pair ratios)")
+    print(fast.stats.summary())
+    same = plain.token_ids == fast.token_ids
+    print(f"greedy output identical to plain decoding: {'yes' if same else 'NO'} ({len(fast.token_ids)} tokens)")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

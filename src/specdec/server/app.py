@@ -1,0 +1,392 @@
+"""OpenAI-compatible HTTP server over one Engine.
+
+    app = create_app(engine, "smollm2-135m", api_key=None)
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (both stream as SSE with
+"stream": true), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics
+(Prometheus text). With an api_key, every /v1 path needs "Authorization: Bearer KEY";
+/health and /metrics stay open (they say nothing about prompts).
+
+Extras OpenAI clients ignore: the request field "speculative" overrides the server's
+speculative settings for that request (see overrides.py); every response carries
+"spec" = SpecStats.to_dict() of that request next to the usual "usage". A stream sends
+both on its last chunk (the one with finish_reason), and, when the client asks for
+stream_options.include_usage, once more on OpenAI's usage-only chunk (choices: []).
+
+Concurrency: all generation runs on ONE worker thread fed by a FIFO queue (worker.py):
+the Engine's drafters are shared stateful objects and its KV cache is one slot-set, so
+requests are generated one at a time, in arrival order, each to its end. Handlers only
+validate, tokenize and wait; a client that disconnects cancels its request (between
+engine.step calls), which frees its cache slot.
+
+Errors are OpenAI's {"error": {"message", "type", "param", "code"}}: malformed JSON and
+wrong field types are 400 (FastAPI's 422 is replaced), an unknown model is 404
+(model_not_found), a missing or wrong API key is 401, a prompt longer than the context is
+400 (context_length_exceeded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.background import BackgroundTask
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from specdec.engine.engine import Engine
+from specdec.model.errors import SpecdecError
+from specdec.sampling import SamplingParams
+from specdec.server.metrics import CONTENT_TYPE, ServerMetrics
+from specdec.server.overrides import resolve_spec
+from specdec.server.schemas import APIError, ChatCompletionRequest, CompletionRequest, GenerationRequest
+from specdec.server.worker import Delta, Done, Failed, GenerationWorker, Job
+
+log = logging.getLogger("specdec.server")
+
+DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens (capped by the room left in the context)
+_DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks that its client is still there
+
+
+def create_app(engine: Engine, model_name: str, api_key: str | None = None,
+               default_max_tokens: int = DEFAULT_MAX_TOKENS) -> FastAPI:
+    """A FastAPI app serving `engine` as model `model_name`. One app per engine: the app owns its worker."""
+    metrics = ServerMetrics()
+    worker = GenerationWorker(engine, metrics)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        worker.start()
+        yield
+        await run_in_threadpool(worker.stop)
+
+    app = FastAPI(title="specdec", summary="OpenAI-compatible speculative decoding server", lifespan=lifespan)
+    app.state.engine, app.state.worker, app.state.metrics = engine, worker, metrics
+    if api_key:
+        app.add_middleware(_APIKeyMiddleware, api_key=api_key, metrics=metrics)
+    _install_error_handlers(app, metrics)
+    tok = engine.model.tokenizer
+
+    # -- info routes ---------------------------------------------------------------------------
+    def model_card() -> dict:
+        return {"id": model_name, "object": "model", "created": created, "owned_by": "specdec",
+                "max_model_len": engine.cache.max_len, "speculative": engine.spec.method}
+
+    @app.get("/v1/models")
+    async def list_models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str):
+        _check_model(model_id, model_name)
+        return model_card()
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, "waiting": worker.waiting, "running": worker.current is not None}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    # -- generation routes ---------------------------------------------------------------------
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        if body.logprobs is not None:
+            raise APIError(400, "logprobs are not supported by this server", param="logprobs", code="unsupported")
+        if body.echo:
+            raise APIError(400, "echo is not supported by this server", param="echo", code="unsupported")
+        _check_model(body.model, model_name)
+        ids = await run_in_threadpool(_completion_prompt, tok, body.prompt, engine.model.config.vocab_size)
+        job = _make_job(engine, body, ids, body.max_tokens, "completions", "prompt", default_max_tokens)
+        return await _answer(worker, job, body, request, model_name, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        if body.logprobs:
+            raise APIError(400, "logprobs are not supported by this server", param="logprobs", code="unsupported")
+        _check_model(body.model, model_name)
+        if body.max_tokens is not None and body.max_completion_tokens is not None \
+                and body.max_tokens != body.max_completion_tokens:
+            raise APIError(400, "max_tokens and max_completion_tokens differ; send one of them",
+                           param="max_completion_tokens", code="invalid_value")
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        messages = [m.as_template_dict() for m in body.messages]
+        ids = await run_in_threadpool(_chat_prompt, tok, messages)
+        job = _make_job(engine, body, ids, max_tokens, "chat.completions", "messages", default_max_tokens)
+        return await _answer(worker, job, body, request, model_name, chat=True)
+
+    return app
+
+
+# -- request -> Job ----------------------------------------------------------------------------
+def _check_model(name: str | None, served: str) -> None:
+    if name is not None and name != served:
+        raise APIError(404, f"The model `{name}` does not exist; this server serves `{served}`.", param="model",
+                       code="model_not_found")
+
+
+def _completion_prompt(tok, prompt, vocab_size: int) -> list[int]:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise APIError(400, f"one prompt per request, got {len(prompt)}", param="prompt", code="invalid_value")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tok.encode(prompt)
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+        raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
+                       param="prompt", code="invalid_value")
+    return list(prompt)
+
+
+def _chat_prompt(tok, messages: list[dict]) -> list[int]:
+    from jinja2 import TemplateError
+
+    try:
+        text = tok.apply_chat_template(messages)
+    except (ValueError, TemplateError) as exc:
+        raise APIError(400, f"the chat template rejected these messages: {exc}", param="messages",
+                       code="invalid_value") from None
+    return tok.encode(text, add_bos=False)
+
+
+def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_tokens: int | None, endpoint: str,
+              prompt_param: str, default_max_tokens: int) -> Job:
+    if body.n != 1:
+        raise APIError(400, f"n must be 1 (one choice per request), got {body.n}", param="n", code="invalid_value")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(body, name):
+            raise APIError(400, f"{name} is not supported by this server (send 0)", param=name, code="unsupported")
+    context = engine.cache.max_len
+    if max_tokens is not None and not 1 <= max_tokens <= context:
+        raise APIError(400, f"max_tokens must be between 1 and {context} (the context length), got {max_tokens}",
+                       param="max_tokens", code="invalid_value")
+    if not prompt:
+        raise APIError(400, "the prompt is empty", param=prompt_param, code="invalid_value")
+    room = context - 1 - len(prompt)  # the engine keeps one position free for the token it is about to emit
+    if room < 1:
+        raise APIError(400, f"This model's maximum context length is {context} tokens. However, your prompt has "
+                       f"{len(prompt)} tokens, which leaves no room for a completion. Please shorten the prompt.",
+                       param=prompt_param, code="context_length_exceeded")
+    if max_tokens is None:
+        max_tokens = min(default_max_tokens, room)
+    elif max_tokens > room:
+        raise APIError(400, f"This model's maximum context length is {context} tokens. However, you requested "
+                       f"{len(prompt) + max_tokens + 1} tokens ({len(prompt)} in the prompt, {max_tokens} for the "
+                       "completion, 1 reserved). Please reduce the length of the prompt or completion.",
+                       param=prompt_param, code="context_length_exceeded")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if any(s == "" for s in stop):
+        raise APIError(400, "stop strings must not be empty", param="stop", code="invalid_value")
+    try:
+        sampling = SamplingParams(temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,
+                                  min_p=body.min_p, seed=body.seed)
+    except ValueError as exc:
+        raise APIError(400, str(exc), code="invalid_value") from None
+    spec = resolve_spec(engine.spec, body.speculative)
+    return Job(prompt, sampling, max_tokens, stop, spec, stream=body.stream, endpoint=endpoint,
+               loop=asyncio.get_running_loop())
+
+
+# -- Job -> response ---------------------------------------------------------------------------
+class _ClientGone(Exception):
+    pass
+
+
+async def _next_event(job: Job, request: Request):
+    """The job's next event; cancels the job and raises _ClientGone when the client disconnects first."""
+    getter = asyncio.ensure_future(job.events.get())
+    try:
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=_DISCONNECT_POLL_S)
+            if done:
+                return getter.result()
+            if await request.is_disconnected():
+                job.cancel()
+                raise _ClientGone
+    finally:
+        if not getter.done():
+            getter.cancel()
+
+
+def _worker_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValueError):
+        return APIError(400, str(exc), code="invalid_value")
+    if isinstance(exc, SpecdecError):
+        return APIError(500, str(exc), type="server_error", code="internal_error")
+    log.error("generation failed: %r", exc)
+    return APIError(500, f"generation failed: {type(exc).__name__}: {exc}", type="server_error",
+                    code="internal_error")
+
+
+def _usage(done: Done) -> dict:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens}
+
+
+async def _answer(worker: GenerationWorker, job: Job, body: GenerationRequest, request: Request, model_name: str,
+                  chat: bool):
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    created = int(time.time())
+    worker.submit(job)
+    streaming = False
+    try:
+        event = await _next_event(job, request)
+        if isinstance(event, Failed):
+            raise _worker_error(event.error)
+        if isinstance(event, Done) and event.finish_reason == "cancelled":
+            raise APIError(503, "the request was cancelled: the server is stopping",
+                           type="server_error", code="cancelled")
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            streaming = True
+            return StreamingResponse(
+                _sse(job, event, rid, created, model_name, chat, include_usage), media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                background=BackgroundTask(job.cancel))  # also when the stream never started
+        while not isinstance(event, Done):
+            event = await _next_event(job, request)
+            if isinstance(event, Failed):
+                raise _worker_error(event.error)
+    except _ClientGone:
+        return Response(status_code=499)  # nobody reads this; the worker has been told to stop
+    finally:
+        if not streaming:
+            job.cancel()  # a no-op when the job is done; stops it when this handler ends early
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": event.text}, "logprobs": None,
+                  "finish_reason": event.finish_reason}
+    else:
+        choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": model_name, "choices": [choice], "usage": _usage(event), "spec": event.stats.to_dict()}
+
+
+async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: bool, include_usage: bool):
+    """OpenAI's SSE stream: `data: {chunk}` lines, then `data: [DONE]`. The job is cancelled if this stops early."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, finish_reason: str | None = None, role: bool = False, **extra) -> str:
+        if chat:
+            delta = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return _data({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice],
+                      **extra})
+
+    try:
+        if chat:
+            yield chunk("", role=True)
+        event = first
+        while True:
+            if isinstance(event, Delta):
+                if event.text:
+                    yield chunk(event.text)
+            elif isinstance(event, Done):
+                if event.text:
+                    yield chunk(event.text)
+                usage, spec = _usage(event), event.stats.to_dict()
+                yield chunk(None, event.finish_reason, usage=usage, spec=spec)
+                if include_usage:
+                    yield _data({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [],
+                                 "usage": usage, "spec": spec})
+                break
+            elif isinstance(event, Failed):
+                yield _data(_worker_error(event.error).body())
+                break
+            event = await job.events.get()
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancel()  # a no-op when the job is done; stops generation when the client went away
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+# -- errors and authentication ------------------------------------------------------------------
+_PYDANTIC_CODES = {"missing": "missing_required_parameter", "extra_forbidden": "unknown_parameter",
+                   "json_invalid": "invalid_json"}
+
+
+def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    def answer(err: APIError) -> JSONResponse:
+        metrics.record_error(err.status, err.code)
+        return err.response()
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        return answer(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        first = errors[0] if errors else {"type": "invalid", "loc": ("body",), "msg": "invalid request"}
+        kind = first.get("type", "")
+        loc = [str(p) for p in first.get("loc", ())[1:]]  # drop "body"
+        param = ".".join(loc) or None
+        if kind == "json_invalid":
+            message = ("We could not parse the JSON body of your request: "
+                       f"{first.get('ctx', {}).get('error', 'invalid JSON')}. The API expects a JSON object.")
+            param = None
+        elif kind == "model_attributes_type" and not loc:
+            message = "The request body must be a JSON object."
+        elif kind == "missing":
+            message = f"Missing required parameter: '{param}'."
+        elif kind.endswith("_type"):
+            given = repr(first.get("input"))[:60]
+            message = f"Invalid type for '{param}': {first.get('msg', 'wrong type')} (got {given})."
+        else:
+            message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}."
+        code = _PYDANTIC_CODES.get(kind, "invalid_type" if kind.endswith("_type") else "invalid_value")
+        return answer(APIError(400, message, param=param, code=code))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        message = f"{exc.detail}: {request.method} {request.url.path}" if exc.status_code in (404, 405) \
+            else str(exc.detail)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return answer(APIError(exc.status_code, message, param=None, code=code))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error in %s %s", request.method, request.url.path)
+        return answer(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
+                               code="internal_error"))
+
+
+class _APIKeyMiddleware:
+    """Every /v1 path needs `Authorization: Bearer <api_key>` (plain ASGI, so streaming is untouched)."""
+
+    def __init__(self, app, api_key: str, metrics: ServerMetrics):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization")
+            if given is None or not hmac.compare_digest(given, self.expected):
+                message = ("You didn't provide an API key: send it as 'Authorization: Bearer KEY'." if given is None
+                           else "Incorrect API key provided.")
+                self.metrics.record_error(401, "invalid_api_key")
+                response = APIError(401, message, code="invalid_api_key").response()
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,120 @@
+"""Request bodies of the OpenAI-compatible API, and its error object.
+
+Fields are strict (a string where an integer belongs is a 400, never coerced) and
+unknown fields are ignored, as OpenAI clients send fields this server has no use
+for (user, metadata, ...). Fields we cannot honour with a non-default value (n > 1,
+penalties, logprobs) are rejected by the handlers, not silently dropped.
+
+Extras OpenAI clients ignore:
+    request  "speculative": {"enabled": false} or {"method": "ngram", "num_speculative_tokens": 5}
+    response "spec": SpecStats.to_dict() of that request (also on the last streamed chunk)
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+class SpeculativeOverride(BaseModel):
+    """Per-request speculative settings; every field left out keeps the server's setting.
+
+    {"enabled": false}                                 plain decoding for this request
+    {"num_speculative_tokens": 5}                      the server's method, a longer draft
+    {"method": "ngram", "num_speculative_tokens": 2}   vLLM method names
+    {"spec_type": "ngram-simple,suffix"}               llama.cpp --spec-type names
+    A draft model must be the one the server loaded (-md); anything else is a 400.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    enabled: bool | None = None
+    method: str | None = None
+    spec_type: str | None = None
+    num_speculative_tokens: int | None = None
+    draft_n_min: int | None = None
+    draft_p_min: float | None = None
+    adaptive: bool | None = None
+    model: str | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions.
+
+    temperature defaults to 1.0 as in OpenAI's API; send 0 for greedy decoding.
+    top_k -1 and 0 both mean "off" (vLLM uses -1).
+    """
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    model: str | None = None  # None = the served model
+    max_tokens: int | None = None  # None = the server's default, capped by the context
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    speculative: SpeculativeOverride | None = None
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def as_template_dict(self) -> dict:
+        """{"role", "content": str} as chat templates expect ("developer" is rendered as "system")."""
+        if isinstance(self.content, list):
+            content = "".join(part.text for part in self.content)
+        else:
+            content = self.content or ""
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    logprobs: bool = False

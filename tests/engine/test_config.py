@@ -1,0 +1,113 @@
+"""Speculative settings from llama.cpp-style flags and vLLM-style JSON; bad settings are one clear error."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.engine.config import SpecConfig, spec_config_from_flags
+
+
+def test_llama_cpp_flags():
+    spec, notes = spec_config_from_flags(spec_type="ngram-simple,suffix", draft_n_max=5, draft_n_min=2)
+    assert spec.types == ("ngram-simple", "suffix") and spec.draft_n_max == 5 and spec.draft_n_min == 2
+    assert spec.method == "ngram-simple,suffix" and notes == []
+
+
+def test_vllm_json():
+    spec, _ = spec_config_from_flags(
+        speculative_config='{"method": "draft_model", "model": "qwen2.5-coder-0.5b", "num_speculative_tokens": 4}')
+    assert spec.types == ("draft-simple",) and spec.draft_model == "qwen2.5-coder-0.5b" and spec.draft_n_max == 4
+    assert spec_config_from_flags(speculative_config='{"method": "ngram"}')[0].types == ("ngram-simple",)
+    assert spec_config_from_flags(speculative_config='{"method": "suffix"}')[0].types == ("suffix",)
+
+
+def test_draft_model_alone_turns_draft_simple_on_and_says_so():
+    spec, notes = spec_config_from_flags(model_draft="qwen2.5-coder-0.5b")
+    assert spec.types == ("draft-simple",)
+    assert any("draft-simple turned on" in n for n in notes)
+    spec, _ = spec_config_from_flags(spec_type="ngram-simple", model_draft="d")
+    assert spec.types == ("ngram-simple", "draft-simple")
+
+
+def test_defaults_and_none():
+    spec, _ = spec_config_from_flags()
+    assert not spec.enabled and spec.method == "none" and spec.draft_n_max == 3
+    assert not spec_config_from_flags(spec_type="none")[0].enabled
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(spec_type="ngram-bogus"), "unknown --spec-type 'ngram-bogus'"),
+    (dict(spec_type="none,suffix"), "'none' cannot be combined"),
+    (dict(spec_type="suffix,suffix"), "lists a type twice"),
+    (dict(spec_type="ngram-simple", draft_n_max=0), "must be at least 1, got 0"),
+    (dict(spec_type="ngram-simple", draft_n_max=-2), "must be at least 1, got -2"),
+    (dict(spec_type="ngram-simple", draft_n_min=-1), "--spec-draft-n-min must be >= 0"),
+    (dict(spec_type="ngram-simple", draft_n_max=2, draft_n_min=3), "is larger than --spec-draft-n-max"),
+    (dict(spec_type="ngram-simple", draft_p_min=1.5), "--spec-draft-p-min must be in"),
+    (dict(spec_type="draft-simple"), "needs a draft model"),
+    (dict(speculative_config="{not json"), "is not valid JSON"),
+    (dict(speculative_config='["ngram"]'), "must be a JSON object"),
+    (dict(speculative_config='{"method": "medusa"}'), "method 'medusa' is not one of"),
+    (dict(speculative_config='{"method": "ngram", "colour": 1}'), "unknown keys: colour"),
+    (dict(speculative_config='{"method": "ngram", "num_speculative_tokens": "3"}'), "must be an integer"),
+    (dict(speculative_config='{"method": "ngram", "num_speculative_tokens": 0}'), "must be at least 1"),
+    (dict(spec_type="suffix", speculative_config='{"method": "ngram"}'), "contradicts --speculative-config"),
+    (dict(draft_n_max=4, speculative_config='{"method": "ngram", "num_speculative_tokens": 3}'),
+     "--spec-draft-n-max 4 contradicts num_speculative_tokens 3"),
+    (dict(model_draft="a", speculative_config='{"method": "draft_model", "model": "b"}'), "different draft models"),
+    (dict(spec_type="draft-simple,draft-eagle3", model_draft="a"), "only one model drafter"),
+])
+def test_bad_settings_are_one_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        spec_config_from_flags(**kwargs)
+
+
+def test_unavailable_model_drafter_is_a_clear_error(tiny_model):
+    from specdec.engine.engine import Engine
+
+    engine = Engine(tiny_model, max_len=64)
+    with pytest.raises(ValueError, match="draft-eagle3 is not available"):
+        engine.drafters_for(SpecConfig(types=("draft-eagle3",)))
+
+
+def test_mismatched_draft_vocabulary_names_the_first_differing_token(tmp_path, tiny_model):
+    """A draft whose token texts differ is refused, naming the first differing token."""
+    import json
+
+    from helpers.tiny import make_hf_model
+    from specdec.drafters.draft_model import DraftCompatibilityError
+    from specdec.engine.engine import Engine
+
+    other = make_hf_model(tmp_path / "other")
+    data = json.loads((other / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    victim = next(t for t, i in vocab.items() if i == 40)
+    vocab["XYZ"] = vocab.pop(victim)
+    (other / "tokenizer.json").write_text(json.dumps(data))
+    engine = Engine(tiny_model, max_len=64)
+    with pytest.raises(DraftCompatibilityError, match=f"token 40 differs: target .* has {victim!r}, draft .* has 'XYZ'"):
+        engine.drafters_for(SpecConfig(types=("draft-simple",), draft_model=str(other)))
+    bigger = make_hf_model(tmp_path / "bigger", vocab=1024)
+    with pytest.raises(DraftCompatibilityError, match="vocabulary sizes differ too much"):
+        engine.drafters_for(SpecConfig(types=("draft-simple",), draft_model=str(bigger)))
+
+
+def test_cross_tokenizer_drafting_is_lossless(tmp_path, tiny_model):
+    """A draft with another tokenizer drafts through text when asked; greedy output is unchanged."""
+    import json
+
+    from helpers.tiny import make_hf_model
+    from specdec.engine.engine import Engine
+    from specdec.sampling import SamplingParams
+
+    other = make_hf_model(tmp_path / "other", seed=0)
+    data = json.loads((other / "tokenizer.json").read_text())
+    data["model"]["merges"] = data["model"]["merges"][:2]  # another segmentation of the same text
+    (other / "tokenizer.json").write_text(json.dumps(data))
+    engine = Engine(tiny_model, max_len=128)
+    ids = tiny_model.tokenizer.encode("the then there the then")
+    plain = engine.generate(ids, SamplingParams(), max_tokens=20)
+    spec = SpecConfig(types=("draft-simple",), draft_model=str(other), cross_tokenizer=True)
+    out = engine.generate(ids, SamplingParams(), max_tokens=20, spec=spec)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.configured

@@ -1,0 +1,118 @@
+"""Bad input gets OpenAI's error object with the right status, and the next request is served normally."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+CONTEXT = 1024  # the smollm test server's context (conftest.SMOLLM_CONTEXT)
+OK_PROMPT = "The capital of France is"
+LONG_PROMPT = "word " * (CONTEXT + 50)
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def assert_error(response, status: int, code=None, param=None):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+    if code is not None:
+        assert error["code"] == code
+    if param is not None:
+        assert error["param"] == param
+    return error
+
+
+def assert_served_normally(served, reference):
+    """A normal request right after the bad one succeeds with the right text."""
+    resp = served.client().completions.create(model="smollm2-135m", prompt=OK_PROMPT, max_tokens=2, temperature=0)
+    expected = reference.generate(reference.prompt_ids(OK_PROMPT), 2, spec=served.engine.spec)
+    assert resp.choices[0].text == expected.text
+
+
+# (name, path, raw body, status, code, param)
+CASES = [
+    ("malformed json", "/v1/completions", b'{"prompt": "x", "max_tokens": ', 400, "invalid_json", None),
+    ("malformed json chat", "/v1/chat/completions", b"{messages: [}", 400, "invalid_json", None),
+    ("body not an object", "/v1/completions", b'["x"]', 400, "invalid_type", None),
+    ("max_tokens a string", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "invalid_type",
+     "max_tokens"),
+    ("max_tokens a float", "/v1/completions", {"prompt": "x", "max_tokens": 2.5}, 400, "invalid_type", "max_tokens"),
+    ("temperature a string", "/v1/completions", {"prompt": "x", "temperature": "hot"}, 400, "invalid_type",
+     "temperature"),
+    ("stream a string", "/v1/chat/completions", {"messages": CHAT, "stream": "yes"}, 400, "invalid_type", "stream"),
+    ("messages a string", "/v1/chat/completions", {"messages": "hello"}, 400, None, "messages"),
+    ("messages missing", "/v1/chat/completions", {"model": "smollm2-135m"}, 400, "missing_required_parameter",
+     "messages"),
+    ("unknown role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400,
+     "invalid_value", "messages.0.role"),
+    ("negative max_tokens", "/v1/completions", {"prompt": "x", "max_tokens": -5}, 400, "invalid_value",
+     "max_tokens"),
+    ("zero max_tokens", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 0}, 400, "invalid_value",
+     "max_tokens"),
+    ("huge max_tokens", "/v1/completions", {"prompt": "x", "max_tokens": 10**12}, 400, "invalid_value",
+     "max_tokens"),
+    ("prompt longer than the context", "/v1/completions", {"prompt": LONG_PROMPT, "max_tokens": 4}, 400,
+     "context_length_exceeded", "prompt"),
+    ("chat longer than the context", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": LONG_PROMPT}]}, 400, "context_length_exceeded", "messages"),
+    ("prompt + max_tokens over the context", "/v1/completions",
+     {"prompt": OK_PROMPT, "max_tokens": CONTEXT - 3}, 400, "context_length_exceeded", "prompt"),
+    ("token id outside the vocabulary", "/v1/completions", {"prompt": [1, 2, 10**9]}, 400, "invalid_value",
+     "prompt"),
+    ("empty prompt", "/v1/completions", {"prompt": []}, 400, "invalid_value", "prompt"),
+    ("n > 1", "/v1/completions", {"prompt": "x", "n": 2}, 400, "invalid_value", "n"),
+    ("temperature out of range", "/v1/completions", {"prompt": "x", "temperature": -1}, 400, "invalid_value",
+     "temperature"),
+    ("unknown model", "/v1/completions", {"prompt": "x", "model": "gpt-4o"}, 404, "model_not_found", "model"),
+    ("unknown model chat", "/v1/chat/completions", {"messages": CHAT, "model": "nope"}, 404, "model_not_found",
+     "model"),
+    ("draft model not loaded", "/v1/completions",
+     {"prompt": "x", "speculative": {"method": "draft_model", "model": "qwen2.5-0.5b"}}, 400,
+     "invalid_speculative_config", "speculative"),
+    ("eagle3 not loaded", "/v1/completions", {"prompt": "x", "speculative": {"method": "eagle3"}}, 400,
+     "invalid_speculative_config", "speculative"),
+    ("unknown method", "/v1/chat/completions", {"messages": CHAT, "speculative": {"method": "magic"}}, 400,
+     "invalid_speculative_config", "speculative"),
+    ("zero draft length", "/v1/completions", {"prompt": "x", "speculative": {"num_speculative_tokens": 0}}, 400,
+     "invalid_speculative_config", "speculative"),
+    ("disabled and tuned", "/v1/completions",
+     {"prompt": "x", "speculative": {"enabled": False, "num_speculative_tokens": 4}}, 400,
+     "invalid_speculative_config", "speculative"),
+    ("unknown speculative key", "/v1/completions", {"prompt": "x", "speculative": {"draft_len": 4}}, 400,
+     "unknown_parameter", "speculative.draft_len"),
+    ("speculative a string", "/v1/completions", {"prompt": "x", "speculative": "off"}, 400, None, "speculative"),
+    ("unknown route", "/v1/embeddings", {"input": "x"}, 404, "not_found", None),
+]
+
+
+@pytest.mark.parametrize("name, path, body, status, code, param", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_an_openai_error_and_the_server_goes_on(smollm_server, reference, name, path, body, status,
+                                                             code, param):
+    assert smollm_server.engine.cache.max_len == CONTEXT
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with smollm_server.http() as http:
+        response = http.post(path, content=content, headers={"content-type": "application/json"})
+    assert_error(response, status, code, param)
+    assert_served_normally(smollm_server, reference)
+
+
+def test_openai_client_raises_its_own_exceptions(smollm_server, reference):
+    client = smollm_server.client()
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-4o", messages=CHAT, max_tokens=2)
+    assert err.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="smollm2-135m", prompt=LONG_PROMPT, max_tokens=2)
+    assert err.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError) as err:  # also when streaming: the error comes before the stream
+        client.completions.create(model="smollm2-135m", prompt="x", max_tokens=-1, stream=True)
+    assert err.value.param == "max_tokens"
+    assert_served_normally(smollm_server, reference)

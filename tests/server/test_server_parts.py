@@ -1,0 +1,226 @@
+"""Fast checks of the server's parts, on the tiny random model: API keys, overrides, text deltas,
+the worker's order and cancel flag, and the `specdec serve` wiring."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import openai
+import pytest
+
+from specdec.engine.config import SpecConfig
+from specdec.engine.engine import Engine
+from specdec.sampling import SamplingParams
+from specdec.server.overrides import resolve_spec
+from specdec.server.schemas import APIError, SpeculativeOverride
+from specdec.server.worker import Delta, Done, GenerationWorker, Job, TextStream
+
+CHAT = [{"role": "user", "content": "Hi"}]
+
+
+def assert_401(response):
+    assert response.status_code == 401, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_api_key"
+
+
+# -- API key -----------------------------------------------------------------------------------
+def test_api_key_wrong_or_missing_is_401_then_served(tiny_server):
+    from openai import OpenAI
+
+    key = tiny_server.api_key
+    wrong = OpenAI(base_url=tiny_server.base_url + "/v1", api_key="wrong-key", max_retries=0, timeout=60)
+    with pytest.raises(openai.AuthenticationError) as err:
+        wrong.completions.create(model="tiny", prompt="hello", max_tokens=2)
+    assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
+    resp = tiny_server.client().completions.create(model="tiny", prompt="hello", max_tokens=2, temperature=0)
+    assert resp.usage.completion_tokens >= 1
+    with tiny_server.http() as http:
+        assert_401(http.get("/v1/models"))
+        assert_401(http.post("/v1/chat/completions", json={"messages": CHAT}))
+        assert_401(http.get("/v1/models", headers={"Authorization": f"Bearer {key}x"}))
+        assert_401(http.get("/v1/models", headers={"Authorization": key}))  # no "Bearer "
+        # the key is checked before the body is read
+        assert_401(http.post("/v1/completions", content=b"{bad", headers={"content-type": "application/json"}))
+        assert http.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        assert http.get("/health").status_code == 200  # /health and /metrics need no key
+        assert http.get("/metrics").status_code == 200
+    resp = tiny_server.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, temperature=0)
+    assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+# -- speculative overrides -----------------------------------------------------------------------
+NGRAM = SpecConfig(types=("ngram-simple",))
+
+
+def test_overrides_resolve_into_spec_configs():
+    assert resolve_spec(NGRAM, None) is NGRAM
+    assert resolve_spec(NGRAM, SpeculativeOverride()) == NGRAM
+    assert resolve_spec(NGRAM, SpeculativeOverride(enabled=False)).types == ()
+    assert resolve_spec(NGRAM, SpeculativeOverride(enabled=True)) == NGRAM
+    assert resolve_spec(NGRAM, SpeculativeOverride(num_speculative_tokens=5)) == NGRAM.with_overrides(draft_n_max=5)
+    assert resolve_spec(NGRAM, SpeculativeOverride(method="suffix", num_speculative_tokens=2)) == \
+        SpecConfig(types=("suffix",), draft_n_max=2)
+    assert resolve_spec(SpecConfig(), SpeculativeOverride(spec_type="ngram-simple,suffix")).types == \
+        ("ngram-simple", "suffix")
+    served_draft = SpecConfig(types=("draft-simple",), draft_model="small")
+    assert resolve_spec(served_draft, SpeculativeOverride(method="draft_model")) == served_draft
+    assert resolve_spec(served_draft, SpeculativeOverride(method="ngram")).types == ("ngram-simple",)
+    served_mtp = SpecConfig(types=("draft-mtp",))  # a model drafter the server runs may be tuned per request
+    assert resolve_spec(served_mtp, SpeculativeOverride(num_speculative_tokens=1)).draft_n_max == 1
+    assert resolve_spec(served_mtp, SpeculativeOverride(method="mtp")).types == ("draft-mtp",)
+
+
+@pytest.mark.parametrize("base, override", [
+    (NGRAM, SpeculativeOverride(method="draft_model", model="other")),  # a draft model that is not loaded
+    (NGRAM, SpeculativeOverride(method="draft_model")),  # no draft model loaded at all
+    (SpecConfig(types=("draft-simple",), draft_model="small"), SpeculativeOverride(model="other")),
+    (NGRAM, SpeculativeOverride(method="mtp")),
+    (SpecConfig(types=("draft-mtp",)), SpeculativeOverride(method="eagle3")),
+    (NGRAM, SpeculativeOverride(spec_type="draft-eagle3")),
+    (NGRAM, SpeculativeOverride(method="nope")),
+    (NGRAM, SpeculativeOverride(num_speculative_tokens=0)),
+    (NGRAM, SpeculativeOverride(draft_n_min=5)),  # larger than the draft length 3
+    (NGRAM, SpeculativeOverride(enabled=False, method="ngram")),
+    (SpecConfig(), SpeculativeOverride(num_speculative_tokens=4)),  # nothing to tune: name a method
+    (SpecConfig(), SpeculativeOverride(enabled=True)),
+])
+def test_overrides_the_server_cannot_honour_are_400(base, override):
+    with pytest.raises(APIError) as err:
+        resolve_spec(base, override)
+    assert err.value.status == 400 and err.value.param == "speculative"
+
+
+# -- text deltas ----------------------------------------------------------------------------------
+class CharTokenizer:
+    """Token i is chr(i); 0xFFFD decodes like an incomplete UTF-8 character."""
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_text_stream_never_takes_back_what_it_sent():
+    tok = CharTokenizer()
+    ids = [ord(c) for c in "abc STOP def"]
+    stream = TextStream(tok, ("STOP",))
+    sent = "".join(stream.advance(ids[:n]) for n in range(1, 5))  # "abc " so far; "STOP" may still start
+    assert sent == "a"  # 3 characters (len("STOP") - 1) held back
+    assert sent + stream.finish("abc ") == "abc "
+    plain = TextStream(tok, ())
+    assert plain.advance([ord("x"), 0xFFFD]) == "x"  # an incomplete character waits
+    assert plain.advance([ord("x"), ord("y")]) == "y"
+    assert plain.finish("xyz") == "z"
+
+
+# -- the worker -----------------------------------------------------------------------------------
+def run_jobs(worker, jobs_spec, cancel=()):
+    """Submit jobs at once; returns [(job index, Done)] in the order they finished."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = [Job(prompt, SamplingParams(), n, (), SpecConfig(), stream=True, endpoint="completions", loop=loop)
+                for prompt, n in jobs_spec]
+        for i in cancel:
+            jobs[i].cancel()
+        for job in jobs:
+            worker.submit(job)
+        finished = []
+
+        async def drain(i, job):
+            deltas = []
+            while True:
+                event = await asyncio.wait_for(job.events.get(), 60)
+                if isinstance(event, Done):
+                    finished.append((i, event, "".join(deltas)))
+                    return
+                assert isinstance(event, Delta)
+                deltas.append(event.text)
+
+        await asyncio.gather(*(drain(i, j) for i, j in enumerate(jobs)))
+        return finished
+
+    return asyncio.run(main())
+
+
+def test_worker_serves_in_arrival_order_and_skips_cancelled(tiny_model):
+    engine = Engine(tiny_model, max_len=128)
+    worker = GenerationWorker(engine)
+    try:
+        finished = run_jobs(worker, [([5, 6, 7], 6), ([8, 9], 3), ([10], 4), ([11, 12], 5)], cancel=[2])
+    finally:
+        worker.stop()
+    assert [i for i, _, _ in finished] == [0, 1, 2, 3]  # FIFO: a LIFO queue would give 0, 3, 2, 1
+    by_index = {i: (done, text) for i, done, text in finished}
+    assert by_index[2][0].finish_reason == "cancelled" and by_index[2][0].completion_tokens == 0
+    for i, (prompt, n) in enumerate([([5, 6, 7], 6), ([8, 9], 3), ([11, 12], 5)]):
+        index = [0, 1, 3][i]
+        done, streamed = by_index[index]
+        expected = Engine(tiny_model, max_len=128).generate(prompt, SamplingParams(), n)
+        assert streamed + done.text == expected.text
+        assert done.completion_tokens == len(expected.token_ids)
+    assert engine.cache.free_slots == [0]  # every slot released
+
+
+def test_worker_stops_a_cancelled_job_between_steps(tiny_model):
+    engine = Engine(tiny_model, max_len=256)
+    worker = GenerationWorker(engine)
+
+    async def main():
+        job = Job([5, 6, 7], SamplingParams(), 200, (), SpecConfig(), stream=True, endpoint="completions",
+                  loop=asyncio.get_running_loop())
+        worker.submit(job)
+        first = await asyncio.wait_for(job.events.get(), 60)
+        assert isinstance(first, Delta)
+        job.cancel()
+        while True:
+            event = await asyncio.wait_for(job.events.get(), 60)
+            if isinstance(event, Done):
+                return event
+
+    try:
+        done = asyncio.run(main())
+    finally:
+        worker.stop()
+    assert done.finish_reason == "cancelled" and done.completion_tokens < 200
+    assert engine.cache.free_slots == [0]
+
+
+# -- specdec serve --------------------------------------------------------------------------------
+def test_serve_subcommand_is_wired(capsys):
+    from specdec.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--host", "--port", "--api-key", "--spec-type", "--speculative-config", "--model"):
+        assert flag in out
+
+
+def test_cmd_serve_builds_the_app_and_binds_localhost(tiny_hf_dir, monkeypatch):
+    import uvicorn
+
+    from specdec.server import cli as server_cli
+
+    calls = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
+    parser = argparse.ArgumentParser()
+    server_cli.add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--model", str(tiny_hf_dir), "--weights", "fp32", "--spec-type",
+                              "ngram-simple", "--spec-draft-n-max", "4", "--ctx-size", "128", "--api-key", "k"])
+    assert args.func is server_cli.cmd_serve
+    assert args.func(args) == 0
+    assert calls["host"] == "127.0.0.1" and calls["port"] == 8000
+    engine = calls["app"].state.engine
+    assert engine.spec == SpecConfig(types=("ngram-simple",), draft_n_max=4) and engine.cache.max_len == 128
+    calls["app"].state.worker.stop()
+
+
+def test_worker_stop_is_prompt(tiny_model):
+    worker = GenerationWorker(Engine(tiny_model, max_len=64))
+    worker.start()
+    t0 = time.perf_counter()
+    worker.stop()
+    assert time.perf_counter() - t0 < 5
