@@ -26,7 +26,7 @@ from specdec.model.linear import QLinear
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # x: (..., H) float32; row-wise, hence batch-invariant
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    return F.rms_norm(x, weight.shape, weight, eps)
 
 
 def rope_tables(head_dim: int, theta: float, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +38,7 @@ def rope_tables(head_dim: int, theta: float, max_len: int) -> tuple[torch.Tensor
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (T, nh, hd); cos/sin: (T, 1, hd)
+    # x: (T, heads, hd); cos/sin: (T, 1, hd)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -133,21 +133,22 @@ class Transformer:
         for li, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
             qkv = layer.qkv(h, exact)  # (B*T, q + 2kv)
-            q = qkv[:, : c.q_size].reshape(B * T, c.num_heads, c.head_dim)
-            k = qkv[:, c.q_size : c.q_size + c.kv_size].reshape(B * T, c.num_kv_heads, c.head_dim)
+            heads = c.num_heads + c.num_kv_heads
+            qk = qkv[:, : c.q_size + c.kv_size].reshape(B * T, heads, c.head_dim)  # q heads, then k heads
             v = qkv[:, c.q_size + c.kv_size :].reshape(B * T, c.num_kv_heads, c.head_dim)
             if layer.q_norm is not None:
-                q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
-                k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
-            q = apply_rope(q, cos, sin)
-            k = apply_rope(k, cos, sin)
-            attn = torch.empty(B, T, c.num_heads, c.head_dim)
+                qk = torch.cat([rms_norm(qk[:, : c.num_heads], layer.q_norm, c.rms_norm_eps),
+                                rms_norm(qk[:, c.num_heads :], layer.k_norm, c.rms_norm_eps)], dim=1)
+            qk = apply_rope(qk, cos, sin)  # one rotation for q and k together
+            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
+            parts = []
             for b, slot in enumerate(slots):
                 rows = slice(b * T, (b + 1) * T)
                 cache.k[li, slot, :, starts[b] : starts[b] + T] = k[rows].transpose(0, 1)
                 cache.v[li, slot, :, starts[b] : starts[b] + T] = v[rows].transpose(0, 1)
                 mask = None if tree_mask is None else tree_mask[b]
-                attn[b] = self._attend(q[rows], cache, li, slot, starts[b], mask, exact)
+                parts.append(self._attend(q[rows], cache, li, slot, starts[b], mask, exact))
+            attn = parts[0] if B == 1 else torch.cat(parts)  # (B*T, nh, hd)
             x = x + layer.o(attn.reshape(B * T, c.q_size), exact)
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
             gate, up = layer.gate_up(h, exact).chunk(2, dim=-1)
