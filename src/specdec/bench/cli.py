@@ -1,0 +1,195 @@
+"""specdec bench: the plain baseline, each method and the peers on the same prompts, in one process.
+
+    specdec bench --model qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b \\
+        --methods none,ngram-simple,suffix,draft-simple,auto --prompts mixed \\
+        --temperature 0,0.7 --max-tokens 128 --repeats 3 --draft-lengths 1,2,3,5 \\
+        --peers hf-plain,hf-prompt-lookup --out bench-out
+
+Writes results.json, report.md and PNG plots to --out.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+DEFAULT_METHODS = "none,ngram-simple,ngram-map-k,suffix,auto"
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected a comma list of numbers, got {text!r}") from None
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected a comma list of integers, got {text!r}") from None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def runtime_info(with_transformers: bool = False) -> dict:
+    import torch
+
+    import specdec
+    from specdec.bench.memory import peak_rss_bytes
+
+    info = {
+        "specdec_version": specdec.__version__,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+    if hasattr(os, "sched_getaffinity"):
+        info["cpus_allowed"] = len(os.sched_getaffinity(0))
+    if with_transformers:
+        import transformers
+
+        info["transformers_version"] = transformers.__version__
+    return info
+
+
+def artifact(model) -> dict:
+    d = model.info.to_dict()
+    path = Path(d["path"])
+    d["file_bytes"] = path.stat().st_size if path.is_file() else sum(
+        f.stat().st_size for f in path.glob("*.safetensors"))
+    return d
+
+
+def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, draft_model: str | None = None,
+          temperatures=(0.0,), max_tokens: int = 64, repeats: int = 3, draft_n_max: int = 3,
+          draft_lengths=None, ctx_size: int = 4096, warmup: bool = True, seed: int = 0, per_category=None,
+          fresh_drafters: bool = True, peers=(), peer_urls=(), peer_model=None, hf_dtype: str = "bf16",
+          progress: bool = True, out_dir=None, url_client=None) -> dict:
+    """Run the whole bench on a loaded target Model; writes the report files when out_dir is given."""
+    from specdec.bench.prompts import load_prompts, prompts_meta
+    from specdec.bench.runner import bench_engine, parse_methods, run_bench
+
+    prompts = load_prompts(prompts_spec, per_category)
+    method_list = parse_methods(methods, draft_model, draft_n_max, model, draft_lengths)
+    engine = bench_engine(model, ctx_size, fresh_drafters)
+    for m in method_list:
+        engine.drafters_for(m.spec)  # load and check drafters before measuring anything
+    peer_objs = []
+    if peers:
+        from specdec.bench.peers import HF_PEERS, HFModels, HFPeer
+        from specdec.model.registry import resolve
+
+        unknown = [p for p in peers if p not in HF_PEERS]
+        if unknown:
+            raise ValueError(f"unknown peer {unknown[0]!r}; choose from {', '.join(HF_PEERS)} (or --peer-url)")
+        hf = HFModels(model.info.path, resolve(draft_model) if draft_model else None, hf_dtype,
+                      model.info.weights_dtype)
+        for name in sorted(peers, key=HF_PEERS.index):  # hf-plain first: it is the others' baseline
+            peer_objs.append(HFPeer(name, hf, model.tokenizer.eos_ids, draft_n_max))
+    for url in peer_urls:
+        from specdec.bench.peers import URLPeer
+
+        peer_objs.append(URLPeer(url, peer_model, client=url_client))
+    settings = {
+        "methods": methods, "draft_n_max": draft_n_max, "draft_lengths": list(draft_lengths or []),
+        "ctx_size": ctx_size, "weights": model.info.weights_dtype,
+        "drafter_state": "fresh per run" if fresh_drafters else "kept across runs (drafters learn from earlier ones)",
+        "prompt_set": prompts_meta(prompts_spec), "peers": [p.label for p in peer_objs],
+        "hf_dtype": hf_dtype if peers else None,
+    }
+    results = run_bench(engine, prompts, method_list, list(temperatures), max_tokens, repeats, warmup, peer_objs,
+                        seed, progress, settings)
+    results["runtime"] = runtime_info(with_transformers=bool(peers))
+    draft_info = None
+    if draft_model is not None and any(m.spec.draft_model for m in method_list):
+        draft_info = artifact(engine.drafter_factory.inner.load_draft_model(draft_model))
+    results["artifacts"] = {"target": artifact(model), "draft": draft_info}
+    if out_dir is not None:
+        from specdec.bench.report import write_all
+
+        results["files"] = {k: str(v) for k, v in write_all(results, out_dir).items()}
+    return results
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    from specdec.bench.prompts import load_prompts
+    from specdec.bench.runner import parse_methods
+    from specdec.model.load import load_model
+
+    # check the settings before spending a minute loading the model
+    load_prompts(args.prompts, args.per_category)
+    parse_methods(",".join(m for m in args.methods.split(",") if m.strip() != "auto"), args.draft_model,
+                  args.spec_draft_n_max)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = load_model(args.model, args.weights)
+    results = bench(
+        model, args.prompts, args.methods, args.draft_model, _floats(args.temperature), args.max_tokens,
+        args.repeats, args.spec_draft_n_max, _ints(args.draft_lengths) if args.draft_lengths else None,
+        args.ctx_size, not args.no_warmup, args.seed, args.per_category, not args.keep_drafter_memory,
+        [p.strip() for p in args.peers.split(",") if p.strip()] if args.peers else (), args.peer_url,
+        args.peer_model, args.hf_dtype, not args.no_progress, args.out)
+    a = results.get("auto")
+    if a:
+        print(f"auto chose {'+'.join(a['types']) or 'none'}; no slower than plain in every category: "
+              f"{a['no_slower_than_plain']}", file=sys.stderr)
+    for row in results["summary"]:
+        if row["category"] == "all":
+            spd = row["speedup_median"]
+            print(f"{row['config']:32} T={row['temperature']:<4g} engaged {row['engaged']:7} "
+                  f"{(row['decode_tokens_per_s_median'] or 0):7.1f} tok/s  speed-up "
+                  f"{'–' if spd is None else f'{spd:.2f}x'}", file=sys.stderr)
+    print(f"wrote {results['files']['markdown']}", file=sys.stderr)
+    return 0
+
+
+def add_parser(sub) -> None:
+    from specdec.cli import add_model_args
+
+    p = sub.add_parser("bench", help="measure plain vs speculative decoding (and peers) on shipped prompt sets")
+    add_model_args(p)
+    p.add_argument("--draft-model", "-md", "--model-draft", dest="draft_model", default=None,
+                   help="draft model for draft-simple and hf-assisted")
+    p.add_argument("--methods", default=DEFAULT_METHODS,
+                   help="comma list: none, auto, spec types (suffix), combinations (ngram-simple+suffix), "
+                        f"drafter options (ngram-map-k:min_hits=4); default {DEFAULT_METHODS}")
+    p.add_argument("--prompts", default="mixed",
+                   help="prompt set (mixed, quick), comma list of categories (code,edit,summarize,prose,chat), "
+                        "or a .jsonl file")
+    p.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
+    p.add_argument("--temperature", "--temp", default="0", help="comma list, e.g. 0,0.7 (0 = greedy)")
+    p.add_argument("--max-tokens", "-n", type=int, default=128)
+    p.add_argument("--repeats", "-r", type=int, default=3, help="rounds per prompt; medians are taken over them")
+    p.add_argument("--spec-draft-n-max", type=int, default=3, help="draft length of every method (default 3)")
+    p.add_argument("--draft-lengths", default=None, help="also sweep these draft lengths, e.g. 1,2,3,5")
+    p.add_argument("--peers", default=None, help="comma list: hf-plain, hf-assisted, hf-prompt-lookup")
+    p.add_argument("--peer-url", action="append", default=[],
+                   help="an OpenAI-compatible server to measure too (repeatable), e.g. http://127.0.0.1:8080")
+    p.add_argument("--peer-model", default=None, help="model name sent to --peer-url servers")
+    p.add_argument("--hf-dtype", default="bf16", choices=["bf16", "fp32"],
+                   help="format transformers holds the dequantized weights in (default bf16)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--keep-drafter-memory", action="store_true",
+                   help="let drafters remember earlier runs (inflates acceptance on repeated prompts)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
+    p.set_defaults(func=cmd_bench)

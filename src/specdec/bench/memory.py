@@ -1,0 +1,128 @@
+"""Memory accounting from tensor sizes (exact for what specdec allocates) and the process RSS.
+
+    weights   every tensor a built Transformer holds (matrices, scales, norms, embedding, RoPE tables)
+    kv        the preallocated KV cache (allocated) and the part a request used (used)
+    drafter   a draft model's weights + its KV cache, or the Python objects of a model-free drafter
+
+`estimate_weight_bytes` predicts `transformer_bytes` from a config alone, so `specdec inspect`
+can say what a model will take without building it.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import types
+from collections import deque
+
+import torch
+
+from specdec.model.config import ModelConfig
+
+INT4_GROUP = 32
+KV_BYTES_PER_VALUE = 4  # the KV cache is float32 (cache/kv.py)
+
+
+def _tensor_bytes(t) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def transformer_bytes(tr) -> int:
+    """Bytes of every tensor a built Transformer holds."""
+    total = _tensor_bytes(tr.embed) + _tensor_bytes(tr.norm) + tr.lm_head.nbytes()
+    total += _tensor_bytes(tr.cos) + _tensor_bytes(tr.sin)
+    for layer in tr.layers:
+        total += sum(m.nbytes() for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        total += sum(_tensor_bytes(t) for t in (layer.attn_norm, layer.mlp_norm, layer.q_norm, layer.k_norm))
+    return total
+
+
+def linear_bytes(out_features: int, in_features: int, fmt: str, bias: bool = False) -> int:
+    """Bytes of one QLinear (model/linear.py) in a weight format."""
+    n, k = out_features, in_features
+    if fmt == "int4" and k % INT4_GROUP != 0:
+        fmt = "int8"  # QLinear falls back the same way
+    size = {"fp32": 4 * n * k, "bf16": 2 * n * k, "int8": n * k + 2 * n,
+            "int4": n * k // 2 + (k // INT4_GROUP) * n * 2 * 2}[fmt]
+    return size + (4 * n if bias else 0)
+
+
+def estimate_weight_bytes(c: ModelConfig, fmt: str) -> int:
+    """What `transformer_bytes` will be once the model is built in format `fmt`."""
+    h = c.hidden_size
+    per_layer = (
+        linear_bytes(c.q_size + 2 * c.kv_size, h, fmt, bias=c.qkv_bias)
+        + linear_bytes(h, c.q_size, fmt)
+        + linear_bytes(2 * c.intermediate_size, h, fmt)
+        + linear_bytes(h, c.intermediate_size, fmt)
+        + 2 * 4 * h
+        + (2 * 4 * c.head_dim if c.qk_norm else 0)
+    )
+    embed = c.vocab_size * h * (4 if fmt == "fp32" else 2)
+    rope = 2 * 4 * c.context_length * c.head_dim
+    return c.num_layers * per_layer + embed + linear_bytes(c.vocab_size, h, fmt) + 4 * h + rope
+
+
+def kv_bytes_per_token(c: ModelConfig) -> int:
+    return c.kv_bytes_per_token(KV_BYTES_PER_VALUE)
+
+
+_SKIP = (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)
+
+
+def object_bytes(obj, limit: int = 2_000_000) -> int:
+    """Approximate bytes of a Python object graph (tensors by their storage); stops after `limit` objects."""
+    seen: set[int] = set()
+    todo = deque([obj])
+    total = 0
+    while todo and len(seen) < limit:
+        o = todo.popleft()
+        if id(o) in seen or isinstance(o, _SKIP):
+            continue
+        seen.add(id(o))
+        if isinstance(o, torch.Tensor):
+            total += _tensor_bytes(o)
+            continue
+        total += sys.getsizeof(o, 0)
+        if isinstance(o, dict):
+            todo.extend(o.keys())
+            todo.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset, deque)):
+            todo.extend(o)
+        elif hasattr(o, "__array_interface__"):  # numpy arrays: getsizeof counts their buffer
+            continue
+        else:
+            if hasattr(o, "__dict__"):
+                todo.append(vars(o))
+            for slot in getattr(type(o), "__slots__", ()):
+                if hasattr(o, slot):
+                    todo.append(getattr(o, slot))
+    return total
+
+
+def drafter_bytes(drafter) -> tuple[int, str]:
+    """(bytes, how measured) for one drafter the engine built."""
+    inner = getattr(drafter, "inner", drafter)
+    inner = getattr(inner, "inner", inner)  # CrossTokenizerDrafter wraps a DraftModelDrafter
+    draft = getattr(inner, "draft", None)
+    if draft is not None and hasattr(draft, "transformer"):
+        cache = getattr(inner, "cache", None)
+        return transformer_bytes(draft.transformer) + (cache.nbytes() if cache is not None else 0), "tensor sizes"
+    return object_bytes(inner), "python object sizes (approx.)"
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident memory of this process so far."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

@@ -1,0 +1,259 @@
+"""results.json -> report.md and PNG plots.
+
+Every report names the artifact, the runtime and the settings first; then one table per
+temperature; then per-position acceptance, the draft-length sweep, peers, auto's check, and
+the caveats (methods never engaged, greedy outputs that differed from the baseline).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+PLOTS = {
+    "speedup": "speedup_by_category.png",
+    "acceptance": "acceptance_by_position.png",
+    "sweep": "speedup_vs_draft_length.png",
+}
+
+
+def write_all(results: dict, out_dir) -> dict[str, Path]:
+    """Write results.json, report.md and the plots; returns their paths by kind."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json"}
+    paths["json"].write_text(json.dumps(results, indent=1))
+    paths.update(write_plots(results, out))
+    paths["markdown"] = out / "report.md"
+    paths["markdown"].write_text(markdown(results, {k: v.name for k, v in paths.items() if k in PLOTS}))
+    return paths
+
+
+# -- Markdown ----------------------------------------------------------------------------------
+def _f(x, fmt="{:.2f}", none="–"):
+    return none if x is None else fmt.format(x)
+
+
+def _mb(n):
+    return "–" if n is None else f"{n / 1e6:,.1f}"
+
+
+def markdown(r: dict, plots: dict[str, str] | None = None) -> str:
+    s, rt, art = r["settings"], r["runtime"], r["artifacts"]
+    lines = [f"# specdec bench: {art['target']['name']}", "", f"Created {r['created']}.", ""]
+    lines += ["## Artifact", "", "| | target | draft |", "|---|---|---|"]
+    draft = art.get("draft") or {}
+    for key, title in (("path", "file"), ("sha256", "sha256"), ("arch", "architecture"), ("params", "parameters"),
+                       ("quant", "quantization in the file"), ("weights_dtype", "in-memory format (specdec)"),
+                       ("file_bytes", "file size (bytes)")):
+        lines.append(f"| {title} | {art['target'].get(key, '–')} | {draft.get(key, '–') if draft else '–'} |")
+    lines += ["", "## Runtime", ""]
+    for key in ("specdec_version", "torch_version", "transformers_version", "python", "platform", "cpu_model",
+                "cpu_count", "threads", "peak_rss_bytes"):
+        if key in rt:
+            lines.append(f"- {key.replace('_', ' ')}: {rt[key]}")
+    lines += ["", "## Settings", ""]
+    pm = s.get("prompt_set", {})
+    lines.append(f"- prompts: {pm.get('name', '?')} ({pm.get('selection', '')}), source: {pm.get('source', '?')}, "
+                 f"license: {pm.get('license', '?')}; {len(r['prompts'])} prompts in categories "
+                 + ", ".join(f"{c} ({n})" for c, n in _count(p["category"] for p in r["prompts"]).items()))
+    for key in ("methods", "temperatures", "max_tokens", "repeats", "warmup", "draft_n_max", "draft_lengths",
+                "ctx_size", "weights", "drafter_state", "seed", "order", "peers"):
+        if key in s:
+            lines.append(f"- {key.replace('_', ' ')}: {s[key]}")
+    lines += ["", "Speed-up is the median over rounds of (decode tokens/s of the configuration) / (decode tokens/s "
+              "of its baseline in the same round). Decode tokens/s excludes the prompt and the first token. "
+              "Engaged means at least one token was drafted and verified.", ""]
+
+    peers = [c for c in r["configs"] if c["kind"] == "peer"]
+    temps = s["temperatures"]
+    for t in temps:
+        lines += [f"## Results, temperature {t:g}", "",
+                  "| config | category | engaged | tok/s | speed-up (min–max) | vs | acceptance | mean acc. len | "
+                  "draft / verify s | greedy identical | memory MB (w + kv + drafter) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for row in [x for x in r["summary"] if x["temperature"] == t]:
+            gi = row["greedy_identical"]
+            gi_s = "–" if gi is None else f"{gi['identical']}/{gi['compared']}"
+            mem = row.get("memory") or {}
+            mem_s = (f"{_mb(mem.get('weights_bytes'))} + {_mb(mem.get('kv_allocated_bytes'))} + "
+                     f"{_mb(mem.get('drafter_bytes'))}") if mem else "–"
+            spd = (f"{_f(row['speedup_median'])}x ({_f(row['speedup_min'])}–{_f(row['speedup_max'])})"
+                   if row["config"] != row["baseline"] else "1.00x (baseline)")
+            dv = "–" if row["draft_s"] is None else f"{row['draft_s']:.2f} / {row['verify_s']:.2f}"
+            lines.append(f"| {row['config']} | {row['category']} | {row['engaged']} | "
+                         f"{_f(row['decode_tokens_per_s_median'], '{:.1f}')} | {spd} | {row['baseline']} | "
+                         f"{_f(row['acceptance_rate'])} | {_f(row['mean_acceptance_length'])} | {dv} | {gi_s} | "
+                         f"{mem_s} |")
+        lines.append("")
+    if plots and "speedup" in plots:
+        lines += [f"![speed-up by method and category]({plots['speedup']})", ""]
+
+    lines += ["## Per-position acceptance (all categories)", "",
+              "Position i: steps whose draft position i was accepted / steps that drafted at least i+1 tokens.", ""]
+    for row in r["summary"]:
+        if row["category"] == "all" and row["per_position_acceptance"]:
+            pos = " ".join(f"{a:.2f}" for a in row["per_position_acceptance"])
+            lines.append(f"- {row['config']} (T={row['temperature']:g}): {pos}")
+    lines.append("")
+    if plots and "acceptance" in plots:
+        lines += [f"![per-position acceptance]({plots['acceptance']})", ""]
+
+    if r["sweep"] and len({x["draft_n_max"] for x in r["sweep"]}) > 1:
+        lines += ["## Speed-up against draft length (all categories)", "",
+                  "| method | T | k | speed-up | acceptance | mean acc. len |", "|---|---|---|---|---|---|"]
+        for x in r["sweep"]:
+            lines.append(f"| {x['method']} | {x['temperature']:g} | {x['draft_n_max']} | {_f(x['speedup_median'])} | "
+                         f"{_f(x['acceptance_rate'])} | {_f(x['mean_acceptance_length'])} |")
+        lines.append("")
+        if plots and "sweep" in plots:
+            lines += [f"![speed-up against draft length]({plots['sweep']})", ""]
+
+    if peers:
+        lines += ["## Peers", ""]
+        for c in peers:
+            lines.append(f"- **{c['label']}**: {c['runtime']}; in-memory format: {c['in_memory_format']}; "
+                         f"speculation path: {c['speculation_path']}; options: {c.get('options') or {}}; "
+                         f"speed-up is against {c['baseline']}.")
+        if any(c["label"].startswith("hf-") for c in peers):
+            hf_format = next(c["in_memory_format"] for c in peers if c["label"].startswith("hf-"))
+            held = hf_format.split(" (")[0]
+            if "differs from" in hf_format:
+                lines.append(f"- The transformers peers load the same file but hold it as {held}, while specdec holds "
+                             f"{art['target'].get('weights_dtype')}: the in-memory formats differ, so this is not a "
+                             "same-quantization comparison.")
+            else:
+                lines.append(f"- The transformers peers hold the weights as {held}, the same format as specdec.")
+            lines.append("- transformers does not report accepted drafts: its speculating peers are "
+                         "'engaged: unknown'.")
+        lines.append("")
+
+    a = r.get("auto")
+    if a:
+        verdict = {True: "yes", False: "NO", None: "unknown (too few tokens to compare)"}[a["no_slower_than_plain"]]
+        lines += ["## auto", "", f"auto chose **{' + '.join(a['types']) or 'none'}** ({a['config']}).", ""]
+        lines += [f"- {x}" for x in a["reasons"][1:]]
+        lines += ["", f"No slower than plain decoding in every category (median speed-up >= "
+                      f"{1 - a['tolerance']:.2f}): **{verdict}**."]
+        for x in a["slower_in"]:
+            lines.append(f"- slower in {x['category']} at T={x['temperature']:g}: {x['speedup_median']:.2f}x")
+        lines.append("")
+    if r.get("facts"):
+        lines += ["## Facts for engine/auto.py", "", "| method | hardware | weights | verdict | evidence |",
+                  "|---|---|---|---|---|"]
+        for f in r["facts"]:
+            lines.append(f"| {f['method']} | {f['hardware']} | {f['weights']} | {f['verdict']} | {f['evidence']} |")
+        lines.append("")
+
+    notes = caveats(r)
+    if notes:
+        lines += ["## Caveats", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for i in items:
+        out[i] = out.get(i, 0) + 1
+    return out
+
+
+def caveats(r: dict) -> list[str]:
+    notes = []
+    for c in r["configs"]:
+        rows = [x for x in r["summary"] if x["config"] == c["label"] and x["category"] == "all"]
+        never = rows and all(x["engaged"] == "no" for x in rows)
+        if c["kind"] == "specdec" and c["speculation_path"] == "yes" and never:
+            notes.append(f"{c['label']} was configured but NEVER ENGAGED (drafted 0 tokens): its numbers are plain "
+                         "decoding plus the drafter's overhead.")
+    for c in r["configs"]:
+        rows = [x for x in r["summary"] if x["config"] == c["label"] and x["category"] == "all"]
+        for t in c.get("types", []):
+            if t.startswith("draft-") and rows and any(x["engaged"] == "yes" for x in rows) \
+                    and not any(t in x["by_drafter"] for x in rows):
+                notes.append(f"{c['label']}: the {t} drafter was loaded but never drafted (the drafters before it "
+                             "always had a draft).")
+    for x in r["summary"]:
+        gi = x["greedy_identical"]
+        if x["category"] == "all" and gi and gi["identical"] < gi["compared"]:
+            notes.append(f"{x['config']}: {gi['compared'] - gi['identical']} of {gi['compared']} greedy outputs differ "
+                         f"from {x['baseline']} (numerics of batched matmuls, or a bug: see runs in results.json).")
+    for x in r["summary"]:
+        if x["category"] == "all" and x.get("lossy"):
+            notes.append(f"{x['config']} used relaxed (typical) acceptance: LOSSY.")
+    if any(run["timing_source"].startswith("client wall clock") for run in r["runs"]):
+        notes.append("an endpoint reported no timings: its tokens/s is wall clock including prefill and HTTP.")
+    return notes
+
+
+# -- plots -------------------------------------------------------------------------------------
+def write_plots(r: dict, out: Path) -> dict[str, Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = {}
+    temps = r["settings"]["temperatures"]
+    main = [c["label"] for c in r["configs"] if c["kind"] == "peer" or " k=" not in c["label"]]
+    main = [c for c in main if c != "none"]
+    cats = list(dict.fromkeys(p["category"] for p in r["prompts"])) + ["all"]
+
+    fig, axes = plt.subplots(1, len(temps), figsize=(max(6, 0.6 * len(cats) * max(1, len(main))), 4.8),
+                             squeeze=False)
+    for ax, t in zip(axes[0], temps):
+        width = 0.8 / max(1, len(main))
+        for i, label in enumerate(main):
+            ys = []
+            for cat in cats:
+                row = next((x for x in r["summary"] if x["config"] == label and x["category"] == cat
+                            and x["temperature"] == t), None)
+                ys.append(row["speedup_median"] if row and row["speedup_median"] is not None else 0.0)
+            ax.bar([j + i * width for j in range(len(cats))], ys, width, label=label)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([j + width * (len(main) - 1) / 2 for j in range(len(cats))], cats)
+        ax.set_ylabel("speed-up over baseline (median)")
+        ax.set_title(f"temperature {t:g}")
+    if main:
+        handles, names = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="lower center", ncol=min(len(main), 4), fontsize="small")
+    fig.suptitle(f"{r['artifacts']['target']['name']}: decode speed-up")
+    fig.tight_layout(rect=(0, 0.06 * ((len(main) + 3) // 4) + 0.04, 1, 1))
+    paths["speedup"] = out / PLOTS["speedup"]
+    fig.savefig(paths["speedup"], dpi=90)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in r["summary"]:
+        if row["category"] == "all" and row["per_position_acceptance"] and " k=" not in row["config"]:
+            pp = row["per_position_acceptance"]
+            ax.plot(range(1, len(pp) + 1), pp, marker="o", label=f"{row['config']} T={row['temperature']:g}")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("per-position acceptance (all categories)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    paths["acceptance"] = out / PLOTS["acceptance"]
+    fig.savefig(paths["acceptance"], dpi=90)
+    plt.close(fig)
+
+    if r["sweep"] and len({x["draft_n_max"] for x in r["sweep"]}) > 1:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for (method, t) in dict.fromkeys((x["method"], x["temperature"]) for x in r["sweep"]):
+            pts = [(x["draft_n_max"], x["speedup_median"]) for x in r["sweep"]
+                   if x["method"] == method and x["temperature"] == t and x["speedup_median"] is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{method} T={t:g}")
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xlabel("draft length (--spec-draft-n-max)")
+        ax.set_ylabel("speed-up over baseline (median)")
+        ax.set_title("speed-up against draft length")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize="small")
+        fig.tight_layout()
+        paths["sweep"] = out / PLOTS["sweep"]
+        fig.savefig(paths["sweep"], dpi=90)
+        plt.close(fig)
+    return paths

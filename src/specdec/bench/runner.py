@@ -1,0 +1,463 @@
+"""The measuring loop of `specdec bench` (DESIGN.md, "Measuring honestly").
+
+One Engine per model (weights load once); every method is a SpecConfig passed per request.
+The plain baseline and each method run on the same prompts in one process, interleaved: a
+round is (repeat, prompt, temperature), and within a round every configuration runs once, in
+an order rotated from round to round so none always runs first. Speed-up is the ratio of
+decode tokens/s of a method to its baseline in the same round; medians are taken over rounds.
+
+    engine = bench_engine(model, ctx_size=2048)
+    methods = parse_methods("none,suffix,ngram-map-k:min_hits=1000", model=model)
+    results = run_bench(engine, load_prompts("quick"), methods, temperatures=[0.0], max_tokens=64)
+
+Method syntax (comma list): a spec type (suffix), several tried in order (ngram-simple+suffix),
+drafter options after colons (ngram-map-k:min_hits=1000:key_size=4), "none", and "auto".
+
+Drafter state: model-free drafters that remember earlier requests (suffix's global tree,
+ngram-cache's dynamic tier) would see every prompt again on each repeat and draft the
+previous answer verbatim; the bench gives each run a fresh drafter unless asked to keep it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+from specdec.bench import memory
+from specdec.drafters import registry
+from specdec.engine.config import MODEL_TYPES, SpecConfig
+from specdec.engine.stats import SpecStats
+from specdec.sampling import SamplingParams
+
+SCHEMA = "specdec-bench/1"
+BASELINE = "none"
+
+
+# -- methods -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Method:
+    """One configuration to measure: a label and the SpecConfig it runs (types may carry options)."""
+
+    label: str
+    spec: SpecConfig
+    base: str = ""  # the --methods entry it came from (sweep points share it)
+    reasons: tuple[str, ...] = ()  # auto's reasons
+
+
+def parse_drafter(name: str) -> tuple[str, dict]:
+    """'ngram-map-k:min_hits=1000' -> ('ngram-map-k', {'min_hits': 1000})."""
+    base, *opts = name.split(":")
+    kwargs = {}
+    for opt in opts:
+        key, sep, value = opt.partition("=")
+        if not sep:
+            raise ValueError(f"drafter option {opt!r} in {name!r} is not key=value")
+        kwargs[key] = _number(value)
+    return base, kwargs
+
+
+def _number(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_methods(text: str, draft_model: str | None = None, draft_n_max: int = 3, model=None,
+                  draft_lengths: list[int] | None = None) -> list[Method]:
+    """Methods from --methods; the baseline 'none' is always first. `model` is needed for 'auto'."""
+    known = set(registry.names()) | set(MODEL_TYPES)
+    methods: list[Method] = []
+    for entry in [e.strip() for e in text.split(",") if e.strip()]:
+        if entry == BASELINE:
+            continue
+        if entry == "auto":
+            if model is None:
+                raise ValueError("method 'auto' needs the target model")
+            from specdec.engine.auto import choose_auto, drafter_facts
+
+            draft = None
+            if draft_model is not None:
+                draft = drafter_facts(draft_model, model.checkpoint, model.tokenizer, model.info.name)
+            spec, reasons = choose_auto(model, draft, draft_n_max=draft_n_max)
+            methods.append(Method(f"auto ({spec.method})", spec, "auto", tuple(reasons)))
+            continue
+        types = tuple(t.strip() for t in entry.split("+"))
+        for t in types:
+            base, kwargs = parse_drafter(t)
+            if base not in known:
+                raise ValueError(f"unknown method {base!r} in --methods; valid: none, auto, {', '.join(sorted(known))}")
+            if kwargs and base in MODEL_TYPES:
+                raise ValueError(f"{base} takes no options in --methods (got {t!r})")
+        uses_draft = any(parse_drafter(t)[0] == "draft-simple" for t in types)
+        if uses_draft and draft_model is None:
+            raise ValueError("method draft-simple needs --draft-model")
+        spec = SpecConfig(types=types, draft_n_max=draft_n_max, draft_model=draft_model if uses_draft else None)
+        methods.append(Method(entry, spec, entry))
+    if len({m.label for m in methods}) != len(methods):
+        raise ValueError(f"--methods lists a method twice: {text}")
+    out = [Method(BASELINE, SpecConfig(), BASELINE)] + methods
+    for k in draft_lengths or []:
+        for m in methods:
+            if k != m.spec.draft_n_max and m.spec.enabled:
+                out.append(Method(f"{m.label} k={k}", m.spec.with_overrides(draft_n_max=k), m.base, m.reasons))
+    return out
+
+
+# -- drafters: options and fresh state ----------------------------------------------------------
+class _FreshEachRequest:
+    """A model-free drafter rebuilt at every begin(), so no run learns from an earlier one."""
+
+    def __init__(self, make):
+        self.make = make
+        self.inner = make()
+        self.name = self.inner.name
+
+    def begin(self, prompt):
+        self.inner = self.make()
+        self.inner.begin(prompt)
+
+    def propose(self, context, max_tokens):
+        return self.inner.propose(context, max_tokens)
+
+    def on_accept(self, num_accepted):
+        self.inner.on_accept(num_accepted)
+
+    def end(self, output):
+        self.inner.end(output)
+
+
+class BenchDrafterFactory:
+    """The engine's drafter factory for the bench: parses options, and gives fresh state per run.
+
+    Model drafters are built by the normal DrafterFactory (their begin() already forgets the
+    previous request, and rebuilding them would reallocate their KV cache).
+    """
+
+    def __init__(self, model, max_len: int = 4096, fresh: bool = True):
+        from specdec.drafters.factory import DrafterFactory
+
+        self.inner = DrafterFactory(model, max_len)
+        self.fresh = fresh
+
+    def __call__(self, name: str, spec: SpecConfig):
+        base, kwargs = parse_drafter(name)
+        if base in MODEL_TYPES:
+            return self.inner(base, spec)
+
+        def make():
+            return registry.create(base, **kwargs) if kwargs else self.inner(base, spec)
+
+        return _FreshEachRequest(make) if self.fresh else make()
+
+
+def bench_engine(model, ctx_size: int = 4096, fresh_drafters: bool = True):
+    from specdec.engine.engine import Engine
+
+    return Engine(model, SpecConfig(), max_len=ctx_size,
+                  drafter_factory=BenchDrafterFactory(model, ctx_size, fresh_drafters))
+
+
+# -- one run -----------------------------------------------------------------------------------
+@dataclass
+class RunOutput:
+    token_ids: list[int] | None
+    text: str
+    prefill_s: float | None
+    decode_s: float
+    output_tokens: int
+    engaged: str  # "yes", "no", "unknown"
+    drafted: int | None = None
+    accepted: int | None = None
+    stats: SpecStats | None = None
+    timing_source: str = "engine"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        n = self.output_tokens - 1  # the first token comes from prefill
+        if n < 1 or self.decode_s <= 0:
+            return None
+        return n / self.decode_s
+
+
+def run_specdec(engine, method: Method, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int) -> RunOutput:
+    result = engine.generate(prompt_ids, sampling, max_tokens, spec=method.spec)
+    stats = result.stats
+    return RunOutput(result.token_ids, result.text, result.prefill_s, result.decode_s, len(result.token_ids),
+                     "yes" if stats.engaged else "no", stats.drafted, stats.accepted, stats)
+
+
+# -- the loop ----------------------------------------------------------------------------------
+@dataclass
+class _Config:
+    label: str
+    kind: str  # "specdec" or "peer"
+    method: Method | None = None
+    peer: object = None
+    baseline: str = BASELINE
+
+    def describe(self, engine) -> dict:
+        if self.kind == "specdec":
+            m = self.method
+            return {"label": self.label, "kind": "specdec", "method": m.spec.method, "base": m.base,
+                    "types": list(m.spec.types), "draft_n_max": m.spec.draft_n_max,
+                    "draft_model": m.spec.draft_model, "baseline": self.baseline,
+                    "runtime": "specdec", "in_memory_format": engine.model.info.weights_dtype,
+                    "speculation_path": "yes" if m.spec.enabled else "no",
+                    "auto_reasons": list(m.reasons)}
+        d = self.peer.describe()
+        d.update({"label": self.label, "kind": "peer", "baseline": self.baseline})
+        return d
+
+
+def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_tokens: int = 128,
+              repeats: int = 3, warmup: bool = True, peers=(), seed: int = 0, progress: bool = True,
+              settings: dict | None = None, auto_tolerance: float = 0.02) -> dict:
+    """Measure every method (and peer) on every prompt; returns the results.json dict."""
+    from tqdm import tqdm
+
+    configs = [_Config(m.label, "specdec", m) for m in methods]
+    if not configs or configs[0].label != BASELINE:
+        raise ValueError("the first method must be the baseline 'none'")
+    labels = {c.label for c in configs}
+    for p in peers:
+        if p.label in labels:
+            raise ValueError(f"peer label {p.label!r} clashes with a method")
+        labels.add(p.label)
+        configs.append(_Config(p.label, "peer", peer=p, baseline=p.baseline if p.baseline in labels else BASELINE))
+    tok = engine.model.tokenizer
+    rendered = [(p, p.render(tok)) for p in prompts]
+    for p, ids in rendered:
+        if len(ids) + max_tokens + 2 > engine.cache.max_len:
+            raise ValueError(f"prompt {p.id} ({len(ids)} tokens) + --max-tokens {max_tokens} does not fit the "
+                             f"context of {engine.cache.max_len} (--ctx-size)")
+    texts = {p.id: tok.decode(ids) for p, ids in rendered}
+
+    def run_one(cfg: _Config, prompt, ids, temperature, n, run_seed) -> RunOutput:
+        sampling = SamplingParams(temperature=temperature, seed=run_seed)
+        if cfg.kind == "specdec":
+            return run_specdec(engine, cfg.method, ids, sampling, n)
+        return cfg.peer.generate(ids, texts[prompt.id], temperature, n, run_seed)
+
+    if warmup:
+        p0, ids0 = rendered[0]
+        bar = tqdm(configs, desc="warm-up", unit="config", disable=not progress, file=sys.stderr, leave=False)
+        for cfg in bar:
+            run_one(cfg, p0, ids0, temperatures[0], min(8, max_tokens), seed)
+
+    rounds = [(rep, pi, t) for rep in range(repeats) for pi in range(len(rendered)) for t in temperatures]
+    runs: list[dict] = []
+    stats_of: dict[int, SpecStats] = {}
+    kv_per_token = memory.kv_bytes_per_token(engine.model.config)
+    drafter_mem: dict[str, tuple[int, str]] = {}
+    bar = tqdm(total=len(rounds) * len(configs), desc="bench", unit="run", disable=not progress, file=sys.stderr)
+    for r, (rep, pi, temperature) in enumerate(rounds):
+        prompt, ids = rendered[pi]
+        shift = r % len(configs)
+        order = configs[shift:] + configs[:shift]
+        run_seed = seed + 1000 * rep + pi
+        round_runs = {}
+        for position, cfg in enumerate(order):
+            bar.set_postfix_str(f"{cfg.label} | {prompt.id}")
+            out = run_one(cfg, prompt, ids, temperature, max_tokens, run_seed)
+            rec = {
+                "config": cfg.label, "prompt": prompt.id, "category": prompt.category, "temperature": temperature,
+                "repeat": rep, "round": r, "position": position, "prompt_tokens": len(ids),
+                "output_tokens": out.output_tokens, "prefill_s": out.prefill_s, "decode_s": out.decode_s,
+                "decode_tokens_per_s": out.decode_tokens_per_s, "timing_source": out.timing_source,
+                "engaged": out.engaged, "drafted": out.drafted, "accepted": out.accepted,
+                "speedup": None, "identical_to_baseline": None,
+                "spec": out.stats.to_dict() if out.stats is not None else None,
+                "rss_bytes": memory.rss_bytes(),
+                "kv_used_bytes": (len(ids) + out.output_tokens) * kv_per_token if cfg.kind == "specdec" else None,
+            }
+            rec.update(out.extra)
+            if out.stats is not None:
+                stats_of[len(runs)] = out.stats
+            round_runs[cfg.label] = (rec, out)
+            runs.append(rec)
+            if cfg.kind == "specdec" and cfg.method.spec.enabled:
+                sizes = [memory.drafter_bytes(d) for d in engine.drafters_for(cfg.method.spec)]
+                total = (sum(b for b, _ in sizes), " + ".join(how for _, how in sizes))
+                drafter_mem[cfg.label] = max(drafter_mem.get(cfg.label, (0, "")), total)
+            bar.update(1)
+        for cfg in configs:  # pair each run with its baseline in this round
+            rec, out = round_runs[cfg.label]
+            base_rec, base_out = round_runs[cfg.baseline]
+            if cfg.label != cfg.baseline and rec["decode_tokens_per_s"] and base_rec["decode_tokens_per_s"]:
+                rec["speedup"] = rec["decode_tokens_per_s"] / base_rec["decode_tokens_per_s"]
+            if temperature == 0.0 and cfg.label != cfg.baseline:
+                rec["identical_to_baseline"] = _identical(out, base_out)
+                if rec["identical_to_baseline"] is not None:
+                    rec["compared_by"] = "token ids" if out.token_ids is not None and base_out.token_ids is not None \
+                        else "text"
+    bar.close()
+
+    described = {c.label: c.describe(engine) for c in configs}
+    weights = memory.transformer_bytes(engine.model.transformer)
+    for c in configs:
+        if c.kind == "specdec":
+            dm, how = drafter_mem.get(c.label, (0, "none"))
+            used = max((r["kv_used_bytes"] for r in runs if r["config"] == c.label), default=0)
+            described[c.label]["memory"] = {
+                "weights_bytes": weights, "kv_allocated_bytes": engine.cache.nbytes(), "kv_used_bytes": used,
+                "drafter_bytes": dm, "drafter_bytes_measured_by": how,
+                "total_bytes": weights + engine.cache.nbytes() + dm,
+            }
+    summary = summarize(runs, stats_of, configs, temperatures)
+    for s in summary:
+        s["memory"] = described[s["config"]].get("memory")
+    results = {
+        "schema": SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "settings": {**(settings or {}), "temperatures": list(temperatures), "max_tokens": max_tokens,
+                     "repeats": repeats, "warmup": warmup, "seed": seed,
+                     "order": "interleaved: every configuration once per (repeat, prompt, temperature) round, "
+                              "order rotated by one each round",
+                     "auto_tolerance": auto_tolerance},
+        "prompts": [{"id": p.id, "category": p.category, "prompt_tokens": len(ids)} for p, ids in rendered],
+        "configs": list(described.values()),
+        "runs": runs,
+        "summary": summary,
+        "sweep": sweep(summary, methods),
+        "auto": auto_check(summary, methods, auto_tolerance),
+    }
+    results["facts"] = suggest_facts(results, engine.model.info.weights_dtype, auto_tolerance)
+    return results
+
+
+def _identical(out: RunOutput, base: RunOutput) -> bool | None:
+    if out.token_ids is not None and base.token_ids is not None:
+        return list(out.token_ids) == list(base.token_ids)
+    if out.text is not None and base.text is not None:
+        return out.text == base.text
+    return None
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(runs: list[dict], stats_of: dict[int, SpecStats], configs, temperatures) -> list[dict]:
+    """Per configuration, temperature and category (and 'all'): medians, acceptance, engagement."""
+    out = []
+    categories = list(dict.fromkeys(r["category"] for r in runs))
+    for cfg in configs:
+        for t in temperatures:
+            for cat in categories + ["all"]:
+                idx = [i for i, r in enumerate(runs) if r["config"] == cfg.label and r["temperature"] == t
+                       and (cat == "all" or r["category"] == cat)]
+                if not idx:
+                    continue
+                sel = [runs[i] for i in idx]
+                base_sel = [r for r in runs if r["config"] == cfg.baseline and r["temperature"] == t
+                            and (cat == "all" or r["category"] == cat)]
+                ratios = [r["speedup"] for r in sel if r["speedup"] is not None]
+                row = {
+                    "config": cfg.label, "kind": cfg.kind, "temperature": t, "category": cat, "runs": len(sel),
+                    "baseline": cfg.baseline,
+                    "decode_tokens_per_s_median": _median(r["decode_tokens_per_s"] for r in sel),
+                    "baseline_tokens_per_s_median": _median(r["decode_tokens_per_s"] for r in base_sel),
+                    "speedup_median": _median(ratios) if cfg.label != cfg.baseline else 1.0,
+                    "speedup_min": min(ratios) if ratios else None,
+                    "speedup_max": max(ratios) if ratios else None,
+                    "output_tokens_median": _median(r["output_tokens"] for r in sel),
+                }
+                if cfg.kind == "specdec":
+                    merged = SpecStats(method=cfg.method.spec.method)
+                    for i in idx:
+                        merged.merge(stats_of[i])
+                    busy = merged.draft_s + merged.verify_s
+                    row.update({
+                        "engaged": "yes" if merged.engaged else "no",
+                        "configured": merged.configured,
+                        "drafted": merged.drafted, "accepted": merged.accepted, "steps": merged.steps,
+                        "acceptance_rate": merged.acceptance_rate,
+                        "mean_acceptance_length": merged.mean_acceptance_length,
+                        "per_position_acceptance": merged.per_position_acceptance,
+                        "draft_s": merged.draft_s, "verify_s": merged.verify_s,
+                        "draft_fraction": merged.draft_s / busy if busy > 0 else None,
+                        "lossy": merged.lossy,
+                        "by_drafter": {k: vars(v).copy() for k, v in merged.by_drafter.items()},
+                    })
+                else:
+                    engaged = {r["engaged"] for r in sel}
+                    drafted = [r["drafted"] for r in sel]
+                    known = all(d is not None for d in drafted)
+                    d_sum = sum(drafted) if known else None
+                    a_sum = sum(r["accepted"] or 0 for r in sel) if known else None
+                    row.update({
+                        "engaged": "yes" if "yes" in engaged else "no" if engaged == {"no"} else "unknown",
+                        "configured": None, "drafted": d_sum, "accepted": a_sum, "steps": None,
+                        "acceptance_rate": (a_sum / d_sum) if known and d_sum else None,
+                        "mean_acceptance_length": None, "per_position_acceptance": [],
+                        "draft_s": None, "verify_s": None, "draft_fraction": None, "lossy": None,
+                        "by_drafter": {},
+                    })
+                compared = [r["identical_to_baseline"] for r in sel if r["identical_to_baseline"] is not None]
+                row["greedy_identical"] = ({"identical": sum(compared), "compared": len(compared)}
+                                           if t == 0.0 and cfg.label != cfg.baseline else None)
+                out.append(row)
+    return out
+
+
+def sweep(summary: list[dict], methods: list[Method]) -> list[dict]:
+    """Speed-up against draft length, per method entry (all categories)."""
+    rows = []
+    by_label = {m.label: m for m in methods}
+    for s in summary:
+        m = by_label.get(s["config"])
+        if m is None or s["category"] != "all" or not m.spec.enabled:
+            continue
+        rows.append({"method": m.base, "draft_n_max": m.spec.draft_n_max, "temperature": s["temperature"],
+                     "config": m.label, "speedup_median": s["speedup_median"],
+                     "acceptance_rate": s["acceptance_rate"], "mean_acceptance_length": s["mean_acceptance_length"]})
+    rows.sort(key=lambda r: (r["method"], r["temperature"], r["draft_n_max"]))
+    return rows
+
+
+def auto_check(summary: list[dict], methods: list[Method], tolerance: float) -> dict | None:
+    """Was auto's choice no slower than plain decoding in every category (median ratio >= 1 - tolerance)?"""
+    auto = next((m for m in methods if m.base == "auto" and " k=" not in m.label), None)
+    if auto is None:
+        return None
+    rows = [s for s in summary if s["config"] == auto.label]
+    slower = [s for s in rows if s["speedup_median"] is not None and s["speedup_median"] < 1.0 - tolerance]
+    unknown = [s for s in rows if s["speedup_median"] is None]
+    return {
+        "config": auto.label, "types": list(auto.spec.types), "reasons": list(auto.reasons),
+        "no_slower_than_plain": None if unknown and not slower else not slower,
+        "slower_in": [{"category": s["category"], "temperature": s["temperature"],
+                       "speedup_median": s["speedup_median"]} for s in slower],
+        "tolerance": tolerance,
+    }
+
+
+def suggest_facts(results: dict, weights_format: str, tolerance: float) -> list[dict]:
+    """Rows for engine/auto.py FACTS from this run: per method, faster/slower/neutral on every category."""
+    facts = []
+    for cfg in results["configs"]:
+        if cfg["kind"] != "specdec" or cfg["speculation_path"] != "yes" or cfg["base"] == "auto" or \
+                len(cfg["types"]) != 1 or ":" in cfg["types"][0] or " k=" in cfg["label"]:
+            continue
+        rows = [s for s in results["summary"] if s["config"] == cfg["label"] and s["category"] != "all"]
+        ratios = [s["speedup_median"] for s in rows if s["speedup_median"] is not None]
+        if not ratios:
+            continue
+        if min(ratios) < 1.0 - tolerance:
+            verdict = "slower"
+        elif min(ratios) > 1.0 + tolerance:
+            verdict = "faster"
+        else:
+            verdict = "unmeasured"  # neither clearly: leave auto's default
+        per_cat = ", ".join(f"{s['category']}@T{s['temperature']:g} {s['speedup_median']:.2f}x" for s in rows
+                            if s["speedup_median"] is not None)
+        facts.append({"method": cfg["types"][0], "hardware": "cpu", "weights": weights_format, "verdict": verdict,
+                      "evidence": f"specdec bench {results['created']}: median speed-up {per_cat}"})
+    return facts

@@ -1,0 +1,142 @@
+"""The bench's parts on their own: method parsing, fresh drafter state, prompt sets, memory estimates."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.bench import prompts as prompt_sets
+from specdec.bench.memory import estimate_weight_bytes, kv_bytes_per_token, object_bytes, transformer_bytes
+from specdec.bench.runner import BenchDrafterFactory, parse_drafter, parse_methods
+from specdec.engine.config import SpecConfig
+
+
+# -- methods ------------------------------------------------------------------------------------
+def test_parse_methods_baseline_first_options_combinations_sweep():
+    methods = parse_methods("suffix,ngram-simple+suffix,ngram-map-k:min_hits=1000:key_size=4", draft_n_max=3,
+                            draft_lengths=[1, 3, 5])
+    labels = [m.label for m in methods]
+    assert labels[:4] == ["none", "suffix", "ngram-simple+suffix", "ngram-map-k:min_hits=1000:key_size=4"]
+    assert methods[0].spec == SpecConfig()
+    assert methods[2].spec.types == ("ngram-simple", "suffix")
+    assert parse_drafter(methods[3].spec.types[0]) == ("ngram-map-k", {"min_hits": 1000, "key_size": 4})
+    sweep = [m for m in methods if m.base == "suffix"]
+    assert sorted(m.spec.draft_n_max for m in sweep) == [1, 3, 5]  # k=3 is the main run, not repeated
+    assert "suffix k=5" in labels and "suffix k=3" not in labels
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bogus", "unknown method 'bogus'"),
+    ("draft-simple", "needs --draft-model"),
+    ("suffix,suffix", "twice"),
+    ("ngram-map-k:min_hits", "not key=value"),
+    ("auto", "needs the target model"),
+])
+def test_parse_methods_errors(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_methods(text)
+
+
+def test_drafter_options_reach_the_drafter_and_state_is_fresh_per_request(tiny_model):
+    factory = BenchDrafterFactory(tiny_model, 256)
+    d = factory("ngram-map-k:min_hits=7", SpecConfig(types=("ngram-map-k:min_hits=7",)))
+    assert d.name == "ngram-map-k" and d.inner.min_hits == 7
+    suffix = factory("suffix", SpecConfig(types=("suffix",)))
+    suffix.begin([1, 2, 3])
+    first = suffix.inner
+    suffix.end([4, 5, 6, 4, 5, 6])  # would enter suffix's global tree
+    suffix.begin([1, 2, 3])
+    assert suffix.inner is not first and suffix.inner.global_size() <= 1
+    kept = BenchDrafterFactory(tiny_model, 256, fresh=False)("suffix", SpecConfig(types=("suffix",)))
+    kept.begin([1, 2, 3])
+    kept.end([4, 5, 6, 4, 5, 6])
+    kept.begin([1, 2, 3])
+    assert kept.global_size() > 1
+
+
+# -- prompt sets -------------------------------------------------------------------------------
+def test_shipped_prompts_cover_every_category_and_name_source_and_license():
+    counts = {c: sum(p.category == c for p in prompt_sets.PROMPTS) for c in prompt_sets.CATEGORIES}
+    assert all(n >= 2 for n in counts.values()), counts
+    assert "Apache-2.0" in prompt_sets.META["license"] and prompt_sets.META["source"]
+    assert len({p.id for p in prompt_sets.PROMPTS}) == len(prompt_sets.PROMPTS)
+    assert [p.category for p in prompt_sets.load_prompts("quick")] == list(prompt_sets.CATEGORIES)
+    assert {p.category for p in prompt_sets.load_prompts("edit,code")} == {"edit", "code"}
+    assert len(prompt_sets.load_prompts("mixed", per_category=1)) == len(prompt_sets.CATEGORIES)
+    assert any(len(p.messages) >= 3 for p in prompt_sets.PROMPTS if p.category == "chat")  # multi-turn
+
+
+def test_prompt_file_round_trip_and_errors(tmp_path):
+    path = tmp_path / "set.jsonl"
+    prompt_sets.write_jsonl(path)
+    assert prompt_sets.load_prompts(str(path)) == list(prompt_sets.PROMPTS)
+    assert prompt_sets.prompts_meta(str(path))["license"] == prompt_sets.META["license"]
+    with pytest.raises(ValueError, match="neither a prompt set"):
+        prompt_sets.load_prompts(str(tmp_path / "missing.jsonl"))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"category": "code", "text": "x"}\n')
+    with pytest.raises(ValueError, match="needs an 'id'"):
+        prompt_sets.load_prompts(str(bad))
+    with pytest.raises(ValueError, match="exactly one"):
+        prompt_sets.Prompt("x", "code")
+
+
+def test_prompts_render_with_and_without_a_chat_template(tiny_model):
+    tok = tiny_model.tokenizer
+    chat = next(p for p in prompt_sets.PROMPTS if p.category == "chat")
+    ids = chat.render(tok)
+    assert "<|im_start|>assistant" in tok.decode(ids)  # the model's own template
+    code = prompt_sets.PROMPTS[0]
+    assert tok.decode(code.render(tok)) == code.text
+
+
+# -- memory ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4"])
+def test_weight_estimate_equals_the_built_model(tiny_hf_dir, fmt):
+    from specdec.model.load import load_model
+
+    model = load_model(str(tiny_hf_dir), fmt, progress=False)
+    assert estimate_weight_bytes(model.config, fmt) == transformer_bytes(model.transformer)
+
+
+def test_kv_and_object_sizes(tiny_model):
+    cache = tiny_model.transformer.new_cache(100)
+    assert cache.nbytes() == kv_bytes_per_token(tiny_model.config) * 100
+    from specdec.drafters.suffix import SuffixDrafter
+
+    d = SuffixDrafter()
+    empty = object_bytes(d)
+    d.begin(list(range(200)) * 2)
+    assert object_bytes(d) > 10 * empty
+
+
+# -- report caveats and the command line ---------------------------------------------------------
+def _row(config, **kw):
+    row = {"config": config, "category": "all", "temperature": 0.0, "engaged": "yes", "by_drafter": {},
+           "greedy_identical": None, "baseline": "none", "lossy": False}
+    row.update(kw)
+    return row
+
+
+def test_caveats_name_the_known_traps():
+    from specdec.bench.report import caveats
+
+    r = {"configs": [{"label": "ngram-simple+draft-simple", "kind": "specdec", "speculation_path": "yes",
+                      "types": ["ngram-simple", "draft-simple"]},
+                     {"label": "suffix", "kind": "specdec", "speculation_path": "yes", "types": ["suffix"]}],
+         "summary": [_row("ngram-simple+draft-simple", by_drafter={"ngram-simple": {}},
+                          greedy_identical={"identical": 1, "compared": 3}),
+                     _row("suffix", engaged="no")],
+         "runs": [{"timing_source": "engine"}]}
+    notes = caveats(r)
+    assert any("draft-simple drafter was loaded but never drafted" in n for n in notes)
+    assert any("suffix was configured but NEVER ENGAGED" in n for n in notes)
+    assert any("2 of 3 greedy outputs differ" in n for n in notes)
+
+
+def test_bench_checks_its_settings_before_loading_the_model(capsys):
+    from specdec.cli import main
+
+    assert main(["bench", "--model", "/no/such/model.gguf", "--methods", "none,bogus"]) == 2
+    assert "unknown method 'bogus'" in capsys.readouterr().err
+    assert main(["bench", "--model", "/no/such/model.gguf", "--prompts", "poetry"]) == 2
+    assert "--prompts 'poetry'" in capsys.readouterr().err

@@ -1,0 +1,120 @@
+"""Peers: an OpenAI-compatible endpoint (mocked) and transformers generate, each labeled honestly."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from bench_helpers import short_prompts, validate_results  # noqa: F401 (short_prompts is a fixture)
+from specdec.bench.peers import URLPeer, parse_completion
+
+
+def _server(extra: dict):
+    """A fake /v1/completions that echoes a fixed text and adds `extra` to every answer."""
+    seen = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((request.url.path, body))
+        answer = {"choices": [{"text": " hello world"}], "usage": {"completion_tokens": 5}}
+        answer.update(extra)
+        return httpx.Response(200, json=answer)
+
+    return httpx.Client(transport=httpx.MockTransport(handle)), seen
+
+
+def test_llama_cpp_timings_and_draft_counters_are_read():
+    client, seen = _server({"timings": {"prompt_ms": 20.0, "predicted_ms": 100.0, "predicted_n": 5,
+                                        "draft_n": 12, "draft_n_accepted": 9}})
+    peer = URLPeer("http://127.0.0.1:8080/v1/", model="m", client=client)
+    out = peer.generate([1, 2], "prompt text", 0.0, 5, 3)
+    assert seen[0][0] == "/v1/completions"
+    assert seen[0][1]["prompt"] == "prompt text" and seen[0][1]["max_tokens"] == 5 and seen[0][1]["model"] == "m"
+    assert (out.engaged, out.drafted, out.accepted) == ("yes", 12, 9)
+    assert out.decode_tokens_per_s == pytest.approx(50.0)  # llama.cpp's predicted_n / predicted_ms
+    assert out.timing_source == "server timings" and out.text == " hello world"
+    assert peer.label == "url:127.0.0.1:8080"
+
+
+@pytest.mark.parametrize("extra, engaged", [
+    ({}, "unknown"),
+    ({"timings": {"predicted_ms": 10.0, "predicted_n": 5, "draft_n": 0, "draft_n_accepted": 0}}, "no"),
+    ({"spec": {"drafted": 4, "accepted": 2}}, "yes"),
+    ({"spec": {"engaged": False}}, "no"),
+])
+def test_engagement_is_unknown_unless_the_server_says(extra, engaged):
+    out = parse_completion({"choices": [{"text": "x"}], "usage": {"completion_tokens": 3}, **extra}, 0.5)
+    assert out.engaged == engaged
+    if not extra.get("timings"):
+        assert out.timing_source.startswith("client wall clock")
+
+
+def test_url_peer_in_the_bench_is_reported_unknown(tiny_model, short_prompts, tmp_path):
+    from specdec.bench.cli import bench
+
+    client, seen = _server({})
+    r = bench(tiny_model, str(short_prompts), "none", temperatures=[0.0], max_tokens=4, repeats=1, warmup=False,
+              ctx_size=256, peer_urls=["http://localhost:9999"], url_client=client, progress=False, out_dir=tmp_path)
+    validate_results(r)
+    row = next(s for s in r["summary"] if s["config"].startswith("url:") and s["category"] == "all")
+    assert row["engaged"] == "unknown" and row["drafted"] is None
+    peer = next(c for c in r["configs"] if c["kind"] == "peer")
+    assert peer["speculation_path"] == "unknown" and peer["in_memory_format"].startswith("unknown")
+    md = (tmp_path / "report.md").read_text()
+    assert "| unknown |" in md and "wall clock including prefill" in md
+    assert len(seen) == len(r["prompts"])
+
+
+def test_specdec_server_as_a_peer_reports_its_draft_counters(tiny_model, tiny_hf_dir, short_prompts):
+    """Our own server returns "spec" (SpecStats) with each completion: the peer reads engaged from it."""
+    from starlette.testclient import TestClient
+
+    from specdec.bench.cli import bench
+    from specdec.engine.config import SpecConfig
+    from specdec.engine.engine import Engine
+    from specdec.server.app import create_app
+
+    engine = Engine(tiny_model, SpecConfig(types=("draft-simple",), draft_model=str(tiny_hf_dir)), max_len=256)
+    with TestClient(create_app(engine, "tiny")) as client:
+        r = bench(tiny_model, str(short_prompts), "none", temperatures=[0.0], max_tokens=6, repeats=1, warmup=False,
+                  ctx_size=256, peer_urls=["http://testserver"], url_client=client, progress=False)
+    row = next(s for s in r["summary"] if s["kind"] == "peer" and s["category"] == "all")
+    assert row["engaged"] == "yes" and row["drafted"] > 0 and row["acceptance_rate"] is not None
+    runs = [run for run in r["runs"] if run["config"] == row["config"]]
+    assert all(run["compared_by"] == "text" for run in runs)
+    assert all(run["identical_to_baseline"] for run in runs)  # same model, same numerics, lossless drafts
+
+
+def test_transformers_peers_are_labeled(tiny_model, tiny_hf_dir, short_prompts, tmp_path):
+    from specdec.bench.cli import bench
+
+    r = bench(tiny_model, str(short_prompts), "none", draft_model=str(tiny_hf_dir), temperatures=[0.0],
+              max_tokens=6, repeats=1, warmup=False, ctx_size=256, per_category=1,
+              peers=["hf-prompt-lookup", "hf-assisted", "hf-plain"], hf_dtype="fp32", progress=False, out_dir=tmp_path)
+    validate_results(r)
+    configs = {c["label"]: c for c in r["configs"]}
+    assert [c["label"] for c in r["configs"]][1:] == ["hf-plain", "hf-assisted", "hf-prompt-lookup"]
+    assert configs["hf-assisted"]["baseline"] == "hf-plain" and configs["hf-plain"]["baseline"] == "none"
+    # the tiny folder holds fp32 and both runtimes run fp32 here; GGUF files differ (tests/bench/test_bench_real.py)
+    assert configs["hf-plain"]["in_memory_format"] == "fp32 dense floating point (as stored; same as specdec's fp32)"
+    assert configs["hf-assisted"]["options"]["num_assistant_tokens"] == 3
+    rows = {s["config"]: s for s in r["summary"] if s["category"] == "all"}
+    assert rows["hf-plain"]["engaged"] == "no"
+    assert rows["hf-assisted"]["engaged"] == "unknown" and rows["hf-prompt-lookup"]["engaged"] == "unknown"
+    for run in r["runs"]:
+        if run["config"].startswith("hf-"):
+            assert run["output_tokens"] > 0 and run["identical_to_baseline"] in (True, False)
+    assert "transformers_version" in r["runtime"]
+    md = (tmp_path / "report.md").read_text()
+    assert "the same format as specdec" in md and "'engaged: unknown'" in md
+
+
+def test_assisted_peer_needs_a_draft_model(tiny_model, short_prompts):
+    from specdec.bench.cli import bench
+
+    with pytest.raises(ValueError, match="needs --draft-model"):
+        bench(tiny_model, str(short_prompts), "none", peers=["hf-assisted"], progress=False)
+    with pytest.raises(ValueError, match="unknown peer"):
+        bench(tiny_model, str(short_prompts), "none", peers=["vllm"], progress=False)

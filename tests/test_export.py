@@ -1,0 +1,86 @@
+"""specdec export-config: llama.cpp, vLLM and SGLang flags for the same speculative settings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.cli import main
+from specdec.engine.config import SpecConfig, spec_config_from_flags
+from specdec.export import export, format_export
+
+
+def _flag(args, name):
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize("types, draft", [
+    (("ngram-simple",), None), (("suffix",), None), (("draft-simple",), "/m/draft.gguf"),
+    (("draft-eagle3",), "/m/eagle"), (("draft-mtp",), None), (("draft-dflash",), "/m/dflash"),
+    (("draft-dspark",), "/m/dspark"),
+])
+def test_vllm_config_round_trips_through_our_own_parser(types, draft):
+    spec = SpecConfig(types=types, draft_n_max=4, draft_model=draft)
+    vllm = export(spec, "/m/target.gguf")["vllm"]
+    text = _flag(vllm["args"], "--speculative-config")
+    back, _ = spec_config_from_flags(speculative_config=text)
+    assert back.types == types and back.draft_n_max == 4 and back.draft_model == draft
+    assert json.loads(text) == vllm["speculative_config"]
+
+
+def test_llama_cpp_flags():
+    out = export(SpecConfig(types=("ngram-simple", "draft-simple"), draft_n_max=5, draft_n_min=2, draft_p_min=0.5,
+                            draft_model="d.gguf"), "t.gguf")["llama.cpp"]
+    args = out["args"]
+    assert args[:3] == ["llama-server", "-m", "t.gguf"]
+    assert _flag(args, "--spec-type") == "ngram-simple,draft-simple" and _flag(args, "-md") == "d.gguf"
+    assert (_flag(args, "--spec-draft-n-max"), _flag(args, "--spec-draft-n-min"), _flag(args, "--spec-draft-p-min")) \
+        == ("5", "2", "0.5")
+    suffix = export(SpecConfig(types=("suffix",)), "t")["llama.cpp"]
+    assert _flag(suffix["args"], "--spec-type") == "ngram-simple"
+    assert any("no suffix decoding" in n for n in suffix["notes"])
+
+
+def test_sglang_flags():
+    out = export(SpecConfig(types=("draft-simple",), draft_n_max=3, draft_model="d"), "t")["sglang"]
+    args = out["args"]
+    assert _flag(args, "--speculative-algorithm") == "STANDALONE"
+    assert _flag(args, "--speculative-draft-model-path") == "d"
+    assert (_flag(args, "--speculative-num-steps"), _flag(args, "--speculative-eagle-topk"),
+            _flag(args, "--speculative-num-draft-tokens")) == ("3", "1", "4")
+    for types, algorithm in ((("draft-eagle3",), "EAGLE3"), (("draft-mtp",), "NEXTN"), (("draft-dflash",), "DFLASH"),
+                             (("ngram-simple",), "NGRAM"), (("suffix",), "NGRAM")):
+        spec = SpecConfig(types=types, draft_model="d" if types[0] != "draft-mtp" else None)
+        args = export(spec, "t")["sglang"]["args"]
+        assert _flag(args, "--speculative-algorithm") == algorithm
+    assert "--speculative-draft-model-path" not in export(SpecConfig(types=("draft-mtp",)), "t")["sglang"]["args"]
+
+
+def test_no_speculation_and_notes():
+    out = export(SpecConfig(), "t")
+    assert "--spec-type" not in out["llama.cpp"]["args"] and out["vllm"]["speculative_config"] is None
+    assert "--speculative-algorithm" not in out["sglang"]["args"]
+    spec = SpecConfig(types=("suffix", "draft-simple"), draft_model="d", adaptive=True, acceptance="typical")
+    out = export(spec, "t")
+    assert out["vllm"]["speculative_config"]["method"] == "draft_model"
+    assert any("suffix dropped" in n for n in out["vllm"]["notes"])
+    assert any("adaptive" in n for n in out["sglang"]["notes"])
+    assert any("typical" in n for n in out["llama.cpp"]["notes"])
+    assert "# vLLM" in format_export(out) and "note:" in format_export(out)
+
+
+def test_cli_takes_the_generate_spec_flags(tiny_hf_dir, capsys):
+    assert main(["export-config", "--model", str(tiny_hf_dir), "--spec-type", "ngram-map-k", "--spec-draft-n-max",
+                 "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["specdec"]["types"] == ["ngram-map-k"] and out["vllm"]["speculative_config"]["method"] == "ngram"
+    assert _flag(out["llama.cpp"]["args"], "--spec-draft-n-max") == "6"
+    assert main(["export-config", "--model", str(tiny_hf_dir), "--speculative-config",
+                 '{"method": "suffix", "num_speculative_tokens": 2}']) == 0
+    text = capsys.readouterr().out
+    assert '"method": "suffix"' in text and "# SGLang" in text
+    # nothing said: auto, chosen from the model's files
+    assert main(["export-config", "--model", str(tiny_hf_dir), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["specdec"]["types"] == ["suffix"] and "auto: auto chose suffix" in captured.err

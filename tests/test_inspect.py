@@ -1,0 +1,227 @@
+"""specdec inspect: real GGUF files, and synthetic checkpoints that declare MTP layers with and without weights."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from helpers.tiny import make_gguf_model, make_hf_model
+from specdec.cli import main
+from specdec.inspect import format_report, inspect_model
+from specdec.model.registry import MODELS
+
+
+def _mtp_tensors(layer: int, hidden: int = 64) -> dict:
+    """DeepSeek-V3-style MTP weights: model.layers.<num_hidden_layers>.{enorm,hnorm,eh_proj,...}."""
+    p = f"model.layers.{layer}."
+    return {p + "enorm.weight": torch.ones(hidden), p + "hnorm.weight": torch.ones(hidden),
+            p + "eh_proj.weight": torch.zeros(hidden, 2 * hidden), p + "shared_head.norm.weight": torch.ones(hidden)}
+
+
+@pytest.fixture
+def build_without_mtp_or_eagle(monkeypatch):
+    """A build of specdec that runs no MTP / EAGLE-3 drafter (the table auto and inspect read)."""
+    import specdec.engine.auto as auto
+
+    monkeypatch.setattr(auto, "RUNNABLE_MODEL_DRAFTERS", frozenset({"draft-simple"}))
+
+
+@pytest.fixture
+def build_with_mtp_and_eagle(monkeypatch):
+    import specdec.engine.auto as auto
+
+    monkeypatch.setattr(auto, "RUNNABLE_MODEL_DRAFTERS", frozenset({"draft-simple", "draft-mtp", "draft-eagle3"}))
+
+
+# -- synthetic HF folders ---------------------------------------------------------------------
+def test_hf_config_declares_mtp_and_carries_the_weights(tmp_path, build_without_mtp_or_eagle):
+    folder = make_hf_model(tmp_path / "m", extra_config={"num_nextn_predict_layers": 1}, extra_tensors=_mtp_tensors(2))
+    r = inspect_model(str(folder))
+    assert r["runnable"] and r["architecture"] == "llama"
+    assert r["mtp"]["declared"] == 1 and r["mtp"]["config_key"] == "num_nextn_predict_layers"
+    assert r["mtp"]["weights_present"] and r["mtp"]["tensors"] == 4
+    mtp = next(m for m in r["methods"] if m["method"] == "draft-mtp")
+    assert not mtp["runs"] and mtp["note"] == "model declares MTP but specdec cannot run it yet"
+    assert "suffix" in r["auto"]["types"] and "draft-mtp" not in r["auto"]["types"]
+    assert any("specdec cannot run MTP yet" in reason for reason in r["auto"]["reasons"])
+    assert "cannot run it yet" in format_report(r)
+
+
+def test_mtp_is_listed_and_chosen_once_specdec_runs_it(tmp_path, build_with_mtp_and_eagle):
+    folder = make_hf_model(tmp_path / "m", extra_config={"num_nextn_predict_layers": 1}, extra_tensors=_mtp_tensors(2))
+    r = inspect_model(str(folder))
+    mtp = next(m for m in r["methods"] if m["method"] == "draft-mtp")
+    assert mtp["runs"] and mtp["note"] == "MTP layers present"
+    assert r["auto"]["types"] == ["suffix", "draft-mtp"]
+
+
+def test_hf_config_declares_mtp_but_the_file_lacks_the_weights(tmp_path, build_with_mtp_and_eagle):
+    folder = make_hf_model(tmp_path / "m", extra_config={"num_nextn_predict_layers": 1})
+    r = inspect_model(str(folder))
+    assert r["mtp"]["declared"] == 1 and not r["mtp"]["weights_present"]
+    assert "declares 1 MTP layer(s)" in r["mtp"]["note"] and "no MTP weights" in r["mtp"]["note"]
+    mtp = next(m for m in r["methods"] if m["method"] == "draft-mtp")
+    assert not mtp["runs"] and "lacks their weights" in mtp["note"]
+    assert any("lacks their weights" in reason for reason in r["auto"]["reasons"])
+
+
+@pytest.mark.parametrize("prefix", ["mtp.layers.0.", "model.mtp_layers.0."])
+def test_qwen3_next_style_mtp_tensor_names(tmp_path, prefix):
+    extra = {prefix + "fc.weight": torch.zeros(64, 128), prefix + "norm.weight": torch.ones(64)}
+    folder = make_hf_model(tmp_path / "m", extra_config={"mtp_num_hidden_layers": 1}, extra_tensors=extra)
+    mtp = inspect_model(str(folder))["mtp"]
+    assert mtp["declared"] == 1 and mtp["config_key"] == "mtp_num_hidden_layers"
+    assert mtp["weights_present"] and mtp["tensors"] == 2
+
+
+def test_no_mtp_and_plain_facts(tiny_hf_dir, build_without_mtp_or_eagle):
+    r = inspect_model(str(tiny_hf_dir), weights="fp32")
+    assert r["mtp"] == {"declared": 0, "config_key": None, "weights_present": False, "tensors": 0, "examples": [],
+                        "note": "no MTP layers"}
+    assert not any(m["method"] == "draft-mtp" for m in r["methods"])
+    c = r["config"]
+    assert (c["layers"], c["hidden_size"], c["vocab_size"]) == (2, 64, 512)
+    assert r["parameters"] == 512 * 64 * 2 + 64 + 2 * (64 * 64 * 2 + 32 * 64 * 2 + 3 * 128 * 64 + 2 * 64)
+    assert r["tokenizer"]["chat_template"] and r["tokenizer"]["eos"] == ["<|im_end|>"]
+    assert r["memory"]["kv_bytes_per_1k_tokens"] == 2 * 2 * 2 * 16 * 4 * 1024
+    assert r["auto"]["types"] == ["suffix"]
+
+
+def test_architecture_specdec_cannot_run_is_still_described(tmp_path):
+    folder = make_hf_model(tmp_path / "ds", extra_config={"model_type": "deepseek_v3", "num_nextn_predict_layers": 1},
+                           extra_tensors=_mtp_tensors(2))
+    r = inspect_model(str(folder))
+    assert not r["runnable"] and "deepseek_v3" in r["not_runnable_reason"]
+    assert r["architecture"] == "deepseek_v3" and r["mtp"]["weights_present"]
+    assert not any(m["runs"] for m in r["methods"]) and "auto" not in r
+    assert any(m["method"] == "draft-mtp" for m in r["methods"])
+    assert "runs here     NO" in format_report(r)
+
+
+def test_eagle3_drafter_is_recognised(tmp_path, tiny_hf_dir, monkeypatch):
+    import specdec.engine.auto as auto
+
+    eagle = make_hf_model(tmp_path / "eagle", extra_config={"architectures": ["LlamaForCausalLMEagle3"]})
+    monkeypatch.setattr(auto, "RUNNABLE_MODEL_DRAFTERS", frozenset({"draft-simple"}))
+    r = inspect_model(str(tiny_hf_dir), draft=str(eagle))
+    assert r["drafter"]["kind"] == "draft-eagle3" and r["drafter"]["compatible"]
+    m = next(m for m in r["methods"] if m["method"] == "draft-eagle3")
+    assert not m["runs"] and "cannot run draft-eagle3 yet" in m["note"]
+    assert any("cannot run draft-eagle3 yet" in reason for reason in r["auto"]["reasons"])
+    monkeypatch.setattr(auto, "RUNNABLE_MODEL_DRAFTERS", frozenset({"draft-simple", "draft-eagle3"}))
+    r = inspect_model(str(tiny_hf_dir), draft=str(eagle))
+    assert next(m for m in r["methods"] if m["method"] == "draft-eagle3")["runs"]
+    assert r["auto"]["types"] == ["suffix", "draft-eagle3"]
+    # a head trained for another model (other hidden size) is named as such
+    other = make_hf_model(tmp_path / "eagle-other", hidden=32, heads=2, kv_heads=1,
+                          extra_config={"architectures": ["LlamaForCausalLMEagle3"]})
+    r = inspect_model(str(tiny_hf_dir), draft=str(other))
+    assert not r["drafter"]["compatible"] and "expects target hidden size 32" in r["drafter"]["reason"]
+    assert "draft-eagle3" not in r["auto"]["types"]
+
+
+def test_draft_model_compatibility(tmp_path, tiny_hf_dir):
+
+    same = inspect_model(str(tiny_hf_dir), draft=str(tiny_hf_dir))
+    assert same["drafter"]["kind"] == "draft-simple" and same["drafter"]["compatible"]
+    assert next(m for m in same["methods"] if m["method"] == "draft-simple")["runs"]
+    assert same["memory"]["drafter_bytes"] > 0
+
+    other = make_hf_model(tmp_path / "other", vocab=1024)
+    r = inspect_model(str(tiny_hf_dir), draft=str(other))
+    assert not r["drafter"]["compatible"] and "vocabulary sizes differ" in r["drafter"]["reason"]
+    m = next(m for m in r["methods"] if m["method"] == "draft-simple")
+    assert not m["runs"] and "--spec-cross-tokenizer" in m["note"]
+
+
+# -- GGUF ---------------------------------------------------------------------------------------
+def _gguf_with(monkeypatch, path, nextn: int, with_nextn_tensors: bool, layers: int):
+    """make_gguf_model plus <arch>.nextn_predict_layers (and blk.N.nextn.* tensors) in the file."""
+    import gguf
+
+    original = gguf.GGUFWriter.write_header_to_file
+
+    def patched(self, *args, **kwargs):
+        self.add_uint32("llama.nextn_predict_layers", nextn)
+        if with_nextn_tensors:
+            for name in ("eh_proj.weight", "enorm.weight", "hnorm.weight"):
+                shape = (64, 128) if name.startswith("eh_proj") else (64,)
+                self.add_tensor(f"blk.{layers - 1}.nextn.{name}", np.zeros(shape, dtype=np.float32))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", patched)
+    make_gguf_model(path, layers=layers)
+    monkeypatch.undo()
+    return path
+
+
+def test_gguf_with_nextn_tensors(tmp_path, monkeypatch):
+    # three blocks in the file, the last one the MTP block (as llama.cpp converts GLM-4.5)
+    path = _gguf_with(monkeypatch, tmp_path / "mtp.gguf", 1, True, layers=3)
+    r = inspect_model(str(path))
+    assert r["runnable"] and r["config"]["layers"] == 2
+    assert r["mtp"]["declared"] == 1 and r["mtp"]["config_key"] == "llama.nextn_predict_layers"
+    assert r["mtp"]["weights_present"]
+    assert r["mtp"]["tensors"] == 9 + 3  # the block's own tensors and its blk.2.nextn.* ones
+
+
+def test_gguf_declaring_nextn_without_weights(tmp_path, monkeypatch):
+    import gguf
+
+    original = gguf.GGUFWriter.add_block_count
+    monkeypatch.setattr(gguf.GGUFWriter, "add_block_count", lambda self, n: original(self, n + 1))
+    path = _gguf_with(monkeypatch, tmp_path / "dropped.gguf", 1, False, layers=2)
+    r = inspect_model(str(path))
+    assert r["runnable"] and r["config"]["layers"] == 2
+    assert r["mtp"]["declared"] == 1 and not r["mtp"]["weights_present"]
+    assert "no MTP weights" in r["mtp"]["note"]
+
+
+# -- command line -------------------------------------------------------------------------------
+def test_cli_json_and_text(tiny_hf_dir, capsys):
+    assert main(["inspect", str(tiny_hf_dir), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["architecture"] == "llama" and r["mtp"]["note"] == "no MTP layers"
+    assert main(["inspect", str(tiny_hf_dir)]) == 0
+    text = capsys.readouterr().out
+    for label in ("architecture", "parameters", "quantization", "context", "tokenizer", "MTP", "memory", "methods",
+                  "auto"):
+        assert f"\n{label}" in text
+    assert main(["inspect", str(tiny_hf_dir / "missing")]) == 2
+
+
+# -- real GGUF files ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_real_smollm(smollm):
+    from specdec.bench.memory import transformer_bytes
+
+    r = inspect_model("smollm2-135m")
+    assert r["sha256"] == MODELS["smollm2-135m"].sha256
+    assert (r["architecture"], r["quantization"], r["context_length"]) == ("llama", "Q4_1", 8192)
+    assert r["parameters"] == smollm.info.params
+    assert r["tokenizer"]["vocab_size"] == 49152 and r["tokenizer"]["chat_template"]
+    assert r["mtp"]["declared"] == 0 and not r["mtp"]["weights_present"]
+    # the estimate is what the built model really holds
+    assert r["memory"]["weights_bytes"]["int8"] == transformer_bytes(smollm.transformer)
+
+
+@pytest.mark.slow
+def test_real_qwen_pair_is_compatible():
+    r = inspect_model("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b")
+    assert (r["architecture"], r["quantization"]) == ("qwen2", "Q4_K_M")
+    assert r["drafter"]["kind"] == "draft-simple" and r["drafter"]["compatible"]
+    assert next(m for m in r["methods"] if m["method"] == "draft-simple")["runs"]
+    assert r["mtp"]["note"] == "no MTP layers"
+    # a compatible draft model is still not chosen by auto on CPU (facts table: slower)
+    assert r["auto"]["types"] == ["suffix"]
+    assert any("draft-simple qwen2.5-coder-0.5b not used" in reason for reason in r["auto"]["reasons"])
+
+
+@pytest.mark.slow
+def test_real_mismatched_draft_names_the_difference():
+    r = inspect_model("smollm2-135m", draft="qwen2.5-coder-0.5b")
+    assert not r["drafter"]["compatible"]
+    assert "BOS/EOS" in r["drafter"]["reason"] and "qwen2.5-coder-0.5b" in r["drafter"]["reason"]
