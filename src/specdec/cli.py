@@ -25,7 +25,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp and vLLM style)")
     g.add_argument("--spec-type", default=None,
-                   help="comma list: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-cache, suffix, draft-simple")
+                   help="comma list: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-cache, suffix, draft-simple; "
+                        "or auto (the default when no speculation flag is given)")
     g.add_argument("--model-draft", "-md", default=None, help="draft model (name, GGUF file or HF folder)")
     g.add_argument("--spec-draft-n-max", type=int, default=None, help="most drafted tokens per step (default 3)")
     g.add_argument("--spec-draft-n-min", type=int, default=None, help="shorter drafts are not verified")
@@ -69,14 +70,20 @@ def sampling_from_args(args):
 
 def build_engine(args):
     """Load the target and set up speculation; prints the notes a user must see."""
+    from specdec.engine.auto import auto_requested, resolve_auto
     from specdec.engine.engine import Engine
     from specdec.model.load import load_model
 
-    spec, notes = spec_from_args(args)
+    auto = auto_requested(args.spec_type, args.model_draft, args.speculative_config)
+    spec, notes = (None, []) if auto else spec_from_args(args)
     sampling = sampling_from_args(args)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     model = load_model(args.model, args.weights)
+    if auto:
+        spec, reasons = resolve_auto(model, args)
+        for reason in reasons:
+            print(f"auto: {reason}", file=sys.stderr)
     engine = Engine(model, spec, max_len=args.ctx_size)
     engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
     return engine, sampling
@@ -194,7 +201,7 @@ def main(argv=None) -> int:
     p.add_argument("names", nargs="+")
     p.set_defaults(func=cmd_pull)
 
-    for extra in ("serve", "bench", "inspect", "export-config"):
+    for extra in ("serve", "bench", "inspect", "export-config", "train"):
         _add_optional(sub, extra)
 
     args = parser.parse_args(argv)
@@ -212,7 +219,7 @@ def _add_optional(sub, name: str) -> None:
     import importlib
 
     module = {"serve": "specdec.server.cli", "bench": "specdec.bench.cli", "inspect": "specdec.inspect",
-              "export-config": "specdec.export"}[name]
+              "export-config": "specdec.export", "train": "specdec.train.cli"}[name]
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
