@@ -27,7 +27,8 @@ class SpecConfig:
     draft_n_max: most tokens drafted per step (llama.cpp --spec-draft-n-max, default 3).
     draft_n_min: drafts shorter than this are not verified (0 = any length).
     draft_p_min: a model drafter stops when its top probability drops below this.
-    adaptive: grow/shrink the draft length from recent acceptance (within 1..draft_n_max).
+    adaptive: choose the draft length (1..draft_n_max) with the most expected tokens per second,
+        from recent acceptance and the measured cost of verifying k tokens (engine/cost.py).
     draft_model: path or name of the draft model (draft-simple).
     cross_tokenizer: allow a draft model with another tokenizer (drafts pass through text).
     acceptance: "exact" (lossless) or "typical" (relaxed, lossy, opt-in).

@@ -1,0 +1,58 @@
+"""Choosing the draft length from measured costs (DESIGN.md: "Choose the draft length from the
+measured cost of verifying k tokens, not a constant").
+
+On this project's CPU a verify pass of 2 tokens costs about what 1 costs, but 6 cost ~2.5x
+(per-row attention and the int8 kernel's per-row work), so the best length depends on the
+acceptance rate and is worth computing rather than guessing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def measure_forward_cost(transformer, cache, max_tokens: int, context: int = 128, repeats: int = 3) -> list[float]:
+    """cost[t] = median seconds of one exact forward of t new tokens (t = 1..max_tokens) after `context` tokens.
+
+    Uses a free slot of `cache` and gives it back; cost[0] = 0.
+    """
+    slot = cache.allocate()
+    try:
+        ctx = min(context, cache.max_len - max_tokens - 1)
+        transformer.forward(torch.zeros(1, ctx, dtype=torch.long), cache, [slot], exact=False, last_only=True)
+        cost = [0.0]
+        for t in range(1, max_tokens + 1):
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                transformer.forward(torch.zeros(1, t, dtype=torch.long), cache, [slot])
+                times.append(time.perf_counter() - t0)
+                cache.truncate(slot, ctx)
+            cost.append(sorted(times)[len(times) // 2])
+        return cost
+    finally:
+        cache.release(slot)
+
+
+def expected_tokens(k: int, acceptance: float) -> float:
+    """Tokens one verify step yields with k drafts and per-token acceptance a: (1 - a^(k+1)) / (1 - a)."""
+    if acceptance >= 1.0:
+        return k + 1.0
+    return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
+
+
+def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_per_token: float, n_max: int) -> int:
+    """The k in 1..n_max with the most expected tokens per second.
+
+    >>> best_draft_length(0.9, [0, 1.0, 1.0, 1.2, 1.8, 2.4], 0.0, 5)  # 2.71 tokens / 1.2 s beats 3.44 / 1.8
+    2
+    """
+    n_max = min(n_max, len(forward_cost) - 2)
+    best, best_rate = 1, -1.0
+    for k in range(1, n_max + 1):
+        rate = expected_tokens(k, acceptance) / (forward_cost[k + 1] + k * draft_cost_per_token)
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best
