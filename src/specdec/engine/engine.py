@@ -42,6 +42,8 @@ class Request:
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
     stats: SpecStats = field(default_factory=SpecStats)
     draft_len: int = 0  # current draft length (adaptive mode moves it)
+    acceptance_ema: float = 0.6  # recent per-token acceptance (adaptive mode)
+    hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
     prefill_s: float = 0.0
     decode_s: float = 0.0
     _decoded_upto: int = 0
@@ -77,6 +79,15 @@ class Engine:
 
         self.drafter_factory = drafter_factory or DrafterFactory(model)
         self._drafters: dict[str, Drafter] = {}
+        self._forward_cost: list[float] | None = None  # measured on first adaptive request
+
+    def forward_cost(self, max_tokens: int) -> list[float]:
+        """Measured seconds of one exact forward of t tokens, t = 0..max_tokens (cached)."""
+        from specdec.engine.cost import measure_forward_cost
+
+        if self._forward_cost is None or len(self._forward_cost) < max_tokens + 1:
+            self._forward_cost = measure_forward_cost(self.model.transformer, self.cache, max_tokens)
+        return self._forward_cost
 
     # -- drafters ----------------------------------------------------------------------------
     def drafters_for(self, spec: SpecConfig) -> list[Drafter]:
@@ -105,9 +116,12 @@ class Engine:
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         drafters = self.drafters_for(spec)
+        if spec.adaptive and spec.enabled:
+            self.forward_cost(spec.draft_n_max + 1)
         slot = self.cache.allocate()
         req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, sampling.generator(),
-                      stats=SpecStats(method=spec.method), draft_len=spec.draft_n_max)
+                      stats=SpecStats(method=spec.method), draft_len=spec.draft_n_max,
+                      hidden_layers=tuple(sorted({i for d in drafters for i in getattr(d, "hidden_layers", ())})))
         for d in drafters:
             d.begin(prompt)
             configure = getattr(d, "set_sampling", None)
@@ -116,8 +130,9 @@ class Engine:
         t0 = time.perf_counter()
         try:
             out = self.model.transformer.forward(torch.tensor([prompt]), self.cache, [slot], exact=False,
-                                                 last_only=True)
+                                                 last_only=True, hidden_layers=req.hidden_layers)
             first = self._verify(req, out.logits[0], Draft())
+            self._feed_hidden(req, out.hidden, list(range(len(prompt))), prompt)
         except BaseException:
             self.cache.release(slot)
             raise
@@ -136,6 +151,8 @@ class Engine:
         draft = self._propose(req, max(0, min(req.draft_len, room)))
         t1 = time.perf_counter()
         tokens = [req.output[-1]]
+        if draft.tree is not None and start + 1 + len(draft.tree) > self.cache.max_len:
+            draft = Draft(source=draft.source)  # the tree does not fit in the context left
         if draft.tree is not None:
             tree = draft.tree
             tokens += list(tree.tokens)
@@ -144,15 +161,19 @@ class Engine:
             mask[:, 0] = True
             mask[1:, 1:] = tree.attention_mask()
             positions = torch.tensor([[start] + [start + d for d in tree.depths()]])
-            out = tr.forward(torch.tensor([tokens]), self.cache, [req.slot], positions=positions, tree_mask=mask[None])
+            out = tr.forward(torch.tensor([tokens]), self.cache, [req.slot], positions=positions, tree_mask=mask[None],
+                             hidden_layers=req.hidden_layers)
         else:
             tokens += list(draft.tokens)
-            out = tr.forward(torch.tensor([tokens]), self.cache, [req.slot])
+            out = tr.forward(torch.tensor([tokens]), self.cache, [req.slot], hidden_layers=req.hidden_layers)
         result = self._verify(req, out.logits[0], draft)
         if draft.tree is not None:
-            self.cache.keep(req.slot, start, [0] + [1 + i for i in result.accepted_path])
+            kept = [0] + [1 + i for i in result.accepted_path]
+            self.cache.keep(req.slot, start, kept)
         else:
+            kept = list(range(1 + result.num_accepted))
             self.cache.truncate(req.slot, start + 1 + result.num_accepted)
+        self._feed_hidden(req, out.hidden, kept, [tokens[i] for i in kept])
         t2 = time.perf_counter()
         for d in req.drafters:
             if d.name == draft.source:
@@ -230,13 +251,26 @@ class Engine:
             return verify_typical(target_probs, draft.tokens)
         return verify_sampling(target_probs, draft.tokens, draft_probs, req.generator)
 
+    def _feed_hidden(self, req: Request, hidden: dict, rows: list[int], tokens: list[int]) -> None:
+        """Hand the target's hidden rows of newly committed tokens to the drafters that read them."""
+        if not req.hidden_layers:
+            return
+        picked = {layer: h[0, rows] for layer, h in hidden.items()}  # {layer: (len(rows), H)}
+        for d in req.drafters:
+            if getattr(d, "hidden_layers", ()):
+                d.on_target_hidden({layer: picked[layer] for layer in d.hidden_layers}, tokens)
+
     def _adapt(self, req: Request, drafted: int, accepted: int) -> None:
+        """Adaptive mode: pick the draft length with the most expected tokens per second,
+        from recent acceptance and the measured cost of verifying k tokens."""
+        from specdec.engine.cost import best_draft_length
+
         if not req.spec.adaptive or drafted == 0:
             return
-        if accepted == drafted:
-            req.draft_len = min(req.draft_len + 1, req.spec.draft_n_max)
-        elif accepted < drafted // 2:
-            req.draft_len = max(1, req.draft_len - 1)
+        req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / drafted)
+        draft_cost = req.stats.draft_s / max(req.stats.drafted, 1)
+        req.draft_len = best_draft_length(req.acceptance_ema, self.forward_cost(req.spec.draft_n_max + 1),
+                                          draft_cost, req.spec.draft_n_max)
 
     def _emit(self, req: Request, tokens: Sequence[int]) -> list[int]:
         """Append tokens one at a time, stopping exactly where plain decoding would."""
