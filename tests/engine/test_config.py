@@ -66,8 +66,8 @@ def test_unavailable_model_drafter_is_a_clear_error(tiny_model):
     from specdec.engine.engine import Engine
 
     engine = Engine(tiny_model, max_len=64)
-    with pytest.raises(ValueError, match="draft-eagle3 is not available"):
-        engine.drafters_for(SpecConfig(types=("draft-eagle3",)))
+    with pytest.raises(ValueError, match="draft-dflash is not available"):
+        engine.drafters_for(SpecConfig(types=("draft-dflash",)))
 
 
 def test_mismatched_draft_vocabulary_names_the_first_differing_token(tmp_path, tiny_model):
