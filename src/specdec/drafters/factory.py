@@ -33,6 +33,14 @@ class DrafterFactory:
                 return CrossTokenizerDrafter(draft, self.target.tokenizer, spec.draft_p_min, self.max_len)
             check_compatible(self.target, draft)
             return DraftModelDrafter(draft, self.target.config.vocab_size, spec.draft_p_min, self.max_len)
+        if name == "draft-mtp":
+            from specdec.drafters.mtp import make_mtp_drafter
+
+            return make_mtp_drafter(self.target, spec.draft_p_min, self.max_len)
+        if name == "draft-eagle3":
+            from specdec.drafters.eagle3 import make_eagle3_drafter
+
+            return make_eagle3_drafter(self.target, spec.draft_model, spec.draft_p_min, self.max_len)
         if name.startswith("draft-"):
             raise ValueError(f"--spec-type {name} is not available in this build of specdec yet")
         return registry.create(name)

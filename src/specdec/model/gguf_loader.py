@@ -40,6 +40,16 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# MTP ("nextn") tensors of the extra blocks after the main ones, renamed to DeepSeek-V3's HF names
+# (model.layers.{N+k}.eh_proj.weight, ...); the extra blocks' attention/MLP use _LAYER_NAMES.
+_NEXTN_NAMES = {
+    "nextn.eh_proj.weight": "eh_proj.weight",
+    "nextn.enorm.weight": "enorm.weight",
+    "nextn.hnorm.weight": "hnorm.weight",
+    "nextn.shared_head_norm.weight": "shared_head.norm.weight",
+    "nextn.shared_head_head.weight": "shared_head.head.weight",
+    "nextn.embed_tokens.weight": "embed_tokens.weight",
+}
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -164,6 +174,8 @@ def _hf_name(gguf_name: str) -> str | None:
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
     if m and m.group(2) in _LAYER_NAMES:
         return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m and m.group(2) in _NEXTN_NAMES:
+        return f"model.layers.{m.group(1)}.{_NEXTN_NAMES[m.group(2)]}"
     return None
 
 

@@ -1,0 +1,235 @@
+"""draft-eagle3: an EAGLE-3 head reads three of the target's hidden layers and drafts a tree.
+
+    g   = fc([h_low; h_mid; h_high])                       (3H -> H), target layers `taps`
+    x   = midlayer([RMSNorm_in(embed(token)); RMSNorm_h(g)])  one decoder layer, attention input 2H,
+                                                            residual stream g
+    logits over the draft vocabulary = lm_head(norm(x));   target id = d + d2t[d]
+    later steps feed x (pre-norm) back in place of g.
+
+Taps default to (2, N // 2, N - 3) in transformers' hidden_states indexing (0 = embeddings,
+i = output of decoder layer i - 1), which is what EAGLE-3 and vLLM capture: the input of
+decoder layers 2, N/2 and N-3. A config key eagle_config.eagle_aux_hidden_state_layer_ids
+overrides them (as vLLM reads it).
+
+Checkpoint format, as EAGLE-3 heads are published (SafeAILab/EAGLE, SpecForge, vLLM):
+config.json with architectures ["LlamaForCausalLMEagle3"], hidden_size, num_attention_heads,
+num_key_value_heads, intermediate_size, rms_norm_eps, rope_theta, vocab_size (target) and
+draft_vocab_size; model.safetensors with fc.weight, midlayer.{self_attn,mlp}.*,
+midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight, norm.weight,
+lm_head.weight, d2t (int64, draft_vocab_size), t2d (bool, vocab_size), and optionally
+embed_tokens.weight (else the target's embedding is used). `layers.0.` is accepted for
+`midlayer.`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specdec.drafters.hidden import DraftLayer, HiddenHead, HiddenStateDrafter, RMSNorm, rope_rows
+from specdec.model.errors import SpecdecError
+
+
+class Eagle3Error(SpecdecError):
+    pass
+
+
+def default_taps(num_layers: int) -> tuple[int, int, int]:
+    """EAGLE-3's low / mid / high layers in hidden_states indexing: (2, N // 2, N - 3)."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # target vocabulary
+    draft_vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_positions: int = 4096
+    target_hidden_size: int | None = None
+    taps: tuple[int, ...] = ()
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @staticmethod
+    def from_json(raw: dict, target_layers: int) -> "Eagle3Config":
+        H = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        taps = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        return Eagle3Config(
+            hidden_size=H, num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or H // heads), intermediate_size=int(raw["intermediate_size"]),
+            vocab_size=int(raw["vocab_size"]), draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)), rope_theta=float(raw.get("rope_theta") or 10000.0),
+            max_positions=int(raw.get("max_position_embeddings") or 4096),
+            target_hidden_size=raw.get("target_hidden_size"),
+            taps=tuple(int(t) for t in taps) if taps else default_taps(target_layers),
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
+            "hidden_size": self.hidden_size, "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "intermediate_size": self.intermediate_size, "num_hidden_layers": 1, "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta, "max_position_embeddings": self.max_positions,
+            "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.taps)},
+            **({"target_hidden_size": self.target_hidden_size} if self.target_hidden_size else {}),
+        }
+
+
+class Eagle3Head(HiddenHead):
+    """The EAGLE-3 head; `embed` is the target's (V, H) embedding unless the checkpoint has its own."""
+
+    def __init__(self, cfg: Eagle3Config, embed: torch.Tensor | None = None):
+        super().__init__()
+        self.cfg = cfg
+        H = cfg.hidden_size
+        self.hidden_layers = tuple(cfg.taps)
+        self.num_modules = 1
+        self.fc = nn.Linear(len(cfg.taps) * (cfg.target_hidden_size or H), H, bias=False)
+        self.midlayer = DraftLayer(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                                   cfg.rms_norm_eps, attn_in=2 * H)
+        self.midlayer.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        self.midlayer.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
+        self.embed = embed
+        self.init_rope(cfg.head_dim, cfg.rope_theta, max(cfg.max_positions, 8192))
+
+    def set_vocab_map(self, draft_ids_in_target: torch.Tensor) -> None:
+        """draft_ids_in_target: (draft_vocab,) target ids, ascending; sets d2t (offsets) and t2d."""
+        ids = draft_ids_in_target.long()
+        self.d2t.copy_(ids - torch.arange(len(ids)))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    def draft_to_target(self) -> torch.Tensor:
+        return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t  # (Vd,)
+
+    def module_layer(self, module: int) -> DraftLayer:
+        return self.midlayer
+
+    def feature(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
+        taps = torch.cat([hidden[i].float() for i in self.cfg.taps], dim=-1)  # (..., n, 3H)
+        return self.fc(taps.to(self.fc.weight.dtype))
+
+    def draft_logits(self, feats, tokens, positions, past_k, past_v, mask):
+        """-> (draft-vocab logits (B, T, Vd), pre-norm output (B, T, H), k, v)."""
+        e = self.embed[tokens].to(feats.dtype)  # (B, T, H)
+        m = self.midlayer
+        cos, sin = rope_rows(self.rope_cos, self.rope_sin, positions)
+        attn_in = torch.cat([m.input_layernorm(e), m.hidden_norm(feats)], dim=-1)  # (B, T, 2H)
+        out, k, v = m(attn_in, feats, cos, sin, past_k, past_v, mask)
+        return self.lm_head(self.norm(out)), out, k, v
+
+    def step(self, module, feats, tokens, positions, past_k, past_v, mask):
+        logits_d, out, k, v = self.draft_logits(feats, tokens, positions, past_k, past_v, mask)
+        B, T, _ = logits_d.shape
+        logits = torch.full((B, T, self.cfg.vocab_size), float("-inf"), dtype=torch.float32, device=logits_d.device)
+        logits[..., self.draft_to_target()] = logits_d.float()
+        return logits, out, k, v
+
+
+# -- files -------------------------------------------------------------------------------------
+def load_eagle3_head(path, target) -> Eagle3Head:
+    """An Eagle3Head from a folder (config.json + *.safetensors) for a loaded target Model."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise Eagle3Error(f"{path}: not an EAGLE-3 head folder (no config.json)")
+    raw = json.loads(cfg_file.read_text())
+    c = target.config
+    cfg = Eagle3Config.from_json(raw, c.num_layers)
+    if cfg.vocab_size != c.vocab_size and abs(cfg.vocab_size - c.vocab_size) > 128:
+        raise Eagle3Error(f"EAGLE-3 head {path} was trained for a vocabulary of {cfg.vocab_size} tokens; the target "
+                          f"{target.info.name} has {c.vocab_size}: it belongs to another model")
+    if (cfg.target_hidden_size or cfg.hidden_size) != c.hidden_size:
+        raise Eagle3Error(f"EAGLE-3 head {path} expects target hidden size {cfg.target_hidden_size or cfg.hidden_size}; "
+                          f"the target {target.info.name} has {c.hidden_size}: it belongs to another model")
+    bad = [t for t in cfg.taps if not 0 <= t <= c.num_layers]
+    if bad:
+        raise Eagle3Error(f"EAGLE-3 head {path} taps layers {cfg.taps}, beyond the target's {c.num_layers} layers")
+    tensors = {}
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise Eagle3Error(f"{path}: no .safetensors weights (pickled .bin files are never loaded; convert them)")
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for name in fh.keys():
+                tensors[name.replace("layers.0.", "midlayer.").removeprefix("model.")] = fh.get_tensor(name)
+    embed = tensors.pop("embed_tokens.weight", None)
+    head = Eagle3Head(Eagle3Config(**{**cfg.__dict__, "vocab_size": c.vocab_size}),
+                      embed if embed is not None else target.transformer.embed)
+    state = {k: (v if k in ("d2t", "t2d") else v.float()) for k, v in tensors.items()}
+    if "d2t" not in state:
+        if cfg.draft_vocab_size != c.vocab_size:
+            raise Eagle3Error(f"EAGLE-3 head {path} has a reduced vocabulary but no d2t tensor")
+        state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
+    state["d2t"] = state["d2t"].long()
+    if "t2d" not in state:
+        t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(cfg.draft_vocab_size) + state["d2t"]] = True
+        state["t2d"] = t2d
+    else:
+        t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+        n = min(len(state["t2d"]), c.vocab_size)
+        t2d[:n] = state["t2d"][:n].bool()
+        state["t2d"] = t2d
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not m.startswith("rope_")]
+    if missing or unexpected:
+        raise Eagle3Error(f"EAGLE-3 head {path}: missing tensors {missing}, unexpected {unexpected}")
+    ids = head.draft_to_target()
+    if int(ids.max()) >= c.vocab_size or int(ids.min()) < 0:
+        raise Eagle3Error(f"EAGLE-3 head {path}: d2t maps draft ids outside the target vocabulary")
+    return head.eval()
+
+
+def save_eagle3_head(head: Eagle3Head, folder, target_info: dict | None = None) -> Path:
+    """Write config.json + model.safetensors in the published EAGLE-3 format."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for k, v in head.state_dict().items():
+        if k.startswith("rope_"):
+            continue
+        tensors[k] = v.detach().contiguous() if k in ("d2t", "t2d") else v.detach().to(torch.bfloat16).contiguous()
+    save_file(tensors, str(folder / "model.safetensors"))
+    cfg = head.cfg.to_json()
+    if target_info:
+        cfg["specdec"] = {"kind": "eagle3", "target": target_info}
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return folder
+
+
+def make_eagle3_drafter(target, path=None, p_min: float = 0.0, max_len: int = 4096, topk: int = 4,
+                        budget: int = 12) -> HiddenStateDrafter:
+    """The EAGLE-3 drafter: `path` (a head folder), or the head shipped for this target."""
+    if path is None:
+        from specdec.drafters.mtp import shipped_head
+
+        path = shipped_head("eagle3", target)
+        if path is None:
+            raise Eagle3Error(f"--spec-type draft-eagle3 needs an EAGLE-3 head for {target.info.name}: pass its folder "
+                              "with --model-draft, or train one with `specdec train eagle3`")
+    head = load_eagle3_head(path, target)
+    drafter = HiddenStateDrafter(head, "draft-eagle3", target.config.vocab_size, topk=topk, budget=budget,
+                                 p_min=p_min, max_len=max_len)
+    drafter.source_note = f"EAGLE-3 head {path}"
+    return drafter

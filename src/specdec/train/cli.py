@@ -1,0 +1,230 @@
+"""`specdec train mtp|eagle3`: train a drafter head for a target by self-distillation.
+
+    specdec train mtp --model smollm2-135m --out DIR            (CPU, one process)
+    torchrun --nproc-per-node 8 -m specdec.train.cli eagle3 --model M --out DIR   (data parallel)
+
+Data: the target continues prompts (--prompts FILE, one per line; default a built-in list)
+and a plain corpus is added (--data FILE ..., paragraphs; default Python stdlib docstrings).
+Sequences are cached in DIR/data.pt, so a resumed run (--resume) trains on the same text.
+Heads are written in the formats the loaders read: MTP as config.json + model.safetensors in
+the DeepSeek-V3 layout (default DIR: beside the model, `<model>.mtp/`, where auto finds it),
+EAGLE-3 in the published format (fc, midlayer.*, norm, lm_head, d2t, t2d).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("train", help="train an MTP or EAGLE-3 drafter head for a model (self-distillation)")
+    add_arguments(p)
+    p.set_defaults(func=cmd_train)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("kind", choices=["mtp", "eagle3"])
+    p.add_argument("--model", "-m", default="smollm2-135m", help="target: model name, GGUF file or HF folder")
+    p.add_argument("--name", default=None, help="the target's registry name recorded in the head (default --model)")
+    p.add_argument("--out", default=None, help="output folder (mtp default: <model path>.mtp beside the model)")
+    p.add_argument("--prompts", default=None, help="prompts file, one per line (default: built-in prompts)")
+    p.add_argument("--data", nargs="*", default=None, help="plain-text corpus files (default: stdlib docstrings)")
+    p.add_argument("--generate", type=int, default=512, help="sequences the target generates from prompts")
+    p.add_argument("--gen-tokens", type=int, default=192, help="tokens generated per prompt")
+    p.add_argument("--corpus-seqs", type=int, default=256, help="corpus chunks added")
+    p.add_argument("--seq-len", type=int, default=384)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--ttt", type=int, default=3, help="training-time-test steps (head fed its own outputs)")
+    p.add_argument("--draft-vocab", type=int, default=6144, help="EAGLE-3 draft vocabulary size")
+    p.add_argument("--val", type=int, default=32, help="held-out sequences for validation acceptance")
+    p.add_argument("--save-every", type=int, default=200)
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue from DIR/state.pt")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="fit the step count (and its learning-rate schedule) into this much training time")
+
+
+def build_mtp_head(target, num_modules: int = 1, seed: int = 0):
+    """A fresh MTPHead on a DenseTarget, its block initialised from the target's last layer."""
+    import torch.nn.functional as F
+
+    from specdec.drafters.mtp import MTPHead
+
+    torch.manual_seed(seed)
+    c = target.config
+    W = target.lm_head
+    head = MTPHead(c, num_modules, target.embed, lambda x: F.linear(x.to(W.dtype), W).float(), target.norm)
+    last = target.layers[-1]
+    H = c.hidden_size
+    with torch.no_grad():
+        for mod in head.mods:
+            b = mod.block
+            b.self_attn.q_proj.weight.copy_(last["q"]); b.self_attn.k_proj.weight.copy_(last["k"])
+            b.self_attn.v_proj.weight.copy_(last["v"]); b.self_attn.o_proj.weight.copy_(last["o"])
+            for name in ("q", "k", "v"):
+                if last[name + "b"] is not None:
+                    getattr(b.self_attn, f"{name}_proj").bias.copy_(last[name + "b"])
+            if last["q_norm"] is not None:
+                b.self_attn.q_norm.weight.copy_(last["q_norm"]); b.self_attn.k_norm.weight.copy_(last["k_norm"])
+            b.mlp.gate_proj.weight.copy_(last["gate"]); b.mlp.up_proj.weight.copy_(last["up"])
+            b.mlp.down_proj.weight.copy_(last["down"])
+            mod.input_layernorm.weight.copy_(last["attn_norm"]); b.post_attention_layernorm.weight.copy_(last["mlp_norm"])
+            mod.norm.weight.copy_(target.norm)
+            eh = torch.randn(H, 2 * H) * 0.01
+            eh[:, H:] += torch.eye(H)  # start as h' = hnorm(h): the target's own state, then learn the token
+            mod.eh_proj.weight.copy_(eh)
+    return head
+
+
+def build_eagle3_head(target, draft_ids: torch.Tensor, seed: int = 0):
+    """A fresh Eagle3Head; lm_head rows from the target's output head, fc starting at the high tap."""
+    from specdec.drafters.eagle3 import Eagle3Config, Eagle3Head, default_taps
+
+    torch.manual_seed(seed)
+    c = target.config
+    cfg = Eagle3Config(hidden_size=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+                       head_dim=c.head_dim, intermediate_size=c.intermediate_size, vocab_size=c.vocab_size,
+                       draft_vocab_size=len(draft_ids), rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+                       max_positions=c.context_length, taps=default_taps(c.num_layers))
+    head = Eagle3Head(cfg, target.embed)
+    H = c.hidden_size
+    with torch.no_grad():
+        # warm start from the target's last layer: the attention's hidden half and the MLP copy it
+        last = target.layers[-1]
+        a, mlp = head.midlayer.self_attn, head.midlayer.mlp
+        for proj, w in ((a.q_proj, last["q"]), (a.k_proj, last["k"]), (a.v_proj, last["v"])):
+            proj.weight.normal_(0.0, 0.02)
+            proj.weight[:, H:] = w
+        a.o_proj.weight.copy_(last["o"])
+        mlp.gate_proj.weight.copy_(last["gate"]); mlp.up_proj.weight.copy_(last["up"]); mlp.down_proj.weight.copy_(last["down"])
+        head.midlayer.hidden_norm.weight.copy_(last["attn_norm"])
+        head.midlayer.post_attention_layernorm.weight.copy_(last["mlp_norm"])
+        fc = torch.randn(H, 3 * H) * 0.01
+        fc[:, 2 * H :] += torch.eye(H)
+        head.fc.weight.copy_(fc)
+        head.norm.weight.copy_(target.norm.float())
+        head.lm_head.weight.copy_(target.lm_head[draft_ids.to(target.lm_head.device)].float())
+        head.set_vocab_map(draft_ids.cpu())
+    return head
+
+
+def frequent_tokens(seqs: list[list[int]], size: int, vocab: int) -> torch.Tensor:
+    """The `size` most frequent token ids in seqs (ties by id), ascending: the EAGLE-3 draft vocabulary."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for s in seqs:
+        counts += torch.bincount(torch.tensor(s), minlength=vocab)[:vocab]
+    size = min(size, vocab)
+    order = sorted(range(vocab), key=lambda i: (-int(counts[i]), i))[:size]
+    return torch.tensor(sorted(order))
+
+
+def target_info(model_name: str, path, checkpoint) -> dict:
+    from specdec.model.registry import cached_sha256
+
+    c = checkpoint.config
+    sha = cached_sha256(path) if Path(path).is_file() else None
+    return {"names": [model_name], "sha256": [sha] if sha else [], "arch": c.arch, "hidden_size": c.hidden_size,
+            "num_layers": c.num_layers, "vocab_size": c.vocab_size}
+
+
+def cmd_train(args) -> int:
+    from specdec.model.load import open_checkpoint
+    from specdec.model.registry import resolve
+    from specdec.train.data import build_sequences, read_corpus, read_prompts
+    from specdec.train.loop import Trainer, init_distributed
+    from specdec.train.target import DenseTarget
+
+    rank, world, dist_device = init_distributed()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = dist_device or args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda"):
+        torch.backends.cuda.matmul.allow_tf32 = True
+    path = resolve(args.model)
+    checkpoint, tokenizer = open_checkpoint(path)
+    if args.out is None:
+        if args.kind != "mtp":
+            raise ValueError("specdec train eagle3 needs --out DIR")
+        from specdec.drafters.mtp import sidecar_path
+
+        args.out = str(sidecar_path(path))
+    out = Path(args.out)
+    log = (lambda *a: print(*a, file=sys.stderr)) if rank == 0 else (lambda *a: None)
+    t0 = time.perf_counter()
+    target = DenseTarget(checkpoint, device)
+    log(f"target {args.model} on {device}: {target.config.num_layers} layers, hidden {target.config.hidden_size}")
+
+    data_file = out / f"data.rank{rank}.pt"
+    if args.resume and data_file.is_file():
+        seqs = torch.load(data_file, weights_only=True)["seqs"]
+        log(f"data: {len(seqs)} sequences from {data_file}")
+    else:
+        from tqdm import tqdm
+
+        prompts = read_prompts(args.prompts)[rank::world]
+        corpus = read_corpus(args.data)[rank::world]
+        n_gen = args.generate // world
+        bar = tqdm(total=n_gen, desc="generate", unit="seq", file=sys.stderr, disable=rank != 0)
+        seqs = build_sequences(target, tokenizer, prompts, corpus, n_gen, args.gen_tokens, args.seq_len,
+                               args.corpus_seqs // world, args.seed + rank, progress=bar.update)
+        bar.close()
+        seqs = [s for s in seqs if len(s) >= 8]
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({"seqs": seqs}, data_file)
+        log(f"data: {len(seqs)} sequences, {sum(map(len, seqs))} tokens ({time.perf_counter() - t0:.0f}s)")
+    val = seqs[: args.val] if rank == 0 else []
+    train = seqs[args.val:] if rank == 0 else seqs
+    info = target_info(args.name or args.model, path, checkpoint)
+    if args.kind == "mtp":
+        from specdec.drafters.mtp import save_mtp_head
+
+        head = build_mtp_head(target, 1, args.seed).to(device)
+        draft_ids = None
+
+        def save(h, folder):
+            save_mtp_head(h, folder, info)
+    else:
+        from specdec.drafters.eagle3 import save_eagle3_head
+
+        draft_ids = frequent_tokens(seqs, args.draft_vocab, target.config.vocab_size)
+        head = build_eagle3_head(target, draft_ids, args.seed).to(device)
+        draft_ids = draft_ids.to(device)
+
+        def save(h, folder):
+            save_eagle3_head(h, folder, info)
+    trainer = Trainer(head, args.kind, target, out, save, args.steps, args.batch, args.lr, args.ttt, draft_ids,
+                      args.save_every, log, rank, world)
+    if args.resume and trainer.resume():
+        log(f"resumed at step {trainer.step}")
+    accs = trainer.run(train, val, device, args.seed, args.max_minutes * 60 if args.max_minutes else None)
+    if rank == 0:
+        from specdec.train.loop import mean_accept_length
+
+        summary = {"kind": args.kind, "model": args.model, "steps": trainer.step, "sequences": len(seqs),
+                   "val_top1_per_step": [round(a, 4) for a in accs],
+                   "val_mean_accept_length": round(mean_accept_length(accs), 3) if accs else None,
+                   "seconds": round(time.perf_counter() - t0, 1), "device": device,
+                   "command": "specdec train " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["train"] else sys.argv[1:])}
+        (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        log(json.dumps(summary))
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="specdec train")
+    add_arguments(p)
+    return cmd_train(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Training text for drafter heads: what the target itself writes, plus a plain corpus.
+
+Self-distillation: the head learns to predict the target, so the best text is the
+target's own output. Prompts (built in, or a file with one per line) are wrapped in the
+model's chat template and the target continues them by sampling; a plain corpus (text
+files, or the built-in one: docstrings of the Python standard library, which every
+machine with Python has) adds variety. The benchmark prompt sets (specdec/bench/prompts*)
+are never used here.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+_TOPICS = ["the ocean", "a lighthouse keeper", "volcanoes", "bread baking", "the moon landing", "honey bees",
+           "a lost robot", "winter in the mountains", "coffee", "the printing press", "rainforests", "chess",
+           "a small village library", "electric cars", "the water cycle", "friendship", "photosynthesis",
+           "ancient Rome", "a rainy afternoon", "learning to ride a bicycle", "black holes", "gardening",
+           "the history of tea", "a train journey", "recycling", "penguins", "the internet", "a music festival",
+           "public transport", "healthy sleep", "deserts", "a birthday surprise", "clouds", "the first computers",
+           "a street market", "wind power", "dinosaurs", "a mountain hike", "owls", "the human heart"]
+_TEMPLATES = ["Write a short story about {t}.", "Explain {t} to a ten-year-old.", "Give me five facts about {t}.",
+              "Write a poem about {t}.", "What are the pros and cons of {t}?", "Summarize what you know about {t}.",
+              "Write a blog post introduction about {t}.", "Describe {t} in three sentences.",
+              "Write a dialogue between two friends about {t}.", "List some questions a student might ask about {t}."]
+_CODE_TASKS = ["reverses a string", "checks whether a number is prime", "counts the words in a text",
+               "merges two sorted lists", "computes the factorial of n", "finds the largest element of a list",
+               "removes duplicates from a list", "converts Celsius to Fahrenheit", "reads a CSV file and sums a column",
+               "returns the n-th Fibonacci number", "validates an email address", "flattens a nested list",
+               "computes the average of a list of numbers", "sorts a dictionary by value", "checks for palindromes"]
+_CODE_TEMPLATES = ["Write a Python function that {t}.", "Write a JavaScript function that {t}.",
+                   "Show how to write a function in C that {t}.", "Explain step by step how a program {t}."]
+
+
+def builtin_prompts() -> list[str]:
+    """About 550 instructions made from templates (topics x forms, programming tasks x languages)."""
+    out = [tpl.format(t=t) for t in _TOPICS for tpl in _TEMPLATES]
+    out += [tpl.format(t=t) for t in _CODE_TASKS for tpl in _CODE_TEMPLATES]
+    return out
+
+
+def builtin_corpus(max_docs: int = 4000) -> list[str]:
+    """Docstrings of Python standard library modules, classes and functions (deterministic order)."""
+    import importlib
+    import inspect
+    import sys
+
+    names = sorted(n for n in sys.stdlib_module_names if not n.startswith("_") and n not in (
+        "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "lib2to3", "ensurepip", "venv", "pydoc_data"))
+    docs: list[str] = []
+    for name in names:
+        try:
+            mod = importlib.import_module(name)
+        except Exception:
+            continue
+        for obj in [mod] + [v for _, v in sorted(vars(mod).items()) if inspect.isclass(v) or inspect.isfunction(v)]:
+            doc = getattr(obj, "__doc__", None)
+            if isinstance(doc, str) and len(doc) > 200:
+                docs.append(inspect.cleandoc(doc))
+            if len(docs) >= max_docs:
+                return docs
+    return docs
+
+
+def read_prompts(path: str | None) -> list[str]:
+    if path is None:
+        return builtin_prompts()
+    return [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def read_corpus(paths: list[str] | None) -> list[str]:
+    if not paths:
+        return builtin_corpus()
+    docs = []
+    for p in paths:
+        text = Path(p).read_text(errors="replace")
+        docs += [d.strip() for d in text.split("\n\n") if len(d.strip()) > 80]
+    return docs
+
+
+def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        return tokenizer.encode(text)
+    return tokenizer.encode(prompt)
+
+
+def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], num_generated: int, gen_tokens: int,
+                    seq_len: int, num_corpus: int, seed: int, batch: int = 512, temperature: float = 0.7,
+                    progress=None) -> list[list[int]]:
+    """Token sequences (each <= seq_len): target-generated continuations, then corpus chunks."""
+    rng = random.Random(seed)
+    gen = __import__("torch").Generator().manual_seed(seed)
+    chosen = [prompts[i % len(prompts)] for i in rng.sample(range(max(num_generated, len(prompts))), num_generated)] \
+        if num_generated <= len(prompts) else [prompts[i % len(prompts)] for i in range(num_generated)]
+    eos = set(tokenizer.eos_ids)
+    seqs: list[list[int]] = []
+    for i in range(0, len(chosen), batch):
+        ids = [chat_prompt_ids(tokenizer, p)[-(seq_len // 2):] for p in chosen[i : i + batch]]
+        for s in target.generate(ids, gen_tokens, temperature, eos, gen):
+            seqs.append(s[:seq_len])
+        if progress is not None:
+            progress(len(ids))
+    docs = list(corpus)
+    rng.shuffle(docs)
+    for d in docs[:num_corpus]:
+        ids = tokenizer.encode(d)[:seq_len]
+        if len(ids) > 8:
+            seqs.append(ids)
+    return seqs

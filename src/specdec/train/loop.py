@@ -1,0 +1,231 @@
+"""Training MTP and EAGLE-3 heads against a frozen target, with training-time test (TTT).
+
+Step s of TTT feeds the head its own output of step s - 1, the way drafting does:
+
+    step 0:  pair (f_j, x_{j+1}) at position j         -> predicts x_{j+2}
+    step s:  pair (g^{s-1}_j, x_{j+1+s}) at position j+s -> predicts x_{j+2+s}
+
+and attends what drafting would have in its cache: step-0 keys of pairs i <= j (module 0
+only) and its own earlier steps' keys at j. The loss is the cross-entropy against the
+target's own distribution at that position (self-distillation), weighted 0.8^s; the
+validation metric is top-1 agreement with the target per step, and the mean accepted
+length a chain of those steps would get, 1 + sum_s prod_{t<=s} acc_t.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def pad_batch(seqs: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+    valid = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        tokens[b, : len(s)] = torch.tensor(s)
+        valid[b, : len(s)] = True
+    return tokens.to(device), valid.to(device)
+
+
+def ttt_loss(head, kind: str, target, tokens: torch.Tensor, valid: torch.Tensor, steps: int,
+             draft_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float], list[int]]:
+    """Loss over `steps` TTT steps; also (per-step top-1 matches, per-step counted positions)."""
+    target_logits, hidden = target.forward(tokens, valid, hidden_layers=head.hidden_layers)
+    B, T = tokens.shape
+    n = T - 1  # pairs j = 0 .. T-2
+    dev = tokens.device
+    feats = head.feature({k: v[:, :n] for k, v in hidden.items()}).float()  # (B, n, H)
+    keys: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (module, k, v) per step
+    idx = torch.arange(n, device=dev)
+    causal = (idx[None, :] <= idx[:, None])[None] & valid[:, None, :n]  # (B, n, n)
+    eye = torch.eye(n, dtype=torch.bool, device=dev)[None].expand(B, n, n)
+    total = torch.zeros((), device=dev)
+    matches, counts = [], []
+    modules = getattr(head, "num_modules", 1)
+    for s in range(steps):
+        lab = 1 + s  # row of the target's distribution for pair j: j + 1 + s
+        if lab >= T:
+            break
+        in_tok = torch.zeros(B, n, dtype=torch.long, device=dev)
+        in_tok[:, : n - s] = tokens[:, 1 + s : 1 + s + n - s]
+        ok = torch.zeros(B, n, dtype=torch.bool, device=dev)
+        ok[:, : T - 1 - lab] = valid[:, lab : T - 1] & valid[:, lab + 1 : T]  # input token and label row exist
+        module = s % modules
+        past = [(m, k, v) for (m, k, v) in keys if m == module]
+        # step 0 (module 0) keys: causal over pairs; any other step's keys: only the same pair j
+        masks = [causal if (module == 0 and i == 0) else eye for i in range(len(past))]
+        masks.append(causal if s == 0 else eye)
+        mask = torch.cat(masks, dim=-1)  # (B, n, n * (len(past) + 1))
+        past_k = torch.cat([k for _, k, _ in past], dim=2) if past else None
+        past_v = torch.cat([v for _, _, v in past], dim=2) if past else None
+        positions = (idx + s)[None].expand(B, n)
+        if kind == "eagle3":
+            logits, out, k, v = head.draft_logits(feats, in_tok, positions, past_k, past_v, mask)
+            t_logits = target_logits[:, lab : lab + n][..., draft_ids] if draft_ids is not None else None
+        else:
+            logits, out, k, v = head.step(module, feats, in_tok, positions, past_k, past_v, mask)
+            t_logits = target_logits[:, lab : lab + n]
+        if t_logits.shape[1] < n:
+            t_logits = F.pad(t_logits, (0, 0, 0, n - t_logits.shape[1]))
+        keys.append((module, k, v))
+        logp = torch.log_softmax(logits.float(), -1)
+        target_probs = torch.softmax(t_logits.float(), -1)
+        per_pos = -(target_probs * logp).sum(-1)  # (B, n)
+        w = ok.float()
+        total = total + (0.8 ** s) * (per_pos * w).sum() / w.sum().clamp(min=1)
+        with torch.no_grad():
+            full = target_logits[:, lab : lab + n].argmax(-1)
+            if full.shape[1] < n:
+                full = F.pad(full, (0, n - full.shape[1]))
+            guess = logits.argmax(-1)
+            if kind == "eagle3" and draft_ids is not None:
+                guess = draft_ids[guess]
+            matches.append(float(((guess == full) & ok).sum()))
+            counts.append(int(ok.sum()))
+        feats = out.float()  # what drafting feeds back (MTPHead.step picks normed or pre-norm per layout)
+    return total, matches, counts
+
+
+def mean_accept_length(accs: list[float]) -> float:
+    length, run = 1.0, 1.0
+    for a in accs:
+        run *= a
+        length += run
+    return length
+
+
+class Trainer:
+    """Runs the optimisation for a head; saves with `save(head, folder)`; resumable from DIR/state.pt."""
+
+    def __init__(self, head, kind: str, target, out: Path, save, steps: int, batch: int, lr: float, ttt: int,
+                 draft_ids=None, save_every: int = 200, log=print, rank: int = 0, world: int = 1):
+        self.head, self.kind, self.target, self.out, self.save = head, kind, target, Path(out), save
+        self.steps, self.batch, self.lr, self.ttt = steps, batch, lr, ttt
+        self.draft_ids = draft_ids
+        self.save_every, self.log, self.rank, self.world = save_every, log, rank, world
+        params = self.params = [p for p in head.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.step = 0
+
+    def lr_at(self, step: int) -> float:
+        warm = max(1, min(100, self.steps // 10))
+        if step < warm:
+            return self.lr * (step + 1) / warm
+        return self.lr * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, self.steps - warm)))
+
+    def state_path(self) -> Path:
+        return self.out / "state.pt"
+
+    def resume(self) -> bool:
+        p = self.state_path()
+        if not p.is_file():
+            return False
+        state = torch.load(p, map_location="cpu", weights_only=True)
+        self.head.load_state_dict(state["head"], strict=False)
+        self.opt.load_state_dict(state["opt"])
+        self.step = int(state["step"])
+        return True
+
+    def checkpoint(self) -> None:
+        if self.rank != 0:
+            return
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.save(self.head, self.out)
+        torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step},
+                   self.state_path())
+
+    @torch.no_grad()
+    def validate(self, seqs: list[list[int]], device) -> list[float]:
+        self.head.eval()
+        m_tot, c_tot = None, None
+        for i in range(0, len(seqs), self.batch):
+            tokens, valid = pad_batch(seqs[i : i + self.batch], device)
+            _, m, c = ttt_loss(self.head, self.kind, self.target, tokens, valid, self.ttt, self.draft_ids)
+            m_tot = m if m_tot is None else [a + b for a, b in zip(m_tot, m)]
+            c_tot = c if c_tot is None else [a + b for a, b in zip(c_tot, c)]
+        self.head.train()
+        return [a / max(b, 1) for a, b in zip(m_tot or [], c_tot or [])]
+
+    def run(self, train: list[list[int]], val: list[list[int]], device, seed: int = 0,
+            max_seconds: float | None = None) -> list[float]:
+        """Train to self.steps; with max_seconds, the step count shrinks to what fits (measured after 20 steps)."""
+        import time
+
+        from tqdm import tqdm
+
+        g = torch.Generator().manual_seed(seed + self.step)
+        self.head.train()
+        bar = tqdm(total=self.steps, initial=self.step, desc=f"train {self.kind}", unit="step", file=sys.stderr,
+                   disable=self.rank != 0, dynamic_ncols=True)
+        accs = []
+        order = torch.randperm(len(train), generator=g).tolist()
+        pos = (self.step * self.batch) % max(len(train), 1)
+        use_amp = str(device).startswith("cuda")
+        start, t_start, t_first = self.step, time.perf_counter(), time.perf_counter()
+        while self.step < self.steps:
+            if pos + self.batch > len(order):
+                order = torch.randperm(len(train), generator=g).tolist()
+                pos = 0
+            seqs = [train[i] for i in order[pos : pos + self.batch]]
+            pos += self.batch
+            tokens, valid = pad_batch(seqs, device)
+            for group in self.opt.param_groups:
+                group["lr"] = self.lr_at(self.step)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
+                loss, _, _ = ttt_loss(self.head, self.kind, self.target, tokens, valid, self.ttt, self.draft_ids)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if self.world > 1:  # data parallel: average the gradients of all ranks (torchrun)
+                import torch.distributed as dist
+
+                for p in self.params:
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad)
+                        p.grad /= self.world
+            torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
+            self.opt.step()
+            self.step += 1
+            bar.update(1)
+            if self.step == start + 1:
+                t_first = time.perf_counter()
+            if max_seconds and self.step == start + 21:
+                per_step = (time.perf_counter() - t_first) / 20
+                fit = start + 21 + int((max_seconds - (time.perf_counter() - t_start)) / per_step * 0.9)
+                if fit < self.steps:
+                    self.steps = max(fit, self.step)
+                    bar.total = self.steps
+            post = {"loss": f"{loss.item():.3f}"}
+            if val and (self.step % self.save_every == 0 or self.step == self.steps):
+                accs = self.validate(val, device)
+                post["val_acc"] = "/".join(f"{a:.2f}" for a in accs)
+                post["accept_len"] = f"{mean_accept_length(accs):.2f}"
+                self.checkpoint()
+            bar.set_postfix(post)
+        bar.close()
+        if not val:
+            self.checkpoint()
+        return accs
+
+
+def init_distributed():
+    """(rank, world, device) from torchrun's environment; (0, 1, None) for a plain process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, None
+    import torch.distributed as dist
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    rank = dist.get_rank()
+    device = None
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    return rank, world, device
