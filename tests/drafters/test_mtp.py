@@ -93,62 +93,9 @@ def test_qwen3_block_with_qk_norms_loads(tmp_path):
 
 def _write_gguf_with_nextn(path: Path, blocks: list[dict]) -> Path:
     """A tiny llama GGUF with one extra block and its blk.N.nextn.* tensors (llama.cpp's naming)."""
-    import gguf
+    from helpers.tiny import make_gguf_model
 
-    from helpers.tiny import CHATML, SPECIALS, _byte_vocab, random_weights
-
-    cfg = tiny_config("llama")
-    weights = random_weights(cfg)
-    weights.update(deepseek_layout(blocks, LAYERS))
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(LAYERS + 1)
-    w.add_uint32("llama.nextn_predict_layers", 1)
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_vocab_size(cfg["vocab_size"])
-    tokens, merges = _byte_vocab()
-    tokens = tokens + [f"<unused{i}>" for i in range(cfg["vocab_size"] - len(tokens))]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_merges([" ".join(m) for m in merges])
-    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
-    w.add_eos_token_id(2)
-    w.add_chat_template(CHATML)
-    layer = {"self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-             "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-             "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-             "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight",
-             "post_attention_layernorm.weight": "ffn_norm.weight", "enorm.weight": "nextn.enorm.weight",
-             "hnorm.weight": "nextn.hnorm.weight", "eh_proj.weight": "nextn.eh_proj.weight",
-             "shared_head.norm.weight": "nextn.shared_head_norm.weight"}
-    glob = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-            "lm_head.weight": "output.weight"}
-
-    def permute(t, heads):
-        return t.reshape(heads, 2, t.shape[0] // heads // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
-
-    for name, t in weights.items():
-        if name.startswith("model.layers."):
-            _, _, idx, rest = name.split(".", 3)
-            if rest == "self_attn.q_proj.weight":
-                t = permute(t, cfg["num_attention_heads"])
-            elif rest == "self_attn.k_proj.weight":
-                t = permute(t, cfg["num_key_value_heads"])
-            gname = f"blk.{idx}.{layer[rest]}"
-        else:
-            gname = glob[name]
-        w.add_tensor(gname, t.numpy().astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return make_gguf_model(path, extra_weights=deepseek_layout(blocks, LAYERS), nextn_layers=1)
 
 
 def test_gguf_nextn_tensors_load_like_the_hf_layout(tmp_path, blocks):

@@ -95,14 +95,22 @@ def make_hf_model(folder: Path, arch: str = "llama", seed: int = 0, extra_config
     return folder
 
 
-def make_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", **sizes) -> Path:
-    """A tiny llama GGUF (weights F32 or Q8_0), with the llama.cpp q/k row permutation applied."""
+def make_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", extra_weights: dict | None = None,
+                    nextn_layers: int = 0, **sizes) -> Path:
+    """A tiny llama GGUF (weights F32 or Q8_0), with the llama.cpp q/k row permutation applied.
+
+    extra_weights: more HF-named tensors, e.g. MTP blocks as model.layers.{N+k}.* (DeepSeek layout),
+    written under llama.cpp's names (blk.{N+k}.nextn.* for the MTP parts); nextn_layers says how many.
+    """
     import gguf
 
     cfg = tiny_config("llama", **sizes)
     weights = random_weights(cfg, seed)
+    weights.update(extra_weights or {})
     w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_block_count(cfg["num_hidden_layers"] + nextn_layers)
+    if nextn_layers:
+        w.add_uint32("llama.nextn_predict_layers", nextn_layers)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
@@ -131,7 +139,9 @@ def make_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", **sizes
                    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
                    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
                    "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight",
-                   "post_attention_layernorm.weight": "ffn_norm.weight"}
+                   "post_attention_layernorm.weight": "ffn_norm.weight", "enorm.weight": "nextn.enorm.weight",
+                   "hnorm.weight": "nextn.hnorm.weight", "eh_proj.weight": "nextn.eh_proj.weight",
+                   "shared_head.norm.weight": "nextn.shared_head_norm.weight"}
     qtype = getattr(gguf.GGMLQuantizationType, tensor_type)
     for name, t in weights.items():
         if name.startswith("model.layers."):
