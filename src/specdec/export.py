@@ -76,11 +76,7 @@ def _vllm(spec: SpecConfig, model: str) -> dict:
         notes.append("vLLM's GGUF support is experimental: add --tokenizer <the original Hugging Face repo>")
     config = None
     if spec.enabled:
-        model_types = [t for t in spec.types if t in MODEL_TYPES]
-        chosen = model_types[0] if model_types else spec.types[0]
-        dropped = [t for t in spec.types if t != chosen]
-        if dropped:
-            notes.append(f"vLLM runs one method; {', '.join(dropped)} dropped (kept {chosen})")
+        chosen = _one_method(spec, notes, "vLLM runs one method")
         method = _VLLM[chosen]
         if method == "ngram" and chosen != "ngram-simple":
             notes.append(f"vLLM has no {chosen}; nearest: ngram (prompt lookup)")
@@ -95,15 +91,21 @@ def _vllm(spec: SpecConfig, model: str) -> dict:
     return {"args": args, "command": shlex.join(args), "notes": notes, "speculative_config": config}
 
 
+def _one_method(spec: SpecConfig, notes: list[str], what: str) -> str:
+    """The one spec type an engine that runs a single method keeps (a model drafter first); notes the rest."""
+    model_types = [t for t in spec.types if t in MODEL_TYPES]
+    chosen = model_types[0] if model_types else spec.types[0]
+    dropped = [t for t in spec.types if t != chosen]
+    if dropped:
+        notes.append(f"{what}; {', '.join(dropped)} dropped (kept {chosen})")
+    return chosen
+
+
 def _sglang(spec: SpecConfig, model: str) -> dict:
     args = ["python", "-m", "sglang.launch_server", "--model-path", model]
     notes = _common_notes(spec, "SGLang")
     if spec.enabled:
-        model_types = [t for t in spec.types if t in MODEL_TYPES]
-        chosen = model_types[0] if model_types else spec.types[0]
-        dropped = [t for t in spec.types if t != chosen]
-        if dropped:
-            notes.append(f"SGLang runs one algorithm; {', '.join(dropped)} dropped (kept {chosen})")
+        chosen = _one_method(spec, notes, "SGLang runs one algorithm")
         algorithm = _SGLANG.get(chosen)
         if algorithm is None:
             notes.append(f"SGLang has no {chosen}; nearest: DFLASH")

@@ -232,12 +232,7 @@ def write_plots(r: dict, out: Path) -> dict[str, Path]:
     ax.set_ylabel("acceptance")
     ax.set_ylim(0, 1.05)
     ax.set_title("per-position acceptance (all categories)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    paths["acceptance"] = out / PLOTS["acceptance"]
-    fig.savefig(paths["acceptance"], dpi=90)
-    plt.close(fig)
+    paths["acceptance"] = _save(fig, ax, out / PLOTS["acceptance"])
 
     if r["sweep"] and len({x["draft_n_max"] for x in r["sweep"]}) > 1:
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -250,10 +245,17 @@ def write_plots(r: dict, out: Path) -> dict[str, Path]:
         ax.set_xlabel("draft length (--spec-draft-n-max)")
         ax.set_ylabel("speed-up over baseline (median)")
         ax.set_title("speed-up against draft length")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize="small")
-        fig.tight_layout()
-        paths["sweep"] = out / PLOTS["sweep"]
-        fig.savefig(paths["sweep"], dpi=90)
-        plt.close(fig)
+        paths["sweep"] = _save(fig, ax, out / PLOTS["sweep"])
     return paths
+
+
+def _save(fig, ax, path: Path) -> Path:
+    """Legend (when anything is labelled), tight layout, write the PNG, free the figure."""
+    import matplotlib.pyplot as plt
+
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

@@ -46,7 +46,6 @@ class Request:
     hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    _decoded_upto: int = 0
 
 
 @dataclass
