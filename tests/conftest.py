@@ -14,6 +14,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers.models import real_model  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def tiny_hf_dir(tmp_path_factory):
@@ -27,23 +29,6 @@ def tiny_model(tiny_hf_dir):
     from specdec.model.load import load_model
 
     return load_model(str(tiny_hf_dir), "fp32", progress=False)
-
-
-def _real(name: str, fmt: str):
-    from specdec.model.load import load_model
-
-    return load_model(name, fmt, progress=False)
-
-
-_cache: dict = {}
-
-
-def real_model(name: str, fmt: str = "int8"):
-    """Load (once per session) a pulled model in a weight format."""
-    key = (name, fmt)
-    if key not in _cache:
-        _cache[key] = _real(name, fmt)
-    return _cache[key]
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import real_model
+from helpers.models import real_model
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams

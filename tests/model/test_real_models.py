@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import real_model
+from helpers.models import real_model
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
 
