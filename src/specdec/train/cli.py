@@ -184,6 +184,9 @@ def cmd_train(args) -> int:
         log(f"data: {len(seqs)} sequences, {sum(map(len, seqs))} tokens ({time.perf_counter() - t0:.0f}s)")
     val = seqs[: args.val] if rank == 0 else []
     train = seqs[args.val:] if rank == 0 else seqs
+    if args.steps > 0 and not train:
+        raise ValueError(f"{len(seqs)} training sequences and --val {args.val} held out: none left to train on "
+                         "(lower --val or generate more)")
     info = target_info(args.name or args.model, path, checkpoint)
     if args.kind == "mtp":
         from specdec.drafters.mtp import save_mtp_head

@@ -154,7 +154,8 @@ class Trainer:
 
     def run(self, train: list[list[int]], val: list[list[int]], device, seed: int = 0,
             max_seconds: float | None = None) -> list[float]:
-        """Train to self.steps; with max_seconds, the step count shrinks to what fits (measured after 20 steps)."""
+        """Train to self.steps; with max_seconds, the step count shrinks to what fits (measured after 20
+        steps), and training stops when the time is up whatever the estimate said."""
         import time
 
         from tqdm import tqdm
@@ -194,7 +195,9 @@ class Trainer:
             bar.update(1)
             if self.step == start + 1:
                 t_first = time.perf_counter()
-            if max_seconds and self.step == start + 21:
+            if max_seconds and time.perf_counter() - t_start > max_seconds:
+                self.steps = self.step  # out of time: validate, save and stop here
+            elif max_seconds and self.step == start + 21:
                 per_step = (time.perf_counter() - t_first) / 20
                 fit = start + 21 + int((max_seconds - (time.perf_counter() - t_start)) / per_step * 0.9)
                 if fit < self.steps:

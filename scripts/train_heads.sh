@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Train the MTP and EAGLE-3 heads specdec ships for a model (src/specdec/heads/<model>/).
+#
+#   scripts/train_heads.sh OUT [TRAIN_MINUTES] [MODEL]
+#
+# One data set for both heads: the target continues the built-in prompts (sampled, T=0.7)
+# and stdlib docstrings are added (specdec/train/data.py; never the bench prompts). Then the
+# two heads train side by side on it, each for TRAIN_MINUTES (the step count and its
+# learning-rate schedule are fitted to that time). Meant for a GPU (the shipped heads were
+# made on one H200); it runs on a CPU too, slowly. Python: `python3`, or $PYTHON. Environment:
+# GENERATE, GEN_TOKENS, CORPUS_SEQS, VAL, SAVE_EVERY size the run; DEADLINE (seconds) caps it.
+set -euo pipefail
+out=${1:?usage: scripts/train_heads.sh OUT [TRAIN_MINUTES] [MODEL]}
+minutes=${2:-5}
+model=${3:-smollm2-135m}
+py=${PYTHON:-python3}
+common=(--model "$model" --name "$model" --generate "${GENERATE:-4096}" --gen-tokens "${GEN_TOKENS:-256}"
+        --seq-len 384 --corpus-seqs "${CORPUS_SEQS:-1024}" --val "${VAL:-64}" --seed 0)
+
+# 1. the data (cached as OUT/mtp/data.rank0.pt; --steps 0 trains nothing)
+"$py" -m specdec.train.cli mtp "${common[@]}" --steps 0 --out "$out/mtp"
+mkdir -p "$out/eagle3"
+cp "$out/mtp/data.rank0.pt" "$out/eagle3/data.rank0.pt"
+
+# with DEADLINE (seconds from the start of this script), training gets what is left of it
+if [[ -n "${DEADLINE:-}" ]]; then
+    minutes=$("$py" -c "print(round(min($minutes, ($DEADLINE - $SECONDS - 45) / 60), 2))")
+    echo "training for $minutes minutes"
+fi
+
+# 2. both heads on that data (--resume reads the cached data; no optimizer state exists yet)
+"$py" -m specdec.train.cli mtp "${common[@]}" --resume --steps 100000 --batch 32 --lr 5e-4 --ttt 3 \
+    --save-every "${SAVE_EVERY:-500}" --max-minutes "$minutes" --out "$out/mtp" > "$out/mtp.log" 2>&1 &
+mtp=$!
+"$py" -m specdec.train.cli eagle3 "${common[@]}" --resume --steps 100000 --batch 64 --lr 5e-4 --ttt 4 \
+    --draft-vocab 4096 --save-every "${SAVE_EVERY:-500}" --max-minutes "$minutes" --out "$out/eagle3" \
+    > "$out/eagle3.log" 2>&1 &
+eagle=$!
+status=0
+wait $mtp || status=$?
+wait $eagle || status=$?
+tail -c 2000 "$out/mtp.log" | tr '\r' '\n' | tail -4
+tail -c 2000 "$out/eagle3.log" | tr '\r' '\n' | tail -4
+exit $status
