@@ -8,7 +8,8 @@
 # two heads train side by side on it, each for TRAIN_MINUTES (the step count and its
 # learning-rate schedule are fitted to that time). Meant for a GPU (the shipped heads were
 # made on one H200); it runs on a CPU too, slowly. Python: `python3`, or $PYTHON. Environment:
-# GENERATE, GEN_TOKENS, CORPUS_SEQS, VAL, SAVE_EVERY size the run; DEADLINE (seconds) caps it.
+# GENERATE, GEN_TOKENS, CORPUS_SEQS, VAL, SAVE_EVERY size the run; DEADLINE (seconds) caps it;
+# SEQUENCES=src/specdec/heads/smollm2-135m/train_data.npz trains on the shipped heads' data.
 set -euo pipefail
 out=${1:?usage: scripts/train_heads.sh OUT [TRAIN_MINUTES] [MODEL]}
 minutes=${2:-5}
@@ -17,10 +18,13 @@ py=${PYTHON:-python3}
 common=(--model "$model" --name "$model" --generate "${GENERATE:-4096}" --gen-tokens "${GEN_TOKENS:-256}"
         --seq-len 384 --corpus-seqs "${CORPUS_SEQS:-1024}" --val "${VAL:-64}" --seed 0)
 
-# 1. the data (cached as OUT/mtp/data.rank0.pt; --steps 0 trains nothing)
-"$py" -m specdec.train.cli mtp "${common[@]}" --steps 0 --out "$out/mtp"
-mkdir -p "$out/eagle3"
-cp "$out/mtp/data.rank0.pt" "$out/eagle3/data.rank0.pt"
+# 1. the data (OUT/mtp/data.rank0.npz; --steps 0 trains nothing), or SEQUENCES=FILE from an earlier run
+if [[ -n "${SEQUENCES:-}" ]]; then
+    data=(--sequences "$SEQUENCES")
+else
+    "$py" -m specdec.train.cli mtp "${common[@]}" --steps 0 --out "$out/mtp"
+    data=(--sequences "$out/mtp/data.rank0.npz")
+fi
 
 # with DEADLINE (seconds from the start of this script), training gets what is left of it
 if [[ -n "${DEADLINE:-}" ]]; then
@@ -28,11 +32,11 @@ if [[ -n "${DEADLINE:-}" ]]; then
     echo "training for $minutes minutes"
 fi
 
-# 2. both heads on that data (--resume reads the cached data; no optimizer state exists yet)
-"$py" -m specdec.train.cli mtp "${common[@]}" --resume --steps 100000 --batch 32 --lr 5e-4 --ttt 3 \
+# 2. both heads on that data
+"$py" -m specdec.train.cli mtp "${common[@]}" "${data[@]}" --steps 100000 --batch 32 --lr 5e-4 --ttt 3 \
     --save-every "${SAVE_EVERY:-500}" --max-minutes "$minutes" --out "$out/mtp" > "$out/mtp.log" 2>&1 &
 mtp=$!
-"$py" -m specdec.train.cli eagle3 "${common[@]}" --resume --steps 100000 --batch 64 --lr 5e-4 --ttt 4 \
+"$py" -m specdec.train.cli eagle3 "${common[@]}" "${data[@]}" --steps 100000 --batch 64 --lr 5e-4 --ttt 4 \
     --draft-vocab 4096 --save-every "${SAVE_EVERY:-500}" --max-minutes "$minutes" --out "$out/eagle3" \
     > "$out/eagle3.log" 2>&1 &
 eagle=$!

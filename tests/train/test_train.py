@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from helpers.distribution import assert_matches_law, law_of_three
 from helpers.tiny import make_hf_model
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
@@ -92,8 +93,6 @@ def test_auto_finds_the_mtp_head_beside_the_model(trained):
 @pytest.mark.parametrize("kind", ["mtp"])
 def test_sampled_tree_keeps_the_target_distribution(trained, kind):
     """Seeded chi-square: (t1, t2, t3) from speculative sampling with a tree drafter vs the exact target law."""
-    from scipy.stats import chisquare
-
     from specdec.drafters.eagle3 import make_eagle3_drafter
     from specdec.drafters.mtp import make_mtp_drafter
 
@@ -109,14 +108,7 @@ def test_sampled_tree_keeps_the_target_distribution(trained, kind):
         return process_logits(m.transformer.forward(torch.tensor([seq]), cache, [slot]).logits[0, -1],
                               SamplingParams(**sampling))
 
-    law = {}
-    p1 = probs(prompt)
-    for a in p1.nonzero().flatten().tolist():
-        p2 = probs(prompt + [a])
-        for b in p2.nonzero().flatten().tolist():
-            p3 = probs(prompt + [a, b])
-            for c in p3.nonzero().flatten().tolist():
-                law[(a, b, c)] = float(p1[a] * p2[b] * p3[c])
+    law = law_of_three(probs, prompt)
     drafter = (make_mtp_drafter(m, max_len=64, topk=2, budget=6) if kind == "mtp"
                else make_eagle3_drafter(m, str(eagle_dir), max_len=64, topk=2, budget=6))
     engine = Engine(m, SpecConfig(types=(drafter.name,), draft_n_max=3), max_len=64,
@@ -129,10 +121,4 @@ def test_sampled_tree_keeps_the_target_distribution(trained, kind):
         counts[tuple(r.token_ids)] += 1
         accepted += r.stats.accepted
     assert accepted > 50, "tree drafts were (almost) never accepted: the test would not exercise tree verification"
-    keys = sorted(law, key=lambda k: -law[k])
-    big = [k for k in keys if law[k] * n >= 5]
-    small = [k for k in keys if law[k] * n < 5]
-    obs = [counts[k] for k in big] + ([sum(counts[k] for k in small)] if small else [])
-    exp = [law[k] * n for k in big] + ([sum(law[k] for k in small) * n] if small else [])
-    assert sum(obs) == n
-    assert chisquare(obs, [e * n / sum(exp) for e in exp]).pvalue > 1e-3
+    assert_matches_law(law, counts, n)

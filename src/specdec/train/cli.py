@@ -5,7 +5,9 @@
 
 Data: the target continues prompts (--prompts FILE, one per line; default a built-in list)
 and a plain corpus is added (--data FILE ..., paragraphs; default Python stdlib docstrings).
-Sequences are cached in DIR/data.pt, so a resumed run (--resume) trains on the same text.
+Sequences are cached in DIR/data.rank0.npz, so a resumed run (--resume) trains on the same
+text; --sequences FILE trains on a saved set instead (the shipped heads' data is in
+specdec/heads/<model>/train_data.npz).
 Heads are written in the formats the loaders read: MTP as config.json + model.safetensors in
 the DeepSeek-V3 layout (default DIR: beside the model, `<model>.mtp/`, where auto finds it),
 EAGLE-3 in the published format (fc, midlayer.*, norm, lm_head, d2t, t2d).
@@ -35,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output folder (mtp default: <model path>.mtp beside the model)")
     p.add_argument("--prompts", default=None, help="prompts file, one per line (default: built-in prompts)")
     p.add_argument("--data", nargs="*", default=None, help="plain-text corpus files (default: stdlib docstrings)")
+    p.add_argument("--sequences", default=None,
+                   help="train on these token sequences (.npz from an earlier run) instead of generating")
     p.add_argument("--generate", type=int, default=512, help="sequences the target generates from prompts")
     p.add_argument("--gen-tokens", type=int, default=192, help="tokens generated per prompt")
     p.add_argument("--corpus-seqs", type=int, default=256, help="corpus chunks added")
@@ -44,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ttt", type=int, default=3, help="training-time-test steps (head fed its own outputs)")
     p.add_argument("--draft-vocab", type=int, default=6144, help="EAGLE-3 draft vocabulary size")
-    p.add_argument("--val", type=int, default=32, help="held-out sequences for validation acceptance")
+    p.add_argument("--val", type=int, default=32,
+                   help="validation sequences (continuations of prompts held out of training)")
     p.add_argument("--save-every", type=int, default=200)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
@@ -140,7 +145,7 @@ def target_info(model_name: str, path, checkpoint) -> dict:
 def cmd_train(args) -> int:
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
-    from specdec.train.data import build_sequences, read_corpus, read_prompts
+    from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
     from specdec.train.loop import Trainer, init_distributed
     from specdec.train.target import DenseTarget
 
@@ -164,10 +169,13 @@ def cmd_train(args) -> int:
     target = DenseTarget(checkpoint, device)
     log(f"target {args.model} on {device}: {target.config.num_layers} layers, hidden {target.config.hidden_size}")
 
-    data_file = out / f"data.rank{rank}.pt"
-    if args.resume and data_file.is_file():
-        seqs = torch.load(data_file, weights_only=True)["seqs"]
-        log(f"data: {len(seqs)} sequences from {data_file}")
+    data_file = out / f"data.rank{rank}.npz"
+    if args.sequences or (args.resume and data_file.is_file()):
+        source = Path(args.sequences) if args.sequences else data_file
+        seqs = load_sequences(source)
+        if args.sequences and world > 1:
+            seqs = seqs[: args.val] + seqs[args.val :][rank::world] if rank == 0 else seqs[args.val :][rank::world]
+        log(f"data: {len(seqs)} sequences from {source}")
     else:
         from tqdm import tqdm
 
@@ -176,11 +184,12 @@ def cmd_train(args) -> int:
         n_gen = args.generate // world
         bar = tqdm(total=n_gen, desc="generate", unit="seq", file=sys.stderr, disable=rank != 0)
         seqs = build_sequences(target, tokenizer, prompts, corpus, n_gen, args.gen_tokens, args.seq_len,
-                               args.corpus_seqs // world, args.seed + rank, progress=bar.update)
+                               args.corpus_seqs // world, args.seed + rank, progress=bar.update,
+                               held_out=args.val if rank == 0 else 0)
         bar.close()
         seqs = [s for s in seqs if len(s) >= 8]
         out.mkdir(parents=True, exist_ok=True)
-        torch.save({"seqs": seqs}, data_file)
+        save_sequences(seqs, data_file)
         log(f"data: {len(seqs)} sequences, {sum(map(len, seqs))} tokens ({time.perf_counter() - t0:.0f}s)")
     val = seqs[: args.val] if rank == 0 else []
     train = seqs[args.val:] if rank == 0 else seqs

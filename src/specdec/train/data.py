@@ -88,12 +88,18 @@ def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
 
 def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], num_generated: int, gen_tokens: int,
                     seq_len: int, num_corpus: int, seed: int, batch: int = 512, temperature: float = 0.7,
-                    progress=None) -> list[list[int]]:
-    """Token sequences (each <= seq_len): target-generated continuations, then corpus chunks."""
+                    progress=None, held_out: int = 0) -> list[list[int]]:
+    """Token sequences (each <= seq_len): target-generated continuations, then corpus chunks.
+
+    The first `held_out` sequences continue prompts no other sequence uses, so that a validation
+    set taken from the front measures text the head has not seen the prompt of."""
     rng = random.Random(seed)
     gen = __import__("torch").Generator().manual_seed(seed)
-    chosen = [prompts[i % len(prompts)] for i in rng.sample(range(max(num_generated, len(prompts))), num_generated)] \
-        if num_generated <= len(prompts) else [prompts[i % len(prompts)] for i in range(num_generated)]
+    order = list(prompts)
+    rng.shuffle(order)
+    held = order[: min(held_out, len(order) - 1)]
+    rest = order[len(held):]
+    chosen = held + [rest[i % len(rest)] for i in range(max(num_generated - len(held), 0))]
     eos = set(tokenizer.eos_ids)
     seqs: list[list[int]] = []
     for i in range(0, len(chosen), batch):
@@ -109,3 +115,27 @@ def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], nu
         if len(ids) > 8:
             seqs.append(ids)
     return seqs
+
+
+def save_sequences(seqs: list[list[int]], path) -> None:
+    """Token sequences as a compressed .npz (tokens flat, lengths); uint16 when the ids fit."""
+    import numpy as np
+
+    flat = [t for s in seqs for t in s]
+    dtype = np.uint16 if (max(flat, default=0) < 2**16) else np.int32
+    np.savez_compressed(path, tokens=np.array(flat, dtype=dtype), lengths=np.array([len(s) for s in seqs], np.int64))
+
+
+def load_sequences(path) -> list[list[int]]:
+    """What save_sequences wrote."""
+    import numpy as np
+
+    try:
+        with np.load(path) as f:
+            tokens, lengths = f["tokens"].astype(np.int64), f["lengths"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ValueError(f"{path}: not a training-sequence file written by specdec train ({e})") from None
+    if int(lengths.sum()) != len(tokens):
+        raise ValueError(f"{path}: lengths add up to {int(lengths.sum())} tokens but the file holds {len(tokens)}")
+    ends = np.cumsum(lengths)
+    return [tokens[e - n : e].tolist() for e, n in zip(ends, lengths)]

@@ -193,13 +193,13 @@ class Trainer:
             self.opt.step()
             self.step += 1
             bar.update(1)
-            if self.step == start + 1:
+            if self.step == start + 20:  # time steps after the warm-up (allocator, kernel choice, the other jobs)
                 t_first = time.perf_counter()
             if max_seconds and time.perf_counter() - t_start > max_seconds:
                 self.steps = self.step  # out of time: validate, save and stop here
-            elif max_seconds and self.step == start + 21:
-                per_step = (time.perf_counter() - t_first) / 20
-                fit = start + 21 + int((max_seconds - (time.perf_counter() - t_start)) / per_step * 0.9)
+            elif max_seconds and self.step == start + 100:
+                per_step = (time.perf_counter() - t_first) / 80
+                fit = self.step + int((max_seconds - (time.perf_counter() - t_start)) / per_step * 0.95)
                 if fit < self.steps:
                     self.steps = max(fit, self.step)
                     bar.total = self.steps
