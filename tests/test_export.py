@@ -57,6 +57,15 @@ def test_sglang_flags():
     assert "--speculative-draft-model-path" not in export(SpecConfig(types=("draft-mtp",)), "t")["sglang"]["args"]
 
 
+def test_tree_shape_goes_to_sglang_and_is_a_note_elsewhere():
+    out = export(SpecConfig(types=("draft-eagle3",), draft_n_max=3, tree_topk=2, tree_budget=5), "t")
+    args = out["sglang"]["args"]
+    assert (_flag(args, "--speculative-num-steps"), _flag(args, "--speculative-eagle-topk"),
+            _flag(args, "--speculative-num-draft-tokens")) == ("3", "2", "6")
+    assert any("token tree" in n for n in out["vllm"]["notes"] + out["llama.cpp"]["notes"])
+    assert out["specdec"]["tree_topk"] == 2
+
+
 def test_no_speculation_and_notes():
     out = export(SpecConfig(), "t")
     assert "--spec-type" not in out["llama.cpp"]["args"] and out["vllm"]["speculative_config"] is None

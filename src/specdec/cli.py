@@ -25,13 +25,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp and vLLM style)")
     g.add_argument("--spec-type", default=None,
-                   help="comma list: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-cache, suffix, draft-simple; "
+                   help="comma list: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-cache, suffix, draft-simple, "
+                        "draft-mtp, draft-eagle3; "
                         "or auto (the default when no speculation flag is given)")
     g.add_argument("--model-draft", "-md", default=None, help="draft model (name, GGUF file or HF folder)")
     g.add_argument("--spec-draft-n-max", type=int, default=None, help="most drafted tokens per step (default 3)")
     g.add_argument("--spec-draft-n-min", type=int, default=None, help="shorter drafts are not verified")
     g.add_argument("--spec-draft-p-min", type=float, default=None, help="model drafter stops below this confidence")
     g.add_argument("--spec-adaptive", action="store_true", help="adapt the draft length to recent acceptance")
+    g.add_argument("--spec-tree-topk", type=int, default=None,
+                   help="draft-mtp / draft-eagle3: children per tree node (1 = a chain, the default)")
+    g.add_argument("--spec-tree-budget", type=int, default=None,
+                   help="draft-mtp / draft-eagle3: most tokens in a draft tree (default topk x draft length)")
     g.add_argument("--spec-cross-tokenizer", action="store_true",
                    help="allow a draft model with another tokenizer (drafts pass through text)")
     g.add_argument("--spec-typical", action="store_true",
@@ -58,6 +63,7 @@ def spec_from_args(args):
         draft_n_min=args.spec_draft_n_min, draft_p_min=args.spec_draft_p_min,
         speculative_config=args.speculative_config, adaptive=args.spec_adaptive,
         cross_tokenizer=args.spec_cross_tokenizer, acceptance="typical" if args.spec_typical else "exact",
+        tree_topk=args.spec_tree_topk, tree_budget=args.spec_tree_budget,
     )
 
 

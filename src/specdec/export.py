@@ -15,7 +15,7 @@ import json
 import shlex
 import sys
 
-from specdec.engine.config import MODEL_TYPES, VLLM_METHODS, SpecConfig
+from specdec.engine.config import MODEL_TYPES, TREE_TYPES, VLLM_METHODS, SpecConfig
 
 # our spec type -> vLLM method (the inverse of engine/config.py VLLM_METHODS)
 _VLLM = {ours: theirs for theirs, ours in VLLM_METHODS.items()}
@@ -32,7 +32,7 @@ def export(spec: SpecConfig, model: str = "MODEL") -> dict:
     """{"llama.cpp": {...}, "vllm": {...}, "sglang": {...}}: args (list), command (str), notes (list)."""
     return {"specdec": {"types": list(spec.types), "draft_n_max": spec.draft_n_max, "draft_n_min": spec.draft_n_min,
                         "draft_p_min": spec.draft_p_min, "draft_model": spec.draft_model, "adaptive": spec.adaptive,
-                        "acceptance": spec.acceptance},
+                        "acceptance": spec.acceptance, "tree_topk": spec.tree_topk, "tree_budget": spec.tree_budget},
             "llama.cpp": _llama_cpp(spec, model), "vllm": _vllm(spec, model), "sglang": _sglang(spec, model)}
 
 
@@ -44,6 +44,9 @@ def _common_notes(spec: SpecConfig, engine: str) -> list[str]:
         notes.append(f"typical (lossy) acceptance is not carried over to {engine}: its output stays exact")
     if spec.cross_tokenizer:
         notes.append(f"{engine} cannot draft across tokenizers; the draft model must share the target's tokenizer")
+    if spec.tree_topk > 1 and engine != "SGLang":
+        notes.append(f"the token tree (--spec-tree-topk {spec.tree_topk}) is not carried over to {engine}: "
+                     "it drafts a chain")
     return notes
 
 
@@ -119,9 +122,11 @@ def _sglang(spec: SpecConfig, model: str) -> dict:
             args += ["--speculative-algorithm", algorithm]
             if spec.draft_model and chosen != "draft-mtp":
                 args += ["--speculative-draft-model-path", spec.draft_model]
-            # a chain of k drafts: k steps, one candidate per step, k + 1 tokens verified
-            args += ["--speculative-num-steps", str(spec.draft_n_max), "--speculative-eagle-topk", "1",
-                     "--speculative-num-draft-tokens", str(spec.draft_n_max + 1)]
+            # k steps of topk candidates each; the verified tokens: the tree (a chain when topk is 1) + the root
+            tree = chosen in TREE_TYPES and spec.tree_topk > 1
+            args += ["--speculative-num-steps", str(spec.draft_n_max),
+                     "--speculative-eagle-topk", str(spec.tree_topk if tree else 1),
+                     "--speculative-num-draft-tokens", str((spec.effective_tree_budget if tree else spec.draft_n_max) + 1)]
     return {"args": args, "command": shlex.join(args), "notes": notes}
 
 
@@ -140,7 +145,7 @@ def format_export(out: dict) -> str:
 def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     """The SpecConfig `generate` would run with these flags; auto reads the model's files (no weights built)."""
     from specdec.cli import spec_from_args
-    from specdec.engine.auto import auto_requested, choose_auto
+    from specdec.engine.auto import auto_requested, choose_auto, tree_overrides
 
     if not auto_requested(args.spec_type, args.model_draft, args.speculative_config):
         return spec_from_args(args)
@@ -160,7 +165,7 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     spec, reasons = choose_auto(target, draft, draft_n_max=n_max)
     spec = spec.with_overrides(draft_n_min=args.spec_draft_n_min or 0, draft_p_min=args.spec_draft_p_min or 0.0,
                                adaptive=bool(args.spec_adaptive),
-                               acceptance="typical" if args.spec_typical else "exact")
+                               acceptance="typical" if args.spec_typical else "exact", **tree_overrides(spec, args))
     return spec, [f"auto: {r}" for r in reasons]
 
 

@@ -24,8 +24,15 @@ def test_parse_methods_baseline_first_options_combinations_sweep():
     assert "suffix k=5" in labels and "suffix k=3" not in labels
 
 
+def test_model_drafter_options_become_spec_settings():
+    methods = parse_methods("draft-eagle3:topk=2:budget=5,draft-mtp:adaptive=1")
+    assert (methods[1].spec.tree_topk, methods[1].spec.tree_budget, methods[1].spec.adaptive) == (2, 5, False)
+    assert methods[2].spec.adaptive and methods[2].spec.tree_topk == 1
+
+
 @pytest.mark.parametrize("text, message", [
     ("bogus", "unknown method 'bogus'"),
+    ("draft-eagle3:colour=2", "draft-eagle3 takes the options adaptive, budget, topk"),
     ("draft-simple", "needs --draft-model"),
     ("suffix,suffix", "twice"),
     ("ngram-map-k:min_hits", "not key=value"),

@@ -29,6 +29,14 @@ def test_draft_model_alone_turns_draft_simple_on_and_says_so():
     assert spec.types == ("ngram-simple", "draft-simple")
 
 
+def test_tree_shape_from_flags_and_json():
+    spec, _ = spec_config_from_flags(spec_type="draft-eagle3", tree_topk=2, tree_budget=5)
+    assert (spec.tree_topk, spec.tree_budget, spec.effective_tree_budget) == (2, 5, 5)
+    spec, _ = spec_config_from_flags(speculative_config='{"method": "mtp", "tree_topk": 3}')
+    assert spec.types == ("draft-mtp",) and spec.effective_tree_budget == 9  # topk x draft length
+    assert spec_config_from_flags(spec_type="draft-mtp")[0].tree_topk == 1  # a chain unless asked
+
+
 def test_defaults_and_none():
     spec, _ = spec_config_from_flags()
     assert not spec.enabled and spec.method == "none" and spec.draft_n_max == 3
@@ -56,6 +64,12 @@ def test_defaults_and_none():
      "--spec-draft-n-max 4 contradicts num_speculative_tokens 3"),
     (dict(model_draft="a", speculative_config='{"method": "draft_model", "model": "b"}'), "different draft models"),
     (dict(spec_type="draft-simple,draft-eagle3", model_draft="a"), "only one model drafter"),
+    (dict(spec_type="draft-eagle3", tree_topk=0), "--spec-tree-topk must be at least 1"),
+    (dict(spec_type="draft-eagle3", tree_budget=-1), "--spec-tree-budget must be >= 0"),
+    (dict(spec_type="suffix", tree_topk=2), "token trees .* are drafted by draft-mtp and draft-eagle3"),
+    (dict(tree_topk=2, speculative_config='{"method": "eagle3", "tree_topk": 3}'),
+     "--spec-tree-topk 2 contradicts tree_topk 3"),
+    (dict(speculative_config='{"method": "eagle3", "tree_budget": 2.5}'), "tree_budget must be an integer"),
 ])
 def test_bad_settings_are_one_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from specdec.bench import memory
 from specdec.drafters import registry
-from specdec.engine.config import MODEL_TYPES, SpecConfig
+from specdec.engine.config import MODEL_TYPES, TREE_TYPES, SpecConfig
 from specdec.engine.stats import SpecStats
 from specdec.sampling import SamplingParams
 
@@ -87,16 +87,18 @@ def parse_methods(text: str, draft_model: str | None = None, draft_n_max: int = 
             methods.append(Method(f"auto ({spec.method})", spec, "auto", tuple(reasons)))
             continue
         types = tuple(t.strip() for t in entry.split("+"))
+        settings: dict = {}
         for t in types:
             base, kwargs = parse_drafter(t)
             if base not in known:
                 raise ValueError(f"unknown method {base!r} in --methods; valid: none, auto, {', '.join(sorted(known))}")
-            if kwargs and base in MODEL_TYPES:
-                raise ValueError(f"{base} takes no options in --methods (got {t!r})")
+            if base in MODEL_TYPES:
+                settings.update(_model_drafter_settings(base, kwargs, t))
         uses_draft = any(parse_drafter(t)[0] == "draft-simple" for t in types)
         if uses_draft and draft_model is None:
             raise ValueError("method draft-simple needs --draft-model")
-        spec = SpecConfig(types=types, draft_n_max=draft_n_max, draft_model=draft_model if uses_draft else None)
+        spec = SpecConfig(types=types, draft_n_max=draft_n_max, draft_model=draft_model if uses_draft else None,
+                          **settings)
         methods.append(Method(entry, spec, entry))
     if len({m.label for m in methods}) != len(methods):
         raise ValueError(f"--methods lists a method twice: {text}")
@@ -106,6 +108,18 @@ def parse_methods(text: str, draft_model: str | None = None, draft_n_max: int = 
             if k != m.spec.draft_n_max and m.spec.enabled:
                 out.append(Method(f"{m.label} k={k}", m.spec.with_overrides(draft_n_max=k), m.base, m.reasons))
     return out
+
+
+_MODEL_OPTIONS = {"topk": "tree_topk", "budget": "tree_budget", "adaptive": "adaptive"}
+
+
+def _model_drafter_settings(base: str, kwargs: dict, entry: str) -> dict:
+    """SpecConfig fields from a model drafter's options: draft-eagle3:topk=2:budget=3, draft-mtp:adaptive=1."""
+    allowed = {"adaptive"} | ({"topk", "budget"} if base in TREE_TYPES else set())
+    bad = set(kwargs) - allowed
+    if bad:
+        raise ValueError(f"{base} takes the options {', '.join(sorted(allowed))} in --methods (got {entry!r})")
+    return {_MODEL_OPTIONS[k]: (bool(v) if k == "adaptive" else v) for k, v in kwargs.items()}
 
 
 # -- drafters: options and fresh state ----------------------------------------------------------

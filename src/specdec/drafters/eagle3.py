@@ -218,8 +218,8 @@ def save_eagle3_head(head: Eagle3Head, folder, target_info: dict | None = None) 
     return folder
 
 
-def make_eagle3_drafter(target, path=None, p_min: float = 0.0, max_len: int = 4096, topk: int = 4,
-                        budget: int = 12) -> HiddenStateDrafter:
+def make_eagle3_drafter(target, path=None, p_min: float = 0.0, max_len: int = 4096, topk: int = 1,
+                        budget: int = 3) -> HiddenStateDrafter:
     """The EAGLE-3 drafter: `path` (a head folder), or the head shipped for this target."""
     if path is None:
         from specdec.drafters.mtp import shipped_head

@@ -36,11 +36,13 @@ class DrafterFactory:
         if name == "draft-mtp":
             from specdec.drafters.mtp import make_mtp_drafter
 
-            return make_mtp_drafter(self.target, spec.draft_p_min, self.max_len)
+            return make_mtp_drafter(self.target, spec.draft_p_min, self.max_len, spec.tree_topk,
+                                    spec.effective_tree_budget)
         if name == "draft-eagle3":
             from specdec.drafters.eagle3 import make_eagle3_drafter
 
-            return make_eagle3_drafter(self.target, spec.draft_model, spec.draft_p_min, self.max_len)
+            return make_eagle3_drafter(self.target, spec.draft_model, spec.draft_p_min, self.max_len, spec.tree_topk,
+                                       spec.effective_tree_budget)
         if name.startswith("draft-"):
             raise ValueError(f"--spec-type {name} is not available in this build of specdec yet")
         return registry.create(name)

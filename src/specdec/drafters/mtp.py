@@ -282,7 +282,7 @@ def save_mtp_head(head: MTPHead, folder, target_info: dict) -> Path:
     return folder
 
 
-def make_mtp_drafter(model, p_min: float = 0.0, max_len: int = 4096, topk: int = 1, budget: int = 16):
+def make_mtp_drafter(model, p_min: float = 0.0, max_len: int = 4096, topk: int = 1, budget: int = 3):
     head, where = load_mtp_head(model, max_len)
     drafter = HiddenStateDrafter(head, "draft-mtp", model.config.vocab_size, topk=topk, budget=budget, p_min=p_min,
                                  max_len=max_len)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.engine.config import SpecConfig
+from specdec.engine.config import TREE_TYPES, SpecConfig
 
 FASTER, SLOWER, UNMEASURED = "faster", "slower", "unmeasured"
 
@@ -228,5 +228,16 @@ def resolve_auto(model, args) -> tuple[SpecConfig, list[str]]:
     spec, reasons = choose_auto(model, draft, draft_n_max=n_max)
     changes = {"draft_n_min": args.spec_draft_n_min or 0, "draft_p_min": args.spec_draft_p_min or 0.0,
                "adaptive": spec.adaptive or bool(args.spec_adaptive),
-               "acceptance": "typical" if args.spec_typical else "exact"}
+               "acceptance": "typical" if args.spec_typical else "exact", **tree_overrides(spec, args)}
     return spec.with_overrides(**changes), reasons
+
+
+def tree_overrides(spec: SpecConfig, args) -> dict:
+    """The tree flags for the spec auto chose: kept for a hidden-state drafter, else an error."""
+    topk, budget = getattr(args, "spec_tree_topk", None), getattr(args, "spec_tree_budget", None)
+    if topk is None and budget is None:
+        return {}
+    if not set(spec.types) & set(TREE_TYPES):
+        raise ValueError(f"--spec-tree-topk/--spec-tree-budget shape the trees of {' and '.join(TREE_TYPES)}, but auto "
+                         f"chose {spec.method}; name the drafter with --spec-type")
+    return {"tree_topk": topk or 1, "tree_budget": budget or 0}

@@ -16,6 +16,7 @@ VLLM_METHODS = {
     "dspark": "draft-dspark",
 }
 MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+TREE_TYPES = ("draft-mtp", "draft-eagle3")  # drafters that can propose token trees
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,10 @@ class SpecConfig:
     draft_model: path or name of the draft model (draft-simple).
     cross_tokenizer: allow a draft model with another tokenizer (drafts pass through text).
     acceptance: "exact" (lossless) or "typical" (relaxed, lossy, opt-in).
+    tree_topk: hidden-state drafters (draft-mtp, draft-eagle3): children per expanded node;
+        1 = a chain, more = an EAGLE-2 token tree (SGLang --speculative-eagle-topk).
+    tree_budget: most nodes in such a tree (SGLang --speculative-num-draft-tokens minus the
+        root); 0 = tree_topk * draft_n_max.
     """
 
     types: tuple[str, ...] = ()
@@ -42,6 +47,8 @@ class SpecConfig:
     draft_model: str | None = None
     cross_tokenizer: bool = False
     acceptance: str = "exact"
+    tree_topk: int = 1
+    tree_budget: int = 0
 
     def __post_init__(self) -> None:
         if self.draft_n_max < 1:
@@ -55,9 +62,17 @@ class SpecConfig:
             raise ValueError(f"--spec-draft-p-min must be in [0, 1), got {self.draft_p_min}")
         if self.acceptance not in ("exact", "typical"):
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {self.acceptance!r}")
+        if self.tree_topk < 1:
+            raise ValueError(f"--spec-tree-topk must be at least 1, got {self.tree_topk}")
+        if self.tree_budget < 0:
+            raise ValueError(f"--spec-tree-budget must be >= 0, got {self.tree_budget}")
+        bases = {t.split(":")[0] for t in self.types}  # the bench adds options: draft-eagle3:topk=2
+        if (self.tree_topk > 1 or self.tree_budget) and self.types and not bases & set(TREE_TYPES):
+            raise ValueError(f"token trees (--spec-tree-topk/--spec-tree-budget) are drafted by "
+                             f"{' and '.join(TREE_TYPES)}; --spec-type is {','.join(self.types)}")
         if len(set(self.types)) != len(self.types):
             raise ValueError(f"--spec-type lists a type twice: {','.join(self.types)}")
-        models = [t for t in self.types if t in MODEL_TYPES]
+        models = [t for t in self.types if t.split(":")[0] in MODEL_TYPES]
         if len(models) > 1:
             raise ValueError(f"only one model drafter at a time; got {', '.join(models)}")
         if "draft-simple" in self.types and not self.draft_model:
@@ -66,6 +81,10 @@ class SpecConfig:
     @property
     def enabled(self) -> bool:
         return bool(self.types)
+
+    @property
+    def effective_tree_budget(self) -> int:
+        return self.tree_budget or self.tree_topk * self.draft_n_max
 
     @property
     def method(self) -> str:
@@ -94,7 +113,8 @@ def spec_config_from_flags(spec_type: str | None = None, model_draft: str | None
                            draft_n_max: int | None = None, draft_n_min: int | None = None,
                            draft_p_min: float | None = None, speculative_config: str | None = None,
                            adaptive: bool = False, cross_tokenizer: bool = False,
-                           acceptance: str = "exact") -> tuple[SpecConfig, list[str]]:
+                           acceptance: str = "exact", tree_topk: int | None = None,
+                           tree_budget: int | None = None) -> tuple[SpecConfig, list[str]]:
     """Merge llama.cpp-style flags and a vLLM-style JSON into one SpecConfig.
 
     Returns the config and notes for the user (e.g. "draft model given: draft-simple turned on").
@@ -111,7 +131,7 @@ def spec_config_from_flags(spec_type: str | None = None, model_draft: str | None
         if not isinstance(cfg, dict):
             raise ValueError("--speculative-config must be a JSON object")
         unknown = set(cfg) - {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-                              "draft_p_min", "adaptive"}
+                              "draft_p_min", "adaptive", "tree_topk", "tree_budget"}
         if unknown:
             raise ValueError(f"--speculative-config has unknown keys: {', '.join(sorted(unknown))}")
         method = cfg.get("method")
@@ -135,6 +155,14 @@ def spec_config_from_flags(spec_type: str | None = None, model_draft: str | None
             n_max = k
         p_min = cfg.get("draft_p_min", p_min)
         adaptive = bool(cfg.get("adaptive", adaptive))
+        for key, flag, value in (("tree_topk", "--spec-tree-topk", tree_topk), ("tree_budget", "--spec-tree-budget", tree_budget)):
+            if key in cfg:
+                if not isinstance(cfg[key], int) or isinstance(cfg[key], bool):
+                    raise ValueError(f"{key} must be an integer")
+                if value is not None and value != cfg[key]:
+                    raise ValueError(f"{flag} {value} contradicts {key} {cfg[key]}")
+        tree_topk = cfg.get("tree_topk", tree_topk)
+        tree_budget = cfg.get("tree_budget", tree_budget)
     if model_draft and not any(t in MODEL_TYPES for t in types):
         types = types + ("draft-simple",)
         notes.append("a draft model was given without a model --spec-type: draft-simple turned on")
@@ -143,5 +171,6 @@ def spec_config_from_flags(spec_type: str | None = None, model_draft: str | None
     config = SpecConfig(
         types=types, draft_n_max=3 if n_max is None else n_max, draft_n_min=n_min or 0, draft_p_min=p_min or 0.0,
         adaptive=adaptive, draft_model=model_draft, cross_tokenizer=cross_tokenizer, acceptance=acceptance,
+        tree_topk=1 if tree_topk is None else tree_topk, tree_budget=tree_budget or 0,
     )
     return config, notes
