@@ -152,3 +152,15 @@ def test_generate_defaults_to_auto_and_prints_the_choice(tiny_hf_dir, capsys):
     captured = capsys.readouterr()
     assert json.loads(captured.out)["spec"]["method"] == "none" and "auto:" not in captured.err
     assert main(base + ["--spec-type", "auto,suffix", "hello"]) == 2
+
+
+def test_tree_flags_apply_only_when_auto_chose_a_hidden_state_drafter():
+    from types import SimpleNamespace
+
+    from specdec.engine.auto import tree_overrides
+
+    args = SimpleNamespace(spec_tree_topk=2, spec_tree_budget=None)
+    with pytest.raises(ValueError, match="auto chose suffix"):
+        tree_overrides(SpecConfig(types=("suffix",)), args)
+    assert tree_overrides(SpecConfig(types=("suffix", "draft-mtp")), args) == {"tree_topk": 2, "tree_budget": 0}
+    assert tree_overrides(SpecConfig(types=("suffix",)), SimpleNamespace(spec_tree_topk=None, spec_tree_budget=None)) == {}
