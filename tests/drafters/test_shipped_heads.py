@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers.distribution import engine_law, fit_pvalue
+from helpers.distribution import engine_law, fit_pvalue, sample_continuations
 from specdec.drafters.eagle3 import make_eagle3_drafter
 from specdec.drafters.mtp import HEADS_DIR, make_mtp_drafter, shipped_head
 from specdec.engine.config import SpecConfig
@@ -83,12 +83,6 @@ def test_eagle3_sampled_tree_keeps_the_target_distribution(smollm):
     drafter = drafter_for(smollm, "eagle3", topk=2, budget=4, max_len=256)
     engine = Engine(smollm, SpecConfig(types=(drafter.name,), draft_n_max=2), max_len=256,
                     drafter_factory=lambda name, spec: drafter)
-    n = 800
-    counts: dict = {}
-    accepted = 0
-    for seed in range(n):
-        r = engine.generate(prompt, SamplingParams(**sampling, seed=seed), max_tokens=3)
-        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-        accepted += r.stats.accepted
+    counts, _, accepted = sample_continuations(engine, prompt, 800, **sampling)
     assert accepted > 60, "tree drafts were (almost) never accepted: the test would not exercise tree verification"
     assert fit_pvalue(counts, law) > 1e-3, f"sampled continuations do not follow the target's law: {counts}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.distribution import engine_law, fit_pvalue
+from helpers.distribution import engine_law, fit_pvalue, sample_continuations
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
@@ -27,17 +27,6 @@ def engine(smollm):
     return Engine(smollm, max_len=256)
 
 
-def sample_counts(engine, ids, spec, n):
-    counts: dict[tuple[int, ...], int] = {}
-    stats_drafted = 0
-    for seed in range(n):
-        out = engine.generate(ids, SamplingParams(seed=seed, **PARAMS), max_tokens=3, spec=spec)
-        key = tuple(out.token_ids)
-        counts[key] = counts.get(key, 0) + 1
-        stats_drafted += out.stats.drafted
-    return counts, stats_drafted
-
-
 @pytest.fixture(scope="module")
 def target_dist(engine):
     ids = engine.model.tokenizer.encode(PROMPT)
@@ -49,7 +38,7 @@ def target_dist(engine):
 @pytest.fixture(scope="module")
 def plain_counts(engine, target_dist):
     ids, _ = target_dist
-    return sample_counts(engine, ids, SpecConfig(), SAMPLES)[0]
+    return sample_continuations(engine, ids, SAMPLES, SpecConfig(), **PARAMS)[0]
 
 
 def test_plain_sampling_fits_the_target_distribution(target_dist, plain_counts):
@@ -63,7 +52,7 @@ def test_plain_sampling_fits_the_target_distribution(target_dist, plain_counts):
 ], ids=["ngram-one-hot", "draft-model-probs"])
 def test_speculative_sampling_fits_the_target_distribution(engine, target_dist, spec):
     ids, dist = target_dist
-    counts, drafted = sample_counts(engine, ids, spec, SAMPLES)
+    counts, drafted, _ = sample_continuations(engine, ids, SAMPLES, spec, **PARAMS)
     assert drafted > 0, "the drafter never drafted: this test would prove nothing"
     p = fit_pvalue(counts, dist)
     assert p > 1e-3, f"{spec.method}: chi-square p = {p:.2e}; counts {counts}"

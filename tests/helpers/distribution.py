@@ -46,3 +46,17 @@ def fit_pvalue(counts: dict, law: dict) -> float:
     obs = [counts.get(k, 0) for k in big] + ([sum(counts.get(k, 0) for k in small)] if small else [])
     exp = [law[k] * n for k in big] + ([sum(law[k] for k in small) * n] if small else [])
     return float(chisquare(obs, [e * n / sum(exp) for e in exp]).pvalue)
+
+
+def sample_continuations(engine, prompt: list[int], n: int, spec=None, **sampling) -> tuple[dict, int, int]:
+    """Seeds 0..n-1 of 3-token continuations from engine.generate: (counts, drafted, accepted)."""
+    from specdec.sampling import SamplingParams
+
+    counts: dict = {}
+    drafted = accepted = 0
+    for seed in range(n):
+        r = engine.generate(prompt, SamplingParams(**sampling, seed=seed), max_tokens=3, spec=spec)
+        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
+        drafted += r.stats.drafted
+        accepted += r.stats.accepted
+    return counts, drafted, accepted

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers.distribution import engine_law, fit_pvalue
+from helpers.distribution import engine_law, fit_pvalue, sample_continuations
 from helpers.tiny import make_hf_model
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
@@ -106,12 +106,6 @@ def test_sampled_tree_keeps_the_target_distribution(trained, kind):
                else make_eagle3_drafter(m, str(eagle_dir), max_len=64, topk=2, budget=6))
     engine = Engine(m, SpecConfig(types=(drafter.name,), draft_n_max=3), max_len=64,
                     drafter_factory=lambda name, spec: drafter)
-    n = 1500
-    counts: dict = {}
-    accepted = 0
-    for seed in range(n):
-        r = engine.generate(prompt, SamplingParams(**sampling, seed=seed), max_tokens=3)
-        counts[tuple(r.token_ids)] = counts.get(tuple(r.token_ids), 0) + 1
-        accepted += r.stats.accepted
+    counts, _, accepted = sample_continuations(engine, prompt, 1500, **sampling)
     assert accepted > 50, "tree drafts were (almost) never accepted: the test would not exercise tree verification"
     assert fit_pvalue(counts, law) > 1e-3, f"sampled continuations do not follow the target's law: {counts}"
