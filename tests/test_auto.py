@@ -163,4 +163,5 @@ def test_tree_flags_apply_only_when_auto_chose_a_hidden_state_drafter():
     with pytest.raises(ValueError, match="auto chose suffix"):
         tree_overrides(SpecConfig(types=("suffix",)), args)
     assert tree_overrides(SpecConfig(types=("suffix", "draft-mtp")), args) == {"tree_topk": 2, "tree_budget": 0}
-    assert tree_overrides(SpecConfig(types=("suffix",)), SimpleNamespace(spec_tree_topk=None, spec_tree_budget=None)) == {}
+    unset = SimpleNamespace(spec_tree_topk=None, spec_tree_budget=None)
+    assert tree_overrides(SpecConfig(types=("suffix",)), unset) == {}

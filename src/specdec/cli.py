@@ -25,8 +25,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("speculative decoding (llama.cpp and vLLM style)")
     g.add_argument("--spec-type", default=None,
-                   help="comma list: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-cache, suffix, draft-simple, "
-                        "draft-mtp, draft-eagle3; "
+                   help="comma list: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-cache, suffix, "
+                        "draft-simple, draft-mtp, draft-eagle3; "
                         "or auto (the default when no speculation flag is given)")
     g.add_argument("--model-draft", "-md", default=None, help="draft model (name, GGUF file or HF folder)")
     g.add_argument("--spec-draft-n-max", type=int, default=None, help="most drafted tokens per step (default 3)")

@@ -124,9 +124,10 @@ def _sglang(spec: SpecConfig, model: str) -> dict:
                 args += ["--speculative-draft-model-path", spec.draft_model]
             # k steps of topk candidates each; the verified tokens: the tree (a chain when topk is 1) + the root
             tree = chosen in TREE_TYPES and spec.tree_topk > 1
+            drafted = spec.effective_tree_budget if tree else spec.draft_n_max
             args += ["--speculative-num-steps", str(spec.draft_n_max),
                      "--speculative-eagle-topk", str(spec.tree_topk if tree else 1),
-                     "--speculative-num-draft-tokens", str((spec.effective_tree_budget if tree else spec.draft_n_max) + 1)]
+                     "--speculative-num-draft-tokens", str(drafted + 1)]
     return {"args": args, "command": shlex.join(args), "notes": notes}
 
 

@@ -155,7 +155,8 @@ def spec_config_from_flags(spec_type: str | None = None, model_draft: str | None
             n_max = k
         p_min = cfg.get("draft_p_min", p_min)
         adaptive = bool(cfg.get("adaptive", adaptive))
-        for key, flag, value in (("tree_topk", "--spec-tree-topk", tree_topk), ("tree_budget", "--spec-tree-budget", tree_budget)):
+        for key, flag, value in (("tree_topk", "--spec-tree-topk", tree_topk),
+                                 ("tree_budget", "--spec-tree-budget", tree_budget)):
             if key in cfg:
                 if not isinstance(cfg[key], int) or isinstance(cfg[key], bool):
                     raise ValueError(f"{key} must be an integer")
