@@ -58,6 +58,27 @@ def test_resume_continues_from_the_saved_step(trained, tmp_path):
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 8
 
 
+def test_torchrun_trains_data_parallel(trained, tmp_path):
+    """Two CPU processes under torchrun (gloo, DDP): each writes its share of the data, rank 0 the head."""
+    import os
+    import subprocess
+    import sys
+
+    folder, _ = trained
+    out = tmp_path / "ddp"
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("Some plain text for the corpus, repeated. " * 40)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "specdec.train.cli", "mtp", "--model", str(folder), "--out", str(out), "--steps", "6",
+           "--save-every", "3", "--max-minutes", "5", "--data", str(corpus)] + COMMON
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (out / "data.rank0.npz").is_file() and (out / "data.rank1.npz").is_file()
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 6
+    assert (out / "model.safetensors").is_file()
+
+
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 @pytest.mark.parametrize("topk", [1, 3])
 def test_trained_heads_draft_and_greedy_equals_plain(trained, kind, topk):

@@ -100,6 +100,17 @@ def mean_accept_length(accs: list[float]) -> float:
     return length
 
 
+class TTTLoss(torch.nn.Module):
+    """ttt_loss as a module's forward, so DistributedDataParallel can wrap it (torchrun)."""
+
+    def __init__(self, head, kind: str, target, steps: int, draft_ids=None):
+        super().__init__()
+        self.head, self.kind, self.target, self.steps, self.draft_ids = head, kind, target, steps, draft_ids
+
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        return ttt_loss(self.head, self.kind, self.target, tokens, valid, self.steps, self.draft_ids)[0]
+
+
 class Trainer:
     """Runs the optimisation for a head; saves with `save(head, folder)`; resumable from DIR/state.pt."""
 
@@ -109,8 +120,13 @@ class Trainer:
         self.steps, self.batch, self.lr, self.ttt = steps, batch, lr, ttt
         self.draft_ids = draft_ids
         self.save_every, self.log, self.rank, self.world = save_every, log, rank, world
-        params = self.params = [p for p in head.parameters() if p.requires_grad]
+        params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.loss = TTTLoss(head, kind, target, ttt, draft_ids)
+        if world > 1:  # data parallel under torchrun: DDP averages the gradients of all ranks
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.loss = DistributedDataParallel(self.loss, broadcast_buffers=False)
         self.step = 0
 
     def lr_at(self, step: int) -> float:
@@ -139,6 +155,16 @@ class Trainer:
         self.save(self.head, self.out)
         torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step},
                    self.state_path())
+
+    def _agree(self, value, how):
+        """The same decision on every rank (how: min or max over ranks), so that all stop together."""
+        if self.world <= 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([int(value)], dtype=torch.long, device=next(self.head.parameters()).device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN if how is min else dist.ReduceOp.MAX)
+        return type(value)(t.item())
 
     @torch.no_grad()
     def validate(self, seqs: list[list[int]], device) -> list[float]:
@@ -179,27 +205,21 @@ class Trainer:
             for group in self.opt.param_groups:
                 group["lr"] = self.lr_at(self.step)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
-                loss, _, _ = ttt_loss(self.head, self.kind, self.target, tokens, valid, self.ttt, self.draft_ids)
+                loss = self.loss(tokens, valid)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
-            if self.world > 1:  # data parallel: average the gradients of all ranks (torchrun)
-                import torch.distributed as dist
-
-                for p in self.params:
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad)
-                        p.grad /= self.world
             torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
             self.opt.step()
             self.step += 1
             bar.update(1)
             if self.step == start + 20:  # time steps after the warm-up (allocator, kernel choice, the other jobs)
                 t_first = time.perf_counter()
-            if max_seconds and time.perf_counter() - t_start > max_seconds:
+            if max_seconds and self._agree(time.perf_counter() - t_start > max_seconds, max):
                 self.steps = self.step  # out of time: validate, save and stop here
             elif max_seconds and self.step == start + 100:
                 per_step = (time.perf_counter() - t_first) / 80
-                fit = self.step + int((max_seconds - (time.perf_counter() - t_start)) / per_step * 0.95)
+                left = max_seconds - (time.perf_counter() - t_start)
+                fit = self._agree(self.step + int(left / per_step * 0.95), min)
                 if fit < self.steps:
                     self.steps = max(fit, self.step)
                     bar.total = self.steps
