@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from helpers.distribution import engine_law, fit_pvalue, sample_continuations
 from helpers.tiny import make_hf_model
@@ -58,25 +59,37 @@ def test_resume_continues_from_the_saved_step(trained, tmp_path):
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 8
 
 
-def test_torchrun_trains_data_parallel(trained, tmp_path):
-    """Two CPU processes under torchrun (gloo, DDP): each writes its share of the data, rank 0 the head."""
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+def test_torchrun_trains_data_parallel(trained, tmp_path, kind):
+    """Two CPU processes under torchrun (gloo, DDP): each writes its share of the data, rank 0 the head;
+    EAGLE-3's draft vocabulary is counted over both shares."""
     import os
     import subprocess
     import sys
+
+    from safetensors.torch import load_file
+
+    from specdec.train.cli import frequent_tokens
+    from specdec.train.data import load_sequences
 
     folder, _ = trained
     out = tmp_path / "ddp"
     corpus = tmp_path / "c.txt"
     corpus.write_text("Some plain text for the corpus, repeated. " * 40)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "specdec.train.cli", "mtp", "--model", str(folder), "--out", str(out), "--steps", "6",
-           "--save-every", "3", "--max-minutes", "5", "--data", str(corpus)] + COMMON
+           "-m", "specdec.train.cli", kind, "--model", str(folder), "--out", str(out), "--steps", "6",
+           "--save-every", "3", "--max-minutes", "5", "--draft-vocab", "64", "--data", str(corpus)] + COMMON
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert (out / "data.rank0.npz").is_file() and (out / "data.rank1.npz").is_file()
+    shares = [load_sequences(out / f"data.rank{r}.npz") for r in (0, 1)]
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 6
-    assert (out / "model.safetensors").is_file()
+    weights = load_file(str(out / "model.safetensors"))  # rank 0 saved a loadable head
+    if kind == "eagle3":
+        vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+        expected = frequent_tokens(shares[0] + shares[1], 64, vocab)
+        assert torch.equal(torch.arange(64) + weights["d2t"], expected)
+        assert not torch.equal(frequent_tokens(shares[0], 64, vocab), expected)  # rank 0 alone would differ
 
 
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])

@@ -123,11 +123,20 @@ def build_eagle3_head(target, draft_ids: torch.Tensor, seed: int = 0):
     return head
 
 
-def frequent_tokens(seqs: list[list[int]], size: int, vocab: int) -> torch.Tensor:
-    """The `size` most frequent token ids in seqs (ties by id), ascending: the EAGLE-3 draft vocabulary."""
+def frequent_tokens(seqs: list[list[int]], size: int, vocab: int, device="cpu", world: int = 1) -> torch.Tensor:
+    """The `size` most frequent token ids in seqs (ties by id), ascending: the EAGLE-3 draft vocabulary.
+
+    Under torchrun (world > 1) the counts of every rank's share are summed first, so that all
+    ranks train the same draft vocabulary."""
     counts = torch.zeros(vocab, dtype=torch.long)
     for s in seqs:
         counts += torch.bincount(torch.tensor(s), minlength=vocab)[:vocab]
+    if world > 1:
+        import torch.distributed as dist
+
+        counts = counts.to(device)
+        dist.all_reduce(counts)
+        counts = counts.cpu()
     size = min(size, vocab)
     order = sorted(range(vocab), key=lambda i: (-int(counts[i]), i))[:size]
     return torch.tensor(sorted(order))
@@ -208,7 +217,7 @@ def cmd_train(args) -> int:
     else:
         from specdec.drafters.eagle3 import save_eagle3_head
 
-        draft_ids = frequent_tokens(seqs, args.draft_vocab, target.config.vocab_size)
+        draft_ids = frequent_tokens(seqs, args.draft_vocab, target.config.vocab_size, device, world)
         head = build_eagle3_head(target, draft_ids, args.seed).to(device)
         draft_ids = draft_ids.to(device)
 
