@@ -73,14 +73,15 @@ def test_shipped_heads_through_the_cli_flags(smollm):
     assert result.stats.drafted > 0
 
 
-def test_eagle3_sampled_tree_keeps_the_target_distribution(smollm):
-    """Seeded chi-square: (t1, t2, t3) sampled with the shipped EAGLE-3 head's trees vs the exact target law."""
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+def test_sampled_tree_keeps_the_target_distribution(smollm, kind):
+    """Seeded chi-square: (t1, t2, t3) sampled with a shipped head's trees vs the exact target law."""
     sampling = dict(temperature=1.0, top_k=3)
     prompt = chat_ids(smollm, "Write a poem about the sea.")
     prompt += Engine(smollm, SpecConfig(), max_len=256).generate(prompt, max_tokens=4).token_ids
 
     law = engine_law(smollm, prompt, SamplingParams(**sampling))
-    drafter = drafter_for(smollm, "eagle3", topk=2, budget=4, max_len=256)
+    drafter = drafter_for(smollm, kind, topk=2, budget=4, max_len=256)
     engine = Engine(smollm, SpecConfig(types=(drafter.name,), draft_n_max=2), max_len=256,
                     drafter_factory=lambda name, spec: drafter)
     counts, _, accepted = sample_continuations(engine, prompt, 800, **sampling)

@@ -143,3 +143,25 @@ def test_sampled_tree_keeps_the_target_distribution(trained, kind):
     counts, _, accepted = sample_continuations(engine, prompt, 1500, **sampling)
     assert accepted > 50, "tree drafts were (almost) never accepted: the test would not exercise tree verification"
     assert fit_pvalue(counts, law) > 1e-3, f"sampled continuations do not follow the target's law: {counts}"
+
+
+def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
+    import numpy as np
+
+    from specdec.train.cli import main
+    from specdec.train.data import load_sequences, save_sequences
+
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"not a zip file")
+    with pytest.raises(ValueError, match="not a training-sequence file written by specdec train"):
+        load_sequences(garbage)
+    lying = tmp_path / "lying.npz"
+    np.savez_compressed(lying, tokens=np.arange(10, dtype=np.uint16), lengths=np.array([4, 4]))
+    with pytest.raises(ValueError, match="lengths add up to 8 tokens but the file holds 10"):
+        load_sequences(lying)
+    few = tmp_path / "few.npz"
+    save_sequences([[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 4, few)
+    assert load_sequences(few) == [[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 4
+    with pytest.raises(ValueError, match="4 training sequences and --val 8 held out: none left to train on"):
+        main(["mtp", "--model", str(tiny_hf_dir), "--sequences", str(few), "--val", "8", "--steps", "3",
+              "--out", str(tmp_path / "o"), "--device", "cpu"])
