@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specdec.cli import main
-from specdec.engine.config import SpecConfig, spec_config_from_flags
+from specdec.engine.config import SpecConfig, SpecFlags, spec_config_from_flags
 from specdec.export import export, format_export
 
 
@@ -21,29 +21,29 @@ def _flag(args, name):
     (("draft-dspark",), "/m/dspark"),
 ])
 def test_vllm_config_round_trips_through_our_own_parser(types, draft):
-    spec = SpecConfig(types=types, draft_n_max=4, draft_model=draft)
+    spec = SpecConfig(drafters=types, draft_n_max=4, draft_model=draft)
     vllm = export(spec, "/m/target.gguf")["vllm"]
     text = _flag(vllm["args"], "--speculative-config")
-    back, _ = spec_config_from_flags(speculative_config=text)
+    back, _ = spec_config_from_flags(SpecFlags(speculative_config=text))
     assert back.types == types and back.draft_n_max == 4 and back.draft_model == draft
     assert json.loads(text) == vllm["speculative_config"]
 
 
 def test_llama_cpp_flags():
-    out = export(SpecConfig(types=("ngram-simple", "draft-simple"), draft_n_max=5, draft_n_min=2, draft_p_min=0.5,
+    out = export(SpecConfig(drafters=("ngram-simple", "draft-simple"), draft_n_max=5, draft_n_min=2, draft_p_min=0.5,
                             draft_model="d.gguf"), "t.gguf")["llama.cpp"]
     args = out["args"]
     assert args[:3] == ["llama-server", "-m", "t.gguf"]
     assert _flag(args, "--spec-type") == "ngram-simple,draft-simple" and _flag(args, "-md") == "d.gguf"
     assert (_flag(args, "--spec-draft-n-max"), _flag(args, "--spec-draft-n-min"), _flag(args, "--spec-draft-p-min")) \
         == ("5", "2", "0.5")
-    suffix = export(SpecConfig(types=("suffix",)), "t")["llama.cpp"]
+    suffix = export(SpecConfig(drafters=("suffix",)), "t")["llama.cpp"]
     assert _flag(suffix["args"], "--spec-type") == "ngram-simple"
     assert any("no suffix decoding" in n for n in suffix["notes"])
 
 
 def test_sglang_flags():
-    out = export(SpecConfig(types=("draft-simple",), draft_n_max=3, draft_model="d"), "t")["sglang"]
+    out = export(SpecConfig(drafters=("draft-simple",), draft_n_max=3, draft_model="d"), "t")["sglang"]
     args = out["args"]
     assert _flag(args, "--speculative-algorithm") == "STANDALONE"
     assert _flag(args, "--speculative-draft-model-path") == "d"
@@ -51,14 +51,14 @@ def test_sglang_flags():
             _flag(args, "--speculative-num-draft-tokens")) == ("3", "1", "4")
     for types, algorithm in ((("draft-eagle3",), "EAGLE3"), (("draft-mtp",), "NEXTN"), (("draft-dflash",), "DFLASH"),
                              (("ngram-simple",), "NGRAM"), (("suffix",), "NGRAM")):
-        spec = SpecConfig(types=types, draft_model="d" if types[0] != "draft-mtp" else None)
+        spec = SpecConfig(drafters=types, draft_model="d" if types[0] != "draft-mtp" else None)
         args = export(spec, "t")["sglang"]["args"]
         assert _flag(args, "--speculative-algorithm") == algorithm
-    assert "--speculative-draft-model-path" not in export(SpecConfig(types=("draft-mtp",)), "t")["sglang"]["args"]
+    assert "--speculative-draft-model-path" not in export(SpecConfig(drafters=("draft-mtp",)), "t")["sglang"]["args"]
 
 
 def test_tree_shape_goes_to_sglang_and_is_a_note_elsewhere():
-    out = export(SpecConfig(types=("draft-eagle3",), draft_n_max=3, tree_topk=2, tree_budget=5), "t")
+    out = export(SpecConfig(drafters=("draft-eagle3",), draft_n_max=3, tree_topk=2, tree_budget=5), "t")
     args = out["sglang"]["args"]
     assert (_flag(args, "--speculative-num-steps"), _flag(args, "--speculative-eagle-topk"),
             _flag(args, "--speculative-num-draft-tokens")) == ("3", "2", "6")
@@ -70,7 +70,7 @@ def test_no_speculation_and_notes():
     out = export(SpecConfig(), "t")
     assert "--spec-type" not in out["llama.cpp"]["args"] and out["vllm"]["speculative_config"] is None
     assert "--speculative-algorithm" not in out["sglang"]["args"]
-    spec = SpecConfig(types=("suffix", "draft-simple"), draft_model="d", adaptive=True, acceptance="typical")
+    spec = SpecConfig(drafters=("suffix", "draft-simple"), draft_model="d", adaptive=True, acceptance="typical")
     out = export(spec, "t")
     assert out["vllm"]["speculative_config"]["method"] == "draft_model"
     assert any("suffix dropped" in n for n in out["vllm"]["notes"])
@@ -93,3 +93,32 @@ def test_cli_takes_the_generate_spec_flags(tiny_hf_dir, capsys):
     assert main(["export-config", "--model", str(tiny_hf_dir), "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["specdec"]["types"] == ["suffix"] and "auto: auto chose suffix" in captured.err
+    assert json.loads(captured.out)["specdec"]["adaptive"] is True  # what generate runs under auto (was false)
+
+
+def test_auto_sees_an_mtp_head_saved_beside_the_model(tmp_path, capsys):
+    """export-config and inspect skipped auto's look beside the model for a trained MTP head."""
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).parent / "drafters"))
+    from helpers.tiny import make_hf_model, tiny_config
+    from mtp_helpers import deepseek_layout, mtp_block
+
+    folder = make_hf_model(tmp_path / "target")
+    (tmp_path / "target.mtp").mkdir()
+    save_file(deepseek_layout([mtp_block(tiny_config(), seed=1)], 2), str(tmp_path / "target.mtp" / "model.safetensors"))
+    assert main(["export-config", "--model", str(folder), "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["specdec"]["types"] == ["suffix", "draft-mtp"]
+    assert "MTP head beside the model" in captured.err
+    assert main(["inspect", str(folder), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["auto"]["types"] == ["suffix", "draft-mtp"]
+    assert any(m["method"] == "draft-mtp" and m["runs"] for m in report["methods"])
+    assert main(["generate", "--model", str(folder), "--weights", "fp32", "-c", "128", "-n", "8", "--json",
+                 "hello hello hello"]) == 0
+    assert json.loads(capsys.readouterr().out)["spec"]["method"] == "suffix,draft-mtp"
+

@@ -21,19 +21,24 @@ def _mtp_tensors(layer: int, hidden: int = 64) -> dict:
             p + "eh_proj.weight": torch.zeros(hidden, 2 * hidden), p + "shared_head.norm.weight": torch.ones(hidden)}
 
 
+def without(monkeypatch, *kinds):
+    """A build of specdec that cannot run these drafter kinds (their registry entries lose their builder)."""
+    from dataclasses import replace
+
+    from specdec.drafters import registry
+
+    for kind in kinds:
+        monkeypatch.setitem(registry._entries, kind, replace(registry.entry(kind), build=None))
+
+
 @pytest.fixture
 def build_without_mtp_or_eagle(monkeypatch):
-    """A build of specdec that runs no MTP / EAGLE-3 drafter (the table auto and inspect read)."""
-    import specdec.engine.auto as auto
-
-    monkeypatch.setattr(auto, "RUNNABLE_MODEL_DRAFTERS", frozenset({"draft-simple"}))
+    without(monkeypatch, "draft-mtp", "draft-eagle3")
 
 
 @pytest.fixture
-def build_with_mtp_and_eagle(monkeypatch):
-    import specdec.engine.auto as auto
-
-    monkeypatch.setattr(auto, "RUNNABLE_MODEL_DRAFTERS", frozenset({"draft-simple", "draft-mtp", "draft-eagle3"}))
+def build_with_mtp_and_eagle():
+    """This build: it runs both (the registry as shipped)."""
 
 
 # -- synthetic HF folders ---------------------------------------------------------------------
@@ -102,16 +107,14 @@ def test_architecture_specdec_cannot_run_is_still_described(tmp_path):
 
 
 def test_eagle3_drafter_is_recognised(tmp_path, tiny_hf_dir, monkeypatch):
-    import specdec.engine.auto as auto
-
     eagle = make_hf_model(tmp_path / "eagle", extra_config={"architectures": ["LlamaForCausalLMEagle3"]})
-    monkeypatch.setattr(auto, "RUNNABLE_MODEL_DRAFTERS", frozenset({"draft-simple"}))
+    without(monkeypatch, "draft-mtp", "draft-eagle3")
     r = inspect_model(str(tiny_hf_dir), draft=str(eagle))
     assert r["drafter"]["kind"] == "draft-eagle3" and r["drafter"]["compatible"]
     m = next(m for m in r["methods"] if m["method"] == "draft-eagle3")
     assert not m["runs"] and "cannot run draft-eagle3 yet" in m["note"]
     assert any("cannot run draft-eagle3 yet" in reason for reason in r["auto"]["reasons"])
-    monkeypatch.setattr(auto, "RUNNABLE_MODEL_DRAFTERS", frozenset({"draft-simple", "draft-eagle3"}))
+    monkeypatch.undo()  # this build: it runs EAGLE-3
     r = inspect_model(str(tiny_hf_dir), draft=str(eagle))
     assert next(m for m in r["methods"] if m["method"] == "draft-eagle3")["runs"]
     assert r["auto"]["types"] == ["suffix", "draft-eagle3"]

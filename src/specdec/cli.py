@@ -11,89 +11,7 @@ import json
 import sys
 
 from specdec.model.errors import SpecdecError
-
-DEFAULT_MODEL = "smollm2-135m"
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=DEFAULT_MODEL, help="model name, GGUF file or HF folder")
-    p.add_argument("--weights", default="int8", choices=["fp32", "bf16", "int8", "int4"],
-                   help="in-memory weight format (default int8)")
-    p.add_argument("--ctx-size", "-c", type=int, default=4096, help="KV cache length in tokens")
-
-
-def add_spec_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("speculative decoding (llama.cpp and vLLM style)")
-    g.add_argument("--spec-type", default=None,
-                   help="comma list: none, ngram-simple, ngram-map-k, ngram-map-k4v, ngram-cache, suffix, "
-                        "draft-simple, draft-mtp, draft-eagle3; "
-                        "or auto (the default when no speculation flag is given)")
-    g.add_argument("--model-draft", "-md", default=None, help="draft model (name, GGUF file or HF folder)")
-    g.add_argument("--spec-draft-n-max", type=int, default=None, help="most drafted tokens per step (default 3)")
-    g.add_argument("--spec-draft-n-min", type=int, default=None, help="shorter drafts are not verified")
-    g.add_argument("--spec-draft-p-min", type=float, default=None, help="model drafter stops below this confidence")
-    g.add_argument("--spec-adaptive", action="store_true", help="adapt the draft length to recent acceptance")
-    g.add_argument("--spec-tree-topk", type=int, default=None,
-                   help="draft-mtp / draft-eagle3: children per tree node (1 = a chain, the default)")
-    g.add_argument("--spec-tree-budget", type=int, default=None,
-                   help="draft-mtp / draft-eagle3: most tokens in a draft tree (default topk x draft length)")
-    g.add_argument("--spec-cross-tokenizer", action="store_true",
-                   help="allow a draft model with another tokenizer (drafts pass through text)")
-    g.add_argument("--spec-typical", action="store_true",
-                   help="relaxed typical acceptance for sampling: faster, LOSSY (output distribution changes)")
-    g.add_argument("--speculative-config", default=None,
-                   help='vLLM style JSON, e.g. \'{"method": "draft_model", "model": "...", "num_speculative_tokens": 3}\'')
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", "-n", type=int, default=128)
-    p.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-
-
-def spec_from_args(args):
-    from specdec.engine.config import spec_config_from_flags
-
-    return spec_config_from_flags(
-        spec_type=args.spec_type, model_draft=args.model_draft, draft_n_max=args.spec_draft_n_max,
-        draft_n_min=args.spec_draft_n_min, draft_p_min=args.spec_draft_p_min,
-        speculative_config=args.speculative_config, adaptive=args.spec_adaptive,
-        cross_tokenizer=args.spec_cross_tokenizer, acceptance="typical" if args.spec_typical else "exact",
-        tree_topk=args.spec_tree_topk, tree_budget=args.spec_tree_budget,
-    )
-
-
-def sampling_from_args(args):
-    from specdec.sampling import SamplingParams
-
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          seed=args.seed)
-
-
-def build_engine(args):
-    """Load the target and set up speculation; prints the notes a user must see."""
-    from specdec.engine.auto import auto_requested, resolve_auto
-    from specdec.engine.engine import Engine
-    from specdec.model.load import load_model
-
-    auto = auto_requested(args.spec_type, args.model_draft, args.speculative_config)
-    spec, notes = (None, []) if auto else spec_from_args(args)
-    sampling = sampling_from_args(args)
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
-    model = load_model(args.model, args.weights)
-    if auto:
-        spec, reasons = resolve_auto(model, args)
-        for reason in reasons:
-            print(f"auto: {reason}", file=sys.stderr)
-    engine = Engine(model, spec, max_len=args.ctx_size)
-    engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
-    return engine, sampling
-
+from specdec.options import add_model_args, add_sampling_args, add_spec_args, build_engine
 
 def cmd_generate(args) -> int:
     from specdec.model.tokenizer import StreamDecoder
@@ -221,7 +139,7 @@ def main(argv=None) -> int:
 
 
 def _add_optional(sub, name: str) -> None:
-    """Subcommands whose modules register themselves (server, bench, inspect)."""
+    """Subcommands whose modules register themselves (server, bench, inspect, export-config, train)."""
     import importlib
 
     module = {"serve": "specdec.server.cli", "bench": "specdec.bench.cli", "inspect": "specdec.inspect",

@@ -31,6 +31,7 @@ def get_user_email(db, user_id):
 
 
 def main(argv=None) -> int:
+    from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
     from specdec.engine.config import SpecConfig, parse_spec_types
     from specdec.engine.engine import Engine
     from specdec.model.load import load_model
@@ -40,7 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--weights", default="int8")
     p.add_argument("--spec-type", default="suffix")
-    p.add_argument("--draft-n-max", type=int, default=3)
+    p.add_argument("--draft-n-max", type=int, default=DEFAULT_DRAFT_LENGTH)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
     tok = model.tokenizer
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]), add_bos=False)
     engine = Engine(model, max_len=2048)
-    spec = SpecConfig(types=parse_spec_types(args.spec_type), draft_n_max=args.draft_n_max)
+    spec = SpecConfig(drafters=parse_spec_types(args.spec_type), draft_n_max=args.draft_n_max)
     greedy = SamplingParams()
     engine.generate(ids, greedy, max_tokens=8)  # warm-up
     plain_tps, spec_tps, ratios = [], [], []

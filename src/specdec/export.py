@@ -15,22 +15,15 @@ import json
 import shlex
 import sys
 
-from specdec.engine.config import MODEL_TYPES, TREE_TYPES, VLLM_METHODS, SpecConfig
-
-# our spec type -> vLLM method (the inverse of engine/config.py VLLM_METHODS)
-_VLLM = {ours: theirs for theirs, ours in VLLM_METHODS.items()}
-# vLLM has one n-gram method; llama.cpp's hash-map variants are nearest to it
-for _t in ("ngram-map-k", "ngram-map-k4v", "ngram-cache"):
-    _VLLM[_t] = "ngram"
-_SGLANG = {"draft-simple": "STANDALONE", "draft-eagle3": "EAGLE3", "draft-mtp": "NEXTN", "draft-dflash": "DFLASH",
-           "ngram-simple": "NGRAM", "ngram-map-k": "NGRAM", "ngram-map-k4v": "NGRAM", "ngram-cache": "NGRAM",
-           "suffix": "NGRAM"}
-_NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 6}  # drafters/ngram.py NgramSimple n_min, n_max
+from specdec.drafters import registry
+from specdec.drafters.ngram import NgramSimple
+from specdec.engine.config import SpecConfig
 
 
 def export(spec: SpecConfig, model: str = "MODEL") -> dict:
     """{"llama.cpp": {...}, "vllm": {...}, "sglang": {...}}: args (list), command (str), notes (list)."""
-    return {"specdec": {"types": list(spec.types), "draft_n_max": spec.draft_n_max, "draft_n_min": spec.draft_n_min,
+    return {"specdec": {"types": list(spec.types), "drafters": [d.label() for d in spec.drafters],
+                        "draft_n_max": spec.draft_n_max, "draft_n_min": spec.draft_n_min,
                         "draft_p_min": spec.draft_p_min, "draft_model": spec.draft_model, "adaptive": spec.adaptive,
                         "acceptance": spec.acceptance, "tree_topk": spec.tree_topk, "tree_budget": spec.tree_budget},
             "llama.cpp": _llama_cpp(spec, model), "vllm": _vllm(spec, model), "sglang": _sglang(spec, model)}
@@ -80,24 +73,32 @@ def _vllm(spec: SpecConfig, model: str) -> dict:
     config = None
     if spec.enabled:
         chosen = _one_method(spec, notes, "vLLM runs one method")
-        method = _VLLM[chosen]
+        method = registry.entry(chosen).vllm
         if method == "ngram" and chosen != "ngram-simple":
             notes.append(f"vLLM has no {chosen}; nearest: ngram (prompt lookup)")
         config = {"method": method, "num_speculative_tokens": spec.draft_n_max}
-        if spec.draft_model and chosen in MODEL_TYPES and chosen != "draft-mtp":
+        if spec.draft_model and registry.entry(chosen).model and chosen != "draft-mtp":
             config["model"] = spec.draft_model
         if method == "ngram":
-            config.update(_NGRAM_LOOKUP)
-        if spec.draft_p_min and chosen in MODEL_TYPES:
+            config.update(_prompt_lookup(spec))
+        if spec.draft_p_min and registry.entry(chosen).model:
             notes.append("vLLM has no draft probability floor (--spec-draft-p-min); dropped")
         args += ["--speculative-config", json.dumps(config)]
     return {"args": args, "command": shlex.join(args), "notes": notes, "speculative_config": config}
 
 
+def _prompt_lookup(spec: SpecConfig) -> dict:
+    """vLLM's n-gram sizes: ngram-simple's orders (its options, else its defaults)."""
+    options = {"order_min": NgramSimple.order_min, "order_max": NgramSimple.order_max}
+    for d in spec.drafters:
+        if d.kind == "ngram-simple":
+            options.update(d.options)
+    return {"prompt_lookup_min": options["order_min"], "prompt_lookup_max": options["order_max"]}
+
+
 def _one_method(spec: SpecConfig, notes: list[str], what: str) -> str:
     """The one spec type an engine that runs a single method keeps (a model drafter first); notes the rest."""
-    model_types = [t for t in spec.types if t in MODEL_TYPES]
-    chosen = model_types[0] if model_types else spec.types[0]
+    chosen = spec.model_kind or spec.types[0]
     dropped = [t for t in spec.types if t != chosen]
     if dropped:
         notes.append(f"{what}; {', '.join(dropped)} dropped (kept {chosen})")
@@ -109,7 +110,7 @@ def _sglang(spec: SpecConfig, model: str) -> dict:
     notes = _common_notes(spec, "SGLang")
     if spec.enabled:
         chosen = _one_method(spec, notes, "SGLang runs one algorithm")
-        algorithm = _SGLANG.get(chosen)
+        algorithm = registry.entry(chosen).sglang
         if algorithm is None:
             notes.append(f"SGLang has no {chosen}; nearest: DFLASH")
             algorithm = "DFLASH"
@@ -123,7 +124,7 @@ def _sglang(spec: SpecConfig, model: str) -> dict:
             if spec.draft_model and chosen != "draft-mtp":
                 args += ["--speculative-draft-model-path", spec.draft_model]
             # k steps of topk candidates each; the verified tokens: the tree (a chain when topk is 1) + the root
-            tree = chosen in TREE_TYPES and spec.tree_topk > 1
+            tree = registry.entry(chosen).trees and spec.tree_topk > 1
             drafted = spec.effective_tree_budget if tree else spec.draft_n_max
             args += ["--speculative-num-steps", str(spec.draft_n_max),
                      "--speculative-eagle-topk", str(spec.tree_topk if tree else 1),
@@ -145,29 +146,18 @@ def format_export(out: dict) -> str:
 
 def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     """The SpecConfig `generate` would run with these flags; auto reads the model's files (no weights built)."""
-    from specdec.cli import spec_from_args
-    from specdec.engine.auto import auto_requested, choose_auto, tree_overrides
-
-    if not auto_requested(args.spec_type, args.model_draft, args.speculative_config):
-        return spec_from_args(args)
-    from specdec.engine.auto import DrafterFacts, TargetFacts
-    from specdec.inspect import describe_drafter, mtp_info
+    from specdec.engine.auto import decide_spec
+    from specdec.engine.config import spec_config_from_flags
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
+    from specdec.options import spec_flags
 
-    checkpoint, tokenizer = open_checkpoint(resolve(args.model))
-    mtp = mtp_info(checkpoint)
-    target = TargetFacts(args.model, mtp["declared"], mtp["weights_present"], args.weights)
-    draft = None
-    if args.model_draft:
-        d = describe_drafter(resolve(args.model_draft), checkpoint, tokenizer, args.model, args.model_draft)
-        draft = DrafterFacts(args.model_draft, d["kind"], d["compatible"], d["reason"] or "")
-    n_max = args.spec_draft_n_max if args.spec_draft_n_max is not None else 3
-    spec, reasons = choose_auto(target, draft, draft_n_max=n_max)
-    spec = spec.with_overrides(draft_n_min=args.spec_draft_n_min or 0, draft_p_min=args.spec_draft_p_min or 0.0,
-                               adaptive=bool(args.spec_adaptive),
-                               acceptance="typical" if args.spec_typical else "exact", **tree_overrides(spec, args))
-    return spec, [f"auto: {r}" for r in reasons]
+    flags = spec_flags(args)
+    if not flags.auto:
+        return spec_config_from_flags(flags)
+    path = resolve(args.model)
+    checkpoint, tokenizer = open_checkpoint(path)
+    return decide_spec(flags, checkpoint, tokenizer, path, args.model, args.weights)
 
 
 def cmd_export(args) -> int:
@@ -185,7 +175,7 @@ def cmd_export(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from specdec.cli import add_model_args, add_spec_args
+    from specdec.options import add_model_args, add_spec_args
 
     p = sub.add_parser("export-config", help="print llama.cpp, vLLM and SGLang flags for these speculative settings")
     add_model_args(p)

@@ -5,214 +5,29 @@ Reads the file's header and tensor names only (no weights are built), so it is f
     specdec inspect qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b
     specdec inspect ./my-model-folder --json
 
-MTP layers are looked for in the config (num_nextn_predict_layers, mtp_num_hidden_layers;
-GGUF: <arch>.nextn_predict_layers) and in the tensors (GGUF blk.N.nextn.*, or blocks past the
-main ones; HF model.layers.N.* past num_hidden_layers, mtp.*, model.mtp_layers.*). A config
-that names MTP layers whose weights the file lacks is reported as such: GGUF conversions
-often drop them.
+The checkpoint facts come from model/facts.py (MTP layers declared, present, or saved beside
+the model), the drafter's from drafters/describe.py, and the auto line from the same
+engine/auto.decide_spec that generate runs.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
+from specdec.drafters import registry
+from specdec.drafters.describe import describe_drafter
 from specdec.model.errors import ModelFileError
-
-_HF_MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
-_DRAFTER_KINDS = (("eagle3", "draft-eagle3"), ("eagle", "draft-eagle3"), ("dflash", "draft-dflash"),
-                  ("dspark", "draft-dspark"))
-
-
-# -- checkpoint facts ---------------------------------------------------------------------------
-def mtp_info(checkpoint) -> dict:
-    """{"declared", "config_key", "weights_present", "tensors", "examples", "note"} for a checkpoint.
-
-    checkpoint: a GGUFModel or HFModel (model/gguf_loader.py, model/hf_loader.py) or a raw
-    description from `_raw_checkpoint` (same attributes: config or raw_config/metadata, names).
-    """
-    raw = getattr(checkpoint, "raw_config", None)
-    metadata = getattr(checkpoint, "metadata", None)
-    declared, key = 0, None
-    if raw is not None:  # HF folder
-        for k in _HF_MTP_KEYS:
-            if raw.get(k):
-                declared, key = int(raw[k]), k
-                break
-        layers = int(raw.get("num_hidden_layers") or 0)
-        names = checkpoint.names()
-        hits = [n for n in names if n.startswith(("mtp.", "model.mtp_layers.", "model.mtp.")) or
-                ((m := re.match(r"model\.layers\.(\d+)\.", n)) and int(m.group(1)) >= layers)]
-    else:  # GGUF
-        arch = (metadata or {}).get("general.architecture")
-        k = f"{arch}.nextn_predict_layers"
-        if (metadata or {}).get(k):
-            declared, key = int(metadata[k]), k
-        blocks = int((metadata or {}).get(f"{arch}.block_count") or 0)
-        main = blocks - declared
-        names = list(getattr(checkpoint, "gguf_names", None) or checkpoint.names())
-        hits = [n for n in names if ".nextn." in n or
-                (declared and (m := re.match(r"blk\.(\d+)\.", n)) and int(m.group(1)) >= main)]
-    present = bool(hits)
-    if declared and not present:
-        note = f"the config declares {declared} MTP layer(s) ({key}) but the file has no MTP weights"
-    elif present and not declared:
-        note = f"the file has {len(hits)} MTP-like tensors but the config declares no MTP layers"
-    elif present:
-        note = f"{declared} MTP layer(s) with weights ({len(hits)} tensors)"
-    else:
-        note = "no MTP layers"
-    return {"declared": declared, "config_key": key, "weights_present": present, "tensors": len(hits),
-            "examples": hits[:3], "note": note}
-
-
-def _param_count(checkpoint) -> int:
-    tensors = getattr(checkpoint, "_tensors", None)
-    if tensors is not None:  # GGUF: every tensor in the file, MTP included
-        reader = getattr(checkpoint, "reader", None)
-        if reader is not None:
-            return sum(int(t.n_elements) for t in reader.tensors)
-        return sum(int(t.n_elements) for t in tensors.values())
-    from safetensors import safe_open
-
-    total = 0
-    by_file: dict = {}
-    for name, file in checkpoint._files.items():
-        by_file.setdefault(file, []).append(name)
-    for file, names in by_file.items():
-        with safe_open(file, framework="pt") as f:
-            for name in names:
-                n = 1
-                for d in f.get_slice(name).get_shape():
-                    n *= d
-                total += n
-    return total
-
-
-def _raw_checkpoint(path: Path) -> SimpleNamespace:
-    """What can be read from a checkpoint specdec cannot run (another architecture): names, config, sizes."""
-    if path.is_dir():
-        cfg = path / "config.json"
-        if not cfg.is_file():
-            raise ModelFileError(path, "no config.json in this folder")
-        raw = json.loads(cfg.read_text())
-        from safetensors import safe_open
-
-        files = {}
-        for shard in sorted(path.glob("*.safetensors")):
-            with safe_open(shard, framework="pt") as f:
-                for name in f.keys():
-                    files[name] = shard
-        return SimpleNamespace(raw_config=raw, _files=files, names=lambda: list(files), arch=raw.get("model_type"),
-                               quant="safetensors", context_length=raw.get("max_position_embeddings"))
-    from gguf import GGUFReader
-
-    from specdec.model.gguf_loader import _FILE_TYPES
-
-    try:
-        reader = GGUFReader(path)
-    except Exception as exc:
-        raise ModelFileError(path, f"not a readable GGUF file ({type(exc).__name__}: {exc})") from None
-    meta = {}
-    for key, f in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key.split(".")[-1] in ("tokens", "scores", "token_type", "merges"):
-            continue
-        try:
-            meta[key] = f.contents()
-        except Exception:
-            meta[key] = None
-    arch = meta.get("general.architecture")
-    names = [t.name for t in reader.tensors]
-    return SimpleNamespace(metadata=meta, gguf_names=names, names=lambda: names, reader=reader,
-                           _tensors={t.name: t for t in reader.tensors}, arch=arch,
-                           quant=_FILE_TYPES.get(meta.get("general.file_type"), str(meta.get("general.file_type"))),
-                           context_length=meta.get(f"{arch}.context_length"))
-
-
-def _drafter_kind_from_config(raw: dict) -> str | None:
-    text = " ".join([str(raw.get("model_type", ""))] + [str(a) for a in raw.get("architectures") or []]).lower()
-    for needle, kind in _DRAFTER_KINDS:
-        if needle in text:
-            return kind
-    return None
-
-
-def _head_mismatch(raw: dict, target_config, target_name, draft_name) -> str | None:
-    """Why a drafter head trained on some target's hidden states cannot serve this target (None: it can)."""
-    if target_config is None:
-        return None
-    from specdec.drafters.draft_model import MAX_VOCAB_PADDING
-
-    vocab = raw.get("vocab_size")
-    if vocab is not None and abs(int(vocab) - target_config.vocab_size) > MAX_VOCAB_PADDING:
-        return (f"{draft_name} was trained for a vocabulary of {vocab} tokens; the target {target_name} has "
-                f"{target_config.vocab_size}")
-    hidden = raw.get("target_hidden_size") or raw.get("hidden_size")
-    if hidden is not None and int(hidden) != target_config.hidden_size:
-        return (f"{draft_name} expects target hidden size {hidden}; the target {target_name} has "
-                f"{target_config.hidden_size}")
-    return None
-
-
-def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str = "target",
-                     draft_name: str | None = None) -> dict:
-    """{"path", "kind", "compatible", "reason", "checkpoint", "tokenizer"} for a drafter given by the user.
-
-    kind is "draft-eagle3" / "draft-dflash" / "draft-dspark" for heads trained on a target's hidden
-    states (recognised from config.json's model_type/architectures, or the GGUF architecture), else
-    "draft-simple" (a plain smaller model), checked for tokenizer compatibility with the target.
-    """
-    from specdec.model.load import open_checkpoint
-
-    path = Path(path)
-    if path.is_dir() and (path / "config.json").is_file():
-        raw = json.loads((path / "config.json").read_text())
-        kind = _drafter_kind_from_config(raw)
-        if kind is not None:
-            reason = _head_mismatch(raw, getattr(target_checkpoint, "config", None), target_name, draft_name or path)
-            return {"path": str(path), "kind": kind, "compatible": reason is None, "reason": reason,
-                    "checkpoint": None, "tokenizer": None}
-    try:
-        checkpoint, tokenizer = open_checkpoint(path)
-    except ModelFileError as exc:
-        raw = _raw_checkpoint(path)
-        kind = _drafter_kind_from_config(getattr(raw, "raw_config", None) or {"model_type": raw.arch})
-        if kind is None:
-            return {"path": str(path), "kind": "draft-simple", "compatible": False,
-                    "reason": f"specdec cannot load it: {exc}", "checkpoint": None, "tokenizer": None}
-        return {"path": str(path), "kind": kind, "compatible": True, "reason": None, "checkpoint": None,
-                "tokenizer": None}
-    ok, reason = draft_compatibility(target_checkpoint, target_tokenizer, target_name, checkpoint, tokenizer,
-                                     draft_name or str(path))
-    return {"path": str(path), "kind": "draft-simple", "compatible": ok, "reason": reason, "checkpoint": checkpoint,
-            "tokenizer": tokenizer}
-
-
-def draft_compatibility(target_checkpoint, target_tokenizer, target_name, draft_checkpoint, draft_tokenizer,
-                        draft_name) -> tuple[bool, str | None]:
-    """drafters/draft_model.check_compatible on unbuilt checkpoints: (ok, the reason when not)."""
-    from specdec.drafters.draft_model import DraftCompatibilityError, check_compatible
-
-    def shim(checkpoint, tokenizer, name):
-        return SimpleNamespace(tokenizer=tokenizer, config=checkpoint.config, info=SimpleNamespace(name=name))
-
-    try:
-        check_compatible(shim(target_checkpoint, target_tokenizer, target_name),
-                         shim(draft_checkpoint, draft_tokenizer, draft_name))
-    except DraftCompatibilityError as exc:
-        return False, str(exc)
-    return True, None
+from specdec.model.facts import mtp_info, param_count, raw_checkpoint, target_facts
 
 
 # -- the report ---------------------------------------------------------------------------------
 def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "int8") -> dict:
     """Everything `specdec inspect` prints, as a dict (the --json output)."""
     from specdec.bench.memory import estimate_weight_bytes, kv_bytes_per_token
-    from specdec.drafters import registry
-    from specdec.engine.auto import DrafterFacts, TargetFacts, choose_auto
+    from specdec.engine.auto import decide_spec, runnable_model_drafters
+    from specdec.engine.config import SpecFlags
     from specdec.model.linear import WEIGHT_FORMATS
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import cached_sha256, resolve
@@ -226,14 +41,14 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
         checkpoint, tokenizer = open_checkpoint(path)
         runnable, why = True, None
     except ModelFileError as exc:
-        checkpoint, tokenizer = _raw_checkpoint(path), None
+        checkpoint, tokenizer = raw_checkpoint(path), None
         runnable, why = False, str(exc)
     report["runnable"] = runnable
     report["not_runnable_reason"] = why
     c = getattr(checkpoint, "config", None)
     report["architecture"] = c.arch if c is not None else checkpoint.arch
     report["format"] = "hf-folder" if path.is_dir() else "gguf"
-    report["parameters"] = _param_count(checkpoint)
+    report["parameters"] = param_count(checkpoint)
     report["quantization"] = checkpoint.quant
     if getattr(checkpoint, "tensor_types", None):
         types: dict[str, int] = {}
@@ -271,7 +86,7 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
             drafter["path"] = draft
             dc = getattr(d["checkpoint"], "config", None)
             if dc is not None:
-                drafter["parameters"] = _param_count(d["checkpoint"])
+                drafter["parameters"] = param_count(d["checkpoint"])
                 drafter["weights_bytes"] = estimate_weight_bytes(dc, weights)
                 drafter["kv_bytes_per_1k_tokens"] = kv_bytes_per_token(dc) * 1024
                 report["memory"]["drafter_bytes"] = drafter["weights_bytes"]
@@ -280,7 +95,7 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
 
     methods = []
     if runnable:
-        for name in registry.names():
+        for name in registry.model_free_kinds():
             methods.append({"method": name, "runs": True, "note": "model-free"})
     if drafter is None:
         methods.append({"method": "draft-simple", "runs": False, "note": "no draft model given (--draft-model)"})
@@ -289,34 +104,33 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
             f"{drafter['reason']}" + ("" if "cannot load" in (drafter["reason"] or "") else
                                      "; runs only with --spec-cross-tokenizer"))
         methods.append({"method": "draft-simple", "runs": bool(drafter["compatible"] and runnable), "note": note})
-    from specdec.engine.auto import RUNNABLE_MODEL_DRAFTERS
-
-    if mtp["weights_present"] or mtp["declared"]:
-        if not mtp["weights_present"]:
+    runnable_models = runnable_model_drafters()
+    facts = target_facts(checkpoint, path, name_or_path, weights)  # an MTP head beside the model counts
+    if facts.mtp_weights or facts.mtp_declared:
+        if not facts.mtp_weights:
             note = "the config declares MTP layers but the file lacks their weights"
-        elif "draft-mtp" in RUNNABLE_MODEL_DRAFTERS:
-            note = "MTP layers present"
-        else:
+        elif "draft-mtp" not in runnable_models:
             note = "model declares MTP but specdec cannot run it yet"
-        runs = runnable and mtp["weights_present"] and "draft-mtp" in RUNNABLE_MODEL_DRAFTERS
+        else:
+            note = facts.mtp_source or "MTP layers present"
+        runs = runnable and facts.mtp_weights and "draft-mtp" in runnable_models
         methods.append({"method": "draft-mtp", "runs": runs, "note": note})
     if drafter is not None and drafter["kind"] not in (None, "draft-simple"):
         kind = drafter["kind"]
-        if kind not in RUNNABLE_MODEL_DRAFTERS:
+        if kind not in runnable_models:
             note = f"drafter given; specdec cannot run {kind} yet"
         elif not drafter["compatible"]:
             note = f"drafter given, but {drafter['reason']}"
         else:
             note = "drafter given"
         methods.append({"method": kind, "note": note,
-                        "runs": runnable and kind in RUNNABLE_MODEL_DRAFTERS and bool(drafter["compatible"])})
+                        "runs": runnable and kind in runnable_models and bool(drafter["compatible"])})
     report["methods"] = methods
-    if runnable:
-        facts = TargetFacts(name_or_path, mtp["declared"], mtp["weights_present"], weights)
-        dfacts = None if drafter is None or drafter["kind"] is None else DrafterFacts(
-            draft, drafter["kind"], bool(drafter["compatible"]), drafter["reason"] or "")
-        spec, reasons = choose_auto(facts, dfacts)
-        report["auto"] = {"types": list(spec.types), "method": spec.method, "reasons": reasons}
+    if runnable:  # what `generate --spec-type auto [-md DRAFT]` would run
+        spec, reasons = decide_spec(SpecFlags(spec_type="auto", model_draft=draft), checkpoint, tokenizer, path,
+                                    name_or_path, weights)
+        report["auto"] = {"types": list(spec.types), "method": spec.method,
+                          "reasons": [r.removeprefix("auto: ") for r in reasons]}
     return report
 
 
@@ -391,8 +205,3 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    from specdec.cli import main
-
-    sys.exit(main(["inspect", *sys.argv[1:]]))

@@ -6,7 +6,8 @@ import pytest
 
 from specdec.bench import prompts as prompt_sets
 from specdec.bench.memory import estimate_weight_bytes, kv_bytes_per_token, object_bytes, transformer_bytes
-from specdec.bench.runner import BenchDrafterFactory, parse_drafter, parse_methods
+from specdec.bench.methods import BenchEngine, parse_methods
+from specdec.drafters.registry import DrafterSpec
 from specdec.engine.config import SpecConfig
 
 
@@ -18,7 +19,8 @@ def test_parse_methods_baseline_first_options_combinations_sweep():
     assert labels[:4] == ["none", "suffix", "ngram-simple+suffix", "ngram-map-k:min_hits=1000:key_size=4"]
     assert methods[0].spec == SpecConfig()
     assert methods[2].spec.types == ("ngram-simple", "suffix")
-    assert parse_drafter(methods[3].spec.types[0]) == ("ngram-map-k", {"min_hits": 1000, "key_size": 4})
+    assert methods[3].spec.drafters == (DrafterSpec.of("ngram-map-k", min_hits=1000, key_size=4),)
+    assert methods[3].spec.types == ("ngram-map-k",)  # the options ride as data, not in the name
     sweep = [m for m in methods if m.base == "suffix"]
     assert sorted(m.spec.draft_n_max for m in sweep) == [1, 3, 5]  # k=3 is the main run, not repeated
     assert "suffix k=5" in labels and "suffix k=3" not in labels
@@ -26,6 +28,7 @@ def test_parse_methods_baseline_first_options_combinations_sweep():
 
 def test_model_drafter_options_become_spec_settings():
     methods = parse_methods("draft-eagle3:topk=2:budget=5,draft-mtp:adaptive=1")
+    assert methods[1].spec.drafters == (DrafterSpec("draft-eagle3"),)
     assert (methods[1].spec.tree_topk, methods[1].spec.tree_budget, methods[1].spec.adaptive) == (2, 5, False)
     assert methods[2].spec.adaptive and methods[2].spec.tree_topk == 1
 
@@ -44,16 +47,16 @@ def test_parse_methods_errors(text, message):
 
 
 def test_drafter_options_reach_the_drafter_and_state_is_fresh_per_request(tiny_model):
-    factory = BenchDrafterFactory(tiny_model, 256)
-    d = factory("ngram-map-k:min_hits=7", SpecConfig(types=("ngram-map-k:min_hits=7",)))
+    engine = BenchEngine(tiny_model, 256)
+    (d,) = engine.drafters_for(parse_methods("ngram-map-k:min_hits=7")[1].spec)
     assert d.name == "ngram-map-k" and d.inner.min_hits == 7
-    suffix = factory("suffix", SpecConfig(types=("suffix",)))
+    (suffix,) = engine.drafters_for(SpecConfig(drafters=("suffix",)))
     suffix.begin([1, 2, 3])
     first = suffix.inner
     suffix.end([4, 5, 6, 4, 5, 6])  # would enter suffix's global tree
     suffix.begin([1, 2, 3])
     assert suffix.inner is not first and suffix.inner.global_size() <= 1
-    kept = BenchDrafterFactory(tiny_model, 256, fresh=False)("suffix", SpecConfig(types=("suffix",)))
+    (kept,) = BenchEngine(tiny_model, 256, fresh_drafters=False).drafters_for(SpecConfig(drafters=("suffix",)))
     kept.begin([1, 2, 3])
     kept.end([4, 5, 6, 4, 5, 6])
     kept.begin([1, 2, 3])

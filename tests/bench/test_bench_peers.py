@@ -76,7 +76,7 @@ def test_specdec_server_as_a_peer_reports_its_draft_counters(tiny_model, tiny_hf
     from specdec.engine.engine import Engine
     from specdec.server.app import create_app
 
-    engine = Engine(tiny_model, SpecConfig(types=("draft-simple",), draft_model=str(tiny_hf_dir)), max_len=256)
+    engine = Engine(tiny_model, SpecConfig(drafters=("draft-simple",), draft_model=str(tiny_hf_dir)), max_len=256)
     with TestClient(create_app(engine, "tiny")) as client:
         r = bench(tiny_model, str(short_prompts), "none", temperatures=[0.0], max_tokens=6, repeats=1, warmup=False,
                   ctx_size=256, peer_urls=["http://testserver"], url_client=client, progress=False)

@@ -108,12 +108,13 @@ def test_gguf_nextn_tensors_load_like_the_hf_layout(tmp_path, blocks):
 
 
 def test_config_declares_mtp_but_the_file_lacks_it(tmp_path):
-    from specdec.engine.auto import choose_auto
+    from specdec.engine.auto import decide_spec_for_model
+    from specdec.engine.config import SpecFlags
 
     m = _model(tmp_path, "nomtp", {})
     with pytest.raises(MTPError, match="declares 1 MTP layer\\(s\\) but the file has no MTP weights"):
         make_mtp_drafter(m)
-    spec, reasons = choose_auto(m)
+    spec, reasons = decide_spec_for_model(SpecFlags(), m)
     assert "draft-mtp" not in spec.types
     assert any("lacks their weights" in r for r in reasons)
     out = Engine(m, spec, max_len=128).generate(list(range(5, 15)), max_tokens=8)
@@ -121,10 +122,11 @@ def test_config_declares_mtp_but_the_file_lacks_it(tmp_path):
 
 
 def test_auto_turns_mtp_on_and_says_so(tmp_path, blocks):
-    from specdec.engine.auto import choose_auto
+    from specdec.engine.auto import decide_spec_for_model
+    from specdec.engine.config import SpecFlags
 
     m = _model(tmp_path, "ds", deepseek_layout(blocks, LAYERS))
-    spec, reasons = choose_auto(m)
+    spec, reasons = decide_spec_for_model(SpecFlags(), m)
     assert "draft-mtp" in spec.types
     assert any("draft-mtp, used without being asked" in r for r in reasons)
 
@@ -136,8 +138,7 @@ def test_greedy_equals_plain_decoding(tmp_path, n_modules, topk):
     m = _model(tmp_path, "ds", deepseek_layout(blocks, LAYERS), n=n_modules)
     prompt = list(range(5, 40))
     plain = Engine(m, SpecConfig(), max_len=256).generate(prompt, max_tokens=40).token_ids
-    engine = Engine(m, SpecConfig(types=("draft-mtp",), draft_n_max=4), max_len=256)
-    engine._drafters = {}
+    engine = Engine(m, SpecConfig(drafters=("draft-mtp",), draft_n_max=4), max_len=256)
     drafter = make_mtp_drafter(m, max_len=256, topk=topk, budget=10)
     engine.drafter_factory = lambda name, spec: drafter
     result = engine.generate(prompt, max_tokens=40)
@@ -149,7 +150,7 @@ def test_drafts_are_what_a_from_scratch_head_run_predicts(tmp_path, blocks):
     """The head's incremental cache (catch-up after each commit) equals recomputing all pairs."""
     m = _model(tmp_path, "ds", deepseek_layout(blocks, LAYERS))
     drafter = make_mtp_drafter(m, max_len=256)
-    engine = Engine(m, SpecConfig(types=("draft-mtp",), draft_n_max=1), max_len=256,
+    engine = Engine(m, SpecConfig(drafters=("draft-mtp",), draft_n_max=1), max_len=256,
                     drafter_factory=lambda name, spec: drafter)
     seen = []
     original = drafter.propose

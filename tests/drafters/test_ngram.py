@@ -5,21 +5,15 @@ import json
 import numpy as np
 import pytest
 
-from specdec.drafters.ngram import (
-    NgramCache,
-    NgramMapK,
-    NgramMapK4V,
-    NgramSimple,
-    load_corpus,
-    save_corpus,
-)
+from specdec.drafters.ngram import NgramMapK, NgramMapK4V, NgramSimple
+from specdec.drafters.ngram_cache import NgramCache, load_corpus, save_corpus
 
 
 def draft(drafter, context, max_tokens=8, prompt=None):
     """begin(prompt or context) then one propose; returns the drafted tokens."""
     drafter.begin(context if prompt is None else prompt)
     result = drafter.propose(context, max_tokens)
-    assert result.source == drafter.name and result.tree is None and result.draft_probs is None
+    assert result.tree.is_chain and result.draft_probs is None
     assert len(result.tokens) <= max_tokens
     return result.tokens
 
@@ -39,18 +33,18 @@ def test_simple_prefers_the_longest_match_then_the_most_recent():
     assert draft(NgramSimple(), [1, 2, 5, 1, 2, 6, 1, 2], max_tokens=3) == (6, 1, 2)
 
 
-def test_simple_needs_an_earlier_occurrence_of_at_least_n_min_tokens():
+def test_simple_needs_an_earlier_occurrence_of_at_least_order_min_tokens():
     assert draft(NgramSimple(), [1, 2, 3]) == ()  # the tail alone is no earlier occurrence
     assert draft(NgramSimple(), [1, 5, 1]) == ()  # only a 1-gram repeats
-    assert draft(NgramSimple(n_min=1), [1, 5, 1], max_tokens=3) == (5, 1, 5)
-    assert draft(NgramSimple(n_min=3, n_max=3), [7, 1, 2, 5, 8, 1, 2]) == ()
+    assert draft(NgramSimple(order_min=1), [1, 5, 1], max_tokens=3) == (5, 1, 5)
+    assert draft(NgramSimple(order_min=3, order_max=3), [7, 1, 2, 5, 8, 1, 2]) == ()
 
 
 def test_simple_rejects_impossible_settings():
-    with pytest.raises(ValueError, match="n_max"):
-        NgramSimple(n_min=4, n_max=3)
-    with pytest.raises(ValueError, match="n_min"):
-        NgramSimple(n_min=0)
+    with pytest.raises(ValueError, match="order_max"):
+        NgramSimple(order_min=4, order_max=3)
+    with pytest.raises(ValueError, match="order_min"):
+        NgramSimple(order_min=0)
 
 
 # --- ngram-map-k ---

@@ -6,7 +6,9 @@ import pytest
 
 from specdec.drafters import registry
 from specdec.drafters.base import Draft
-from specdec.drafters.ngram import NgramCache, NgramMapK, NgramMapK4V, NgramSimple
+from specdec.drafters.ngram import NgramMapK, NgramMapK4V, NgramSimple
+from specdec.drafters.ngram_cache import NgramCache
+from specdec.drafters.registry import BuildContext, DrafterSpec, Entry
 from specdec.drafters.suffix import SuffixDrafter
 
 MODEL_FREE = {
@@ -16,55 +18,79 @@ MODEL_FREE = {
     "ngram-cache": NgramCache,
     "suffix": SuffixDrafter,
 }
+NO_TARGET = BuildContext(target=None)
+
+
+def create(kind, **options):
+    return registry.create(DrafterSpec.of(kind, **options), NO_TARGET)
 
 
 # --- the registry ---
 
 
-def test_model_free_drafters_are_registered_under_llama_cpp_names():
-    assert set(MODEL_FREE) <= set(registry.names())
-    assert registry.names() == sorted(registry.names())
+def test_every_drafter_kind_is_registered_under_its_llama_cpp_name():
+    assert set(registry.kinds()) == set(MODEL_FREE) | {"draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash",
+                                                       "draft-dspark"}
+    assert registry.kinds() == sorted(registry.kinds())
+    assert registry.model_free_kinds() == sorted(MODEL_FREE)
     for name, cls in MODEL_FREE.items():
-        drafter = registry.create(name)
-        assert type(drafter) is cls and drafter.name == name
+        drafter = create(name)
+        assert type(drafter) is cls and drafter.name == name and drafter.hidden_layers == ()
+    assert {e.kind for e in registry.entries() if e.trees} == {"draft-mtp", "draft-eagle3"}
 
 
-def test_create_passes_keyword_arguments():
-    assert registry.create("ngram-simple", n_min=3, n_max=5).n_min == 3
-    assert registry.create("suffix", max_tree_depth=8).max_tree_depth == 8
+def test_options_reach_the_constructor():
+    assert create("ngram-simple", order_min=3, order_max=5).order_min == 3
+    assert create("suffix", max_tree_depth=8).max_tree_depth == 8
 
 
-def test_unknown_name_lists_the_valid_ones():
-    valid = "ngram-cache, ngram-map-k, .*suffix"
-    with pytest.raises(ValueError, match=f"unknown drafter 'ngram'; valid names are: {valid}"):
-        registry.create("ngram")
+def test_unknown_kind_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown drafter kind 'ngram'; valid kinds are: none, draft-.*suffix"):
+        create("ngram")
 
 
-def test_unknown_argument_names_the_valid_ones():
-    message = "'ngram-simple' takes no argument 'size'; it takes: n_max, n_min"
-    with pytest.raises(ValueError, match=message):
-        registry.create("ngram-simple", size=3)
+def test_unknown_option_names_the_valid_ones():
+    with pytest.raises(ValueError, match="'ngram-simple' takes no option 'size'; it takes: order_max, order_min"):
+        create("ngram-simple", size=3)
+    with pytest.raises(ValueError, match="'draft-mtp' takes no option 'topk'; it takes: none"):
+        create("draft-mtp", topk=2)
 
 
-def test_register_any_callable_and_refuse_a_taken_name():
-    calls = []
+def test_a_kind_this_build_cannot_run_says_so(monkeypatch):
+    monkeypatch.setitem(registry._entries, "draft-future", Entry("draft-future", None, model=True))
+    assert not registry.entry("draft-future").runnable
+    with pytest.raises(ValueError, match="--spec-type draft-future is not available in this build"):
+        create("draft-future")
 
-    def factory(**kwargs):  # **kwargs: the registry passes everything through
-        calls.append(kwargs)
-        return NgramSimple()
 
-    registry.register("test-any-callable")(factory)
+def test_spec_labels_parse_back():
+    spec = DrafterSpec.parse("ngram-map-k:min_hits=1000:key_size=4")
+    assert spec == DrafterSpec.of("ngram-map-k", key_size=4, min_hits=1000)
+    assert DrafterSpec.parse(spec.label()) == spec and spec.label() == "ngram-map-k:key_size=4:min_hits=1000"
+    assert DrafterSpec.parse("suffix:min_token_prob=0.2").options == (("min_token_prob", 0.2),)
+    with pytest.raises(ValueError, match="'min_hits' in 'ngram-map-k:min_hits' is not key=value"):
+        DrafterSpec.parse("ngram-map-k:min_hits")
+
+
+def test_vllm_methods_map_to_kinds():
+    assert registry.from_vllm("ngram") == "ngram-simple" and registry.from_vllm("draft_model") == "draft-simple"
+    assert registry.from_vllm("mtp") == "draft-mtp" and registry.from_vllm("eagle3") == "draft-eagle3"
+    with pytest.raises(ValueError, match="method 'medusa' is not one of"):
+        registry.from_vllm("medusa")
+
+
+def test_register_refuses_a_taken_name():
+    entry = Entry("test-kind", lambda ctx: NgramSimple())
+    registry.register(entry)
     try:
-        assert "test-any-callable" in registry.names()
-        assert isinstance(registry.create("test-any-callable", model="m.gguf"), NgramSimple)
-        assert calls == [{"model": "m.gguf"}]
-        registry.register("test-any-callable")(factory)  # same factory again: fine
+        assert "test-kind" in registry.kinds() and isinstance(create("test-kind"), NgramSimple)
+        registry.register(entry)  # the same entry again: fine
         with pytest.raises(ValueError, match="already registered"):
-            registry.register("test-any-callable")(NgramMapK)
+            registry.register(Entry("test-kind", lambda ctx: NgramMapK()))
         with pytest.raises(ValueError, match="already registered"):
-            registry.register("suffix")(NgramSimple)
+            registry.register(Entry("suffix", lambda ctx: NgramSimple()))
     finally:
-        registry._factories.pop("test-any-callable", None)
+        registry._entries.pop("test-kind", None)
 
 
 # --- the drafter contract, for every model-free kind ---
@@ -80,18 +106,17 @@ def periodic(length, period=5):
 def test_no_draft_on_fresh_random_context(name):
     rng = random.Random(0)
     context = rng.sample(range(100_000), 400)  # no token repeats: nothing to copy
-    d = registry.create(name)
+    d = create(name)
     d.begin(context[:100])
     for end in range(100, 401, 10):
         result = d.propose(context[:end], 8)
         assert isinstance(result, Draft) and result.tokens == () and len(result) == 0
-        assert result.source == name
 
 
 @pytest.mark.parametrize("name", KINDS)
 def test_max_tokens_is_respected(name):
     context = periodic(60)
-    d = registry.create(name)
+    d = create(name)
     d.begin(context)
     lengths = [len(d.propose(context, k).tokens) for k in (0, 1, 2, 5, 16)]
     assert lengths[0] == 0
@@ -103,7 +128,7 @@ def test_max_tokens_is_respected(name):
 
 @pytest.mark.parametrize("name", KINDS)
 def test_begin_resets_the_request(name):
-    d = registry.create(name)
+    d = create(name)
     d.begin(periodic(30))
     assert len(d.propose(periodic(30), 4)) == 4
     prompt = [99] + periodic(4)  # the same 4 tokens, never followed in this request
@@ -127,11 +152,11 @@ def test_incremental_drafts_equal_drafts_from_scratch(name):
     # drafter's incremental index must give the same drafts as one built from scratch.
     rng = random.Random(name)
     text = phrases(rng)
-    d = registry.create(name)
+    d = create(name)
     d.begin(text[:20])
     end, drafted, declined = 20, 0, 0
     while end < len(text):
-        fresh = registry.create(name)
+        fresh = create(name)
         fresh.begin(text[:end])
         tokens = d.propose(text[:end], 6).tokens
         assert tokens == fresh.propose(text[:end], 6).tokens, end
@@ -143,13 +168,13 @@ def test_incremental_drafts_equal_drafts_from_scratch(name):
 
 @pytest.mark.parametrize("name", KINDS)
 def test_a_context_that_does_not_continue_starts_over(name):
-    d = registry.create(name)
+    d = create(name)
     d.begin(periodic(30))
     other = [50, 51, 52, 53, 50, 51, 52]  # begin() was skipped: no draft from periodic(30)
-    fresh = registry.create(name)
+    fresh = create(name)
     fresh.begin(other)
     assert d.propose(other, 4).tokens == fresh.propose(other, 4).tokens
     shorter = other[:5]  # a context shorter than what was seen is no continuation either
-    fresh = registry.create(name)
+    fresh = create(name)
     fresh.begin(shorter)
     assert d.propose(shorter, 4).tokens == fresh.propose(shorter, 4).tokens

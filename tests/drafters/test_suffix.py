@@ -12,7 +12,7 @@ SEG = list(range(100, 110))  # ten distinct tokens
 def draft(drafter, context, max_tokens=8, prompt=None):
     drafter.begin(context if prompt is None else prompt)
     result = drafter.propose(context, max_tokens)
-    assert result.source == "suffix" and len(result.tokens) <= max_tokens
+    assert result.tree.is_chain and len(result.tokens) <= max_tokens
     return result.tokens
 
 

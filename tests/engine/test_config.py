@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.engine.config import SpecConfig, spec_config_from_flags
+from specdec.drafters.registry import DrafterSpec
+from specdec.engine.config import SpecConfig, SpecFlags
+from specdec.engine.config import spec_config_from_flags as config_of_flags
+
+
+def spec_config_from_flags(**flags):
+    return config_of_flags(SpecFlags(**flags))
 
 
 def test_llama_cpp_flags():
@@ -21,12 +27,39 @@ def test_vllm_json():
     assert spec_config_from_flags(speculative_config='{"method": "suffix"}')[0].types == ("suffix",)
 
 
+def test_vllm_prompt_lookup_sizes_reach_the_ngram_drafter(tiny_model):
+    """prompt_lookup_min/max were accepted and ignored; they are ngram-simple's n-gram orders."""
+    from specdec.engine.engine import Engine
+
+    spec, _ = spec_config_from_flags(speculative_config='{"method": "ngram", "prompt_lookup_min": 3, '
+                                                        '"prompt_lookup_max": 5}')
+    assert spec.drafters == (DrafterSpec.of("ngram-simple", order_min=3, order_max=5),)
+    (drafter,) = Engine(tiny_model, max_len=64).drafters_for(spec)
+    assert (drafter.order_min, drafter.order_max) == (3, 5)
+    spec, _ = spec_config_from_flags(speculative_config='{"method": "ngram", "prompt_lookup_max": 4}')
+    assert spec.drafters == (DrafterSpec.of("ngram-simple", order_max=4),)
+
+
 def test_draft_model_alone_turns_draft_simple_on_and_says_so():
     spec, notes = spec_config_from_flags(model_draft="qwen2.5-coder-0.5b")
     assert spec.types == ("draft-simple",)
     assert any("draft-simple turned on" in n for n in notes)
     spec, _ = spec_config_from_flags(spec_type="ngram-simple", model_draft="d")
     assert spec.types == ("ngram-simple", "draft-simple")
+
+
+def test_an_eagle3_head_folder_alone_turns_draft_eagle3_on(tmp_path):
+    """-md DIR with an EAGLE-3 head and no --spec-type used to load the folder as a draft model."""
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 64}')
+    spec, notes = spec_config_from_flags(model_draft=str(tmp_path))
+    assert spec.types == ("draft-eagle3",) and spec.draft_model == str(tmp_path)
+    assert any("draft-eagle3 turned on" in n for n in notes)
+
+
+def test_model_free_kinds_are_tried_before_the_model_drafter():
+    spec = SpecConfig(drafters=("draft-simple", "suffix", "ngram-simple"), draft_model="d")
+    assert spec.types == ("suffix", "ngram-simple", "draft-simple") and spec.model_kind == "draft-simple"
+    assert spec == SpecConfig(drafters=("suffix", "ngram-simple", "draft-simple"), draft_model="d")
 
 
 def test_tree_shape_from_flags_and_json():
@@ -66,22 +99,22 @@ def test_defaults_and_none():
     (dict(spec_type="draft-simple,draft-eagle3", model_draft="a"), "only one model drafter"),
     (dict(spec_type="draft-eagle3", tree_topk=0), "--spec-tree-topk must be at least 1"),
     (dict(spec_type="draft-eagle3", tree_budget=-1), "--spec-tree-budget must be >= 0"),
-    (dict(spec_type="suffix", tree_topk=2), "token trees .* are drafted by draft-mtp and draft-eagle3"),
+    (dict(spec_type="suffix", tree_topk=2), "token trees .* are drafted by draft-eagle3 and draft-mtp"),
     (dict(tree_topk=2, speculative_config='{"method": "eagle3", "tree_topk": 3}'),
      "--spec-tree-topk 2 contradicts tree_topk 3"),
     (dict(speculative_config='{"method": "eagle3", "tree_budget": 2.5}'), "tree_budget must be an integer"),
+    (dict(speculative_config='{"method": "suffix", "prompt_lookup_min": 2}'), "n-gram sizes of method 'ngram'"),
+    (dict(speculative_config='{"method": "ngram", "prompt_lookup_min": 0}'), "order_min must be at least 1"),
+    (dict(speculative_config='{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 3}'),
+     "order_max .3. must be >= order_min .4."),
+    (dict(spec_type="draft-mtp", tree_topk=2, typical=True), "typical acceptance .* verifies chains"),
 ])
-def test_bad_settings_are_one_clear_error(kwargs, message):
-    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        spec_config_from_flags(**kwargs)
-
-
-def test_unavailable_model_drafter_is_a_clear_error(tiny_model):
+def test_bad_settings_are_one_clear_error(kwargs, message, tiny_model):
     from specdec.engine.engine import Engine
 
-    engine = Engine(tiny_model, max_len=64)
-    with pytest.raises(ValueError, match="draft-dflash is not available"):
-        engine.drafters_for(SpecConfig(types=("draft-dflash",)))
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        spec, _ = spec_config_from_flags(**kwargs)
+        Engine(tiny_model, max_len=64).drafters_for(spec)  # options are checked when the drafter is built
 
 
 def test_mismatched_draft_vocabulary_names_the_first_differing_token(tmp_path, tiny_model):
@@ -100,10 +133,10 @@ def test_mismatched_draft_vocabulary_names_the_first_differing_token(tmp_path, t
     (other / "tokenizer.json").write_text(json.dumps(data))
     engine = Engine(tiny_model, max_len=64)
     with pytest.raises(DraftCompatibilityError, match=f"token 40 differs: target .* has {victim!r}, draft .* has 'XYZ'"):
-        engine.drafters_for(SpecConfig(types=("draft-simple",), draft_model=str(other)))
+        engine.drafters_for(SpecConfig(drafters=("draft-simple",), draft_model=str(other)))
     bigger = make_hf_model(tmp_path / "bigger", vocab=1024)
     with pytest.raises(DraftCompatibilityError, match="vocabulary sizes differ too much"):
-        engine.drafters_for(SpecConfig(types=("draft-simple",), draft_model=str(bigger)))
+        engine.drafters_for(SpecConfig(drafters=("draft-simple",), draft_model=str(bigger)))
 
 
 def test_cross_tokenizer_drafting_is_lossless(tmp_path, tiny_model):
@@ -121,7 +154,7 @@ def test_cross_tokenizer_drafting_is_lossless(tmp_path, tiny_model):
     engine = Engine(tiny_model, max_len=128)
     ids = tiny_model.tokenizer.encode("the then there the then")
     plain = engine.generate(ids, SamplingParams(), max_tokens=20)
-    spec = SpecConfig(types=("draft-simple",), draft_model=str(other), cross_tokenizer=True)
+    spec = SpecConfig(drafters=("draft-simple",), draft_model=str(other), cross_tokenizer=True)
     out = engine.generate(ids, SamplingParams(), max_tokens=20, spec=spec)
     assert out.token_ids == plain.token_ids
     assert out.stats.configured

@@ -43,7 +43,7 @@ def plain(engine):
 @pytest.mark.parametrize("kind", MODEL_FREE)
 def test_model_free_drafters_keep_greedy_output(engine, plain, kind):
     tok = engine.model.tokenizer
-    spec = SpecConfig(types=(kind,), draft_n_max=4)
+    spec = SpecConfig(drafters=(kind,), draft_n_max=4)
     drafted = 0
     for p in PROMPTS:
         out = engine.generate(tok.encode(p), SamplingParams(), max_tokens=64, spec=spec)
@@ -57,7 +57,7 @@ def test_model_free_drafters_keep_greedy_output(engine, plain, kind):
 def test_editing_prompt_engages_ngram_and_accepts(engine, plain):
     tok = engine.model.tokenizer
     out = engine.generate(tok.encode(EDIT_PROMPT), SamplingParams(), max_tokens=64,
-                          spec=SpecConfig(types=("ngram-simple",), draft_n_max=5))
+                          spec=SpecConfig(drafters=("ngram-simple",), draft_n_max=5))
     assert out.token_ids == plain[EDIT_PROMPT]
     assert out.stats.engaged and out.stats.accepted > 0
     assert out.stats.mean_acceptance_length > 1.0
@@ -65,7 +65,7 @@ def test_editing_prompt_engages_ngram_and_accepts(engine, plain):
 
 def test_several_drafters_at_once(engine, plain):
     tok = engine.model.tokenizer
-    spec = SpecConfig(types=("ngram-simple", "suffix"), draft_n_max=3)
+    spec = SpecConfig(drafters=("ngram-simple", "suffix"), draft_n_max=3)
     out = engine.generate(tok.encode(EDIT_PROMPT), SamplingParams(), max_tokens=64, spec=spec)
     assert out.token_ids == plain[EDIT_PROMPT]
     assert sum(c.drafted for c in out.stats.by_drafter.values()) == out.stats.drafted
@@ -73,8 +73,8 @@ def test_several_drafters_at_once(engine, plain):
 
 def test_adaptive_and_min_length_keep_output(engine, plain):
     tok = engine.model.tokenizer
-    for spec in (SpecConfig(types=("ngram-simple",), draft_n_max=6, adaptive=True),
-                 SpecConfig(types=("ngram-simple",), draft_n_max=4, draft_n_min=3)):
+    for spec in (SpecConfig(drafters=("ngram-simple",), draft_n_max=6, adaptive=True),
+                 SpecConfig(drafters=("ngram-simple",), draft_n_max=4, draft_n_min=3)):
         out = engine.generate(tok.encode(EDIT_PROMPT), SamplingParams(), max_tokens=64, spec=spec)
         assert out.token_ids == plain[EDIT_PROMPT]
 
@@ -82,7 +82,7 @@ def test_adaptive_and_min_length_keep_output(engine, plain):
 def test_draft_model_equal_to_target_accepts_everything(smollm, engine, plain):
     """All-accept case: the draft is the target itself (same weights, same numerics)."""
     tok = engine.model.tokenizer
-    spec = SpecConfig(types=("draft-simple",), draft_model="smollm2-135m", draft_n_max=4)
+    spec = SpecConfig(drafters=("draft-simple",), draft_model="smollm2-135m", draft_n_max=4)
     out = engine.generate(tok.encode(CODE_PROMPT), SamplingParams(), max_tokens=48, spec=spec)
     assert out.token_ids == plain[CODE_PROMPT][:48]
     assert out.stats.drafted > 0 and out.stats.acceptance_rate == 1.0
@@ -91,7 +91,7 @@ def test_draft_model_equal_to_target_accepts_everything(smollm, engine, plain):
 def test_unrelated_draft_model_is_rejected_but_output_unchanged(engine, plain, random_smollm_dir):
     """All-reject case: random weights with the same tokenizer propose nonsense."""
     tok = engine.model.tokenizer
-    spec = SpecConfig(types=("draft-simple",), draft_model=str(random_smollm_dir), draft_n_max=3)
+    spec = SpecConfig(drafters=("draft-simple",), draft_model=str(random_smollm_dir), draft_n_max=3)
     out = engine.generate(tok.encode(PROSE_PROMPT), SamplingParams(), max_tokens=32, spec=spec)
     assert out.token_ids == plain[PROSE_PROMPT][:32]
     assert out.stats.drafted > 0 and out.stats.acceptance_rate < 0.2
@@ -121,7 +121,7 @@ def test_stops_inside_an_accepted_run_match_plain_decoding(engine):
     """Stop strings and max_tokens cut exactly where plain decoding cuts."""
     tok = engine.model.tokenizer
     ids = tok.encode(EDIT_PROMPT)
-    spec = SpecConfig(types=("ngram-simple",), draft_n_max=6)
+    spec = SpecConfig(drafters=("ngram-simple",), draft_n_max=6)
     for stop, max_tokens in ((["print("], 64), (["running_sum"], 64), ([], 7), ([], 13)):
         a = engine.generate(ids, SamplingParams(), max_tokens=max_tokens, stop=stop)
         b = engine.generate(ids, SamplingParams(), max_tokens=max_tokens, stop=stop, spec=spec)
@@ -135,7 +135,7 @@ def test_eos_stops_generation(engine):
     chat = tok.apply_chat_template([{"role": "user", "content": "Say just: OK"}])
     ids = tok.encode(chat, add_bos=False)
     a = engine.generate(ids, SamplingParams(), max_tokens=200)
-    b = engine.generate(ids, SamplingParams(), max_tokens=200, spec=SpecConfig(types=("suffix",)))
+    b = engine.generate(ids, SamplingParams(), max_tokens=200, spec=SpecConfig(drafters=("suffix",)))
     assert a.finish_reason == "stop" and len(a.token_ids) < 200
     assert a.token_ids == b.token_ids
     assert not set(a.token_ids) & set(tok.eos_ids)
@@ -148,7 +148,7 @@ def test_qwen_pair_greedy_equality():
     tok = target.tokenizer
     ids = tok.encode(CODE_PROMPT)
     plain = engine.generate(ids, SamplingParams(), max_tokens=32)
-    spec = SpecConfig(types=("draft-simple",), draft_model="qwen2.5-coder-0.5b", draft_n_max=3)
+    spec = SpecConfig(drafters=("draft-simple",), draft_model="qwen2.5-coder-0.5b", draft_n_max=3)
     out = engine.generate(ids, SamplingParams(), max_tokens=32, spec=spec)
     assert out.token_ids == plain.token_ids
     assert out.stats.drafted > 0 and out.stats.accepted > 0

@@ -47,8 +47,8 @@ def test_plain_sampling_fits_the_target_distribution(target_dist, plain_counts):
 
 
 @pytest.mark.parametrize("spec", [
-    SpecConfig(types=("ngram-simple",), draft_n_max=2),
-    SpecConfig(types=("draft-simple",), draft_model="smollm2-135m", draft_n_max=2),
+    SpecConfig(drafters=("ngram-simple",), draft_n_max=2),
+    SpecConfig(drafters=("draft-simple",), draft_model="smollm2-135m", draft_n_max=2),
 ], ids=["ngram-one-hot", "draft-model-probs"])
 def test_speculative_sampling_fits_the_target_distribution(engine, target_dist, spec):
     ids, dist = target_dist

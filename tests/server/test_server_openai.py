@@ -11,7 +11,7 @@ from specdec.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-NGRAM = SpecConfig(types=("ngram-simple",))  # what the test server runs
+NGRAM = SpecConfig(drafters=("ngram-simple",))  # what the test server runs
 # repetitive text, so ngram-simple drafts (and its drafts get accepted) within a few tokens
 PROMPT = "List the days of the week: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. Again: Monday,"
 MESSAGES = [{"role": "user", "content": "Repeat exactly: red, green, blue, red, green, blue, red, green, blue"}]
@@ -97,7 +97,7 @@ def test_override_draft_length_and_method(smollm_server, reference):
     client = smollm_server.client()
     resp = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=N, temperature=0,
                                      extra_body={"speculative": {"method": "ngram", "num_speculative_tokens": 5}})
-    spec5 = SpecConfig(types=("ngram-simple",), draft_n_max=5)
+    spec5 = SpecConfig(drafters=("ngram-simple",), draft_n_max=5)
     expected = reference.generate(reference.prompt_ids(PROMPT), N, spec=spec5)
     assert resp.choices[0].text == expected.text
     stats = resp.model_extra["spec"]

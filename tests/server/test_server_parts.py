@@ -52,7 +52,7 @@ def test_api_key_wrong_or_missing_is_401_then_served(tiny_server):
 
 
 # -- speculative overrides -----------------------------------------------------------------------
-NGRAM = SpecConfig(types=("ngram-simple",))
+NGRAM = SpecConfig(drafters=("ngram-simple",))
 
 
 def test_overrides_resolve_into_spec_configs():
@@ -62,13 +62,13 @@ def test_overrides_resolve_into_spec_configs():
     assert resolve_spec(NGRAM, SpeculativeOverride(enabled=True)) == NGRAM
     assert resolve_spec(NGRAM, SpeculativeOverride(num_speculative_tokens=5)) == NGRAM.with_overrides(draft_n_max=5)
     assert resolve_spec(NGRAM, SpeculativeOverride(method="suffix", num_speculative_tokens=2)) == \
-        SpecConfig(types=("suffix",), draft_n_max=2)
+        SpecConfig(drafters=("suffix",), draft_n_max=2)
     assert resolve_spec(SpecConfig(), SpeculativeOverride(spec_type="ngram-simple,suffix")).types == \
         ("ngram-simple", "suffix")
-    served_draft = SpecConfig(types=("draft-simple",), draft_model="small")
+    served_draft = SpecConfig(drafters=("draft-simple",), draft_model="small")
     assert resolve_spec(served_draft, SpeculativeOverride(method="draft_model")) == served_draft
     assert resolve_spec(served_draft, SpeculativeOverride(method="ngram")).types == ("ngram-simple",)
-    served_mtp = SpecConfig(types=("draft-mtp",))  # a model drafter the server runs may be tuned per request
+    served_mtp = SpecConfig(drafters=("draft-mtp",))  # a model drafter the server runs may be tuned per request
     assert resolve_spec(served_mtp, SpeculativeOverride(num_speculative_tokens=1)).draft_n_max == 1
     assert resolve_spec(served_mtp, SpeculativeOverride(method="mtp")).types == ("draft-mtp",)
 
@@ -76,9 +76,9 @@ def test_overrides_resolve_into_spec_configs():
 @pytest.mark.parametrize("base, override", [
     (NGRAM, SpeculativeOverride(method="draft_model", model="other")),  # a draft model that is not loaded
     (NGRAM, SpeculativeOverride(method="draft_model")),  # no draft model loaded at all
-    (SpecConfig(types=("draft-simple",), draft_model="small"), SpeculativeOverride(model="other")),
+    (SpecConfig(drafters=("draft-simple",), draft_model="small"), SpeculativeOverride(model="other")),
     (NGRAM, SpeculativeOverride(method="mtp")),
-    (SpecConfig(types=("draft-mtp",)), SpeculativeOverride(method="eagle3")),
+    (SpecConfig(drafters=("draft-mtp",)), SpeculativeOverride(method="eagle3")),
     (NGRAM, SpeculativeOverride(spec_type="draft-eagle3")),
     (NGRAM, SpeculativeOverride(method="nope")),
     (NGRAM, SpeculativeOverride(num_speculative_tokens=0)),
@@ -214,7 +214,7 @@ def test_cmd_serve_builds_the_app_and_binds_localhost(tiny_hf_dir, monkeypatch):
     assert args.func(args) == 0
     assert calls["host"] == "127.0.0.1" and calls["port"] == 8000
     engine = calls["app"].state.engine
-    assert engine.spec == SpecConfig(types=("ngram-simple",), draft_n_max=4) and engine.cache.max_len == 128
+    assert engine.spec == SpecConfig(drafters=("ngram-simple",), draft_n_max=4) and engine.cache.max_len == 128
     calls["app"].state.worker.stop()
 
 

@@ -102,7 +102,7 @@ def test_trained_heads_draft_and_greedy_equals_plain(trained, kind, topk):
     m = load_model(str(folder), "fp32", progress=False)
     drafter = (make_mtp_drafter(m, max_len=256, topk=topk, budget=8) if kind == "mtp"
                else make_eagle3_drafter(m, str(eagle_dir), max_len=256, topk=topk, budget=8))
-    engine = Engine(m, SpecConfig(types=(drafter.name,), draft_n_max=3), max_len=256,
+    engine = Engine(m, SpecConfig(drafters=(drafter.name,), draft_n_max=3), max_len=256,
                     drafter_factory=lambda name, spec: drafter)
     prompt = list(range(10, 30))
     plain = Engine(m, SpecConfig(), max_len=256).generate(prompt, max_tokens=48).token_ids
@@ -112,11 +112,12 @@ def test_trained_heads_draft_and_greedy_equals_plain(trained, kind, topk):
 
 
 def test_auto_finds_the_mtp_head_beside_the_model(trained):
-    from specdec.engine.auto import choose_auto
+    from specdec.engine.auto import decide_spec_for_model
+    from specdec.engine.config import SpecFlags
 
     folder, _ = trained
     m = load_model(str(folder), "fp32", progress=False)
-    spec, reasons = choose_auto(m)
+    spec, reasons = decide_spec_for_model(SpecFlags(), m)
     assert "draft-mtp" in spec.types
     assert any("MTP head beside the model" in r for r in reasons)
 
@@ -138,7 +139,7 @@ def test_sampled_tree_keeps_the_target_distribution(trained, kind):
     law = engine_law(m, prompt, SamplingParams(**sampling))
     drafter = (make_mtp_drafter(m, max_len=64, topk=2, budget=6) if kind == "mtp"
                else make_eagle3_drafter(m, str(eagle_dir), max_len=64, topk=2, budget=6))
-    engine = Engine(m, SpecConfig(types=(drafter.name,), draft_n_max=3), max_len=64,
+    engine = Engine(m, SpecConfig(drafters=(drafter.name,), draft_n_max=3), max_len=64,
                     drafter_factory=lambda name, spec: drafter)
     counts, _, accepted = sample_continuations(engine, prompt, 1500, **sampling)
     assert accepted > 50, "tree drafts were (almost) never accepted: the test would not exercise tree verification"

@@ -15,6 +15,8 @@ import platform
 import sys
 from pathlib import Path
 
+from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
+
 DEFAULT_METHODS = "none,ngram-simple,ngram-map-k,suffix,auto"
 
 
@@ -76,13 +78,14 @@ def artifact(model) -> dict:
 
 
 def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, draft_model: str | None = None,
-          temperatures=(0.0,), max_tokens: int = 64, repeats: int = 3, draft_n_max: int = 3,
+          temperatures=(0.0,), max_tokens: int = 64, repeats: int = 3, draft_n_max: int = DEFAULT_DRAFT_LENGTH,
           draft_lengths=None, ctx_size: int = 4096, warmup: bool = True, seed: int = 0, per_category=None,
           fresh_drafters: bool = True, peers=(), peer_urls=(), peer_model=None, hf_dtype: str = "bf16",
           progress: bool = True, out_dir=None, url_client=None) -> dict:
     """Run the whole bench on a loaded target Model; writes the report files when out_dir is given."""
     from specdec.bench.prompts import load_prompts, prompts_meta
-    from specdec.bench.runner import bench_engine, parse_methods, run_bench
+    from specdec.bench.methods import bench_engine, parse_methods
+    from specdec.bench.runner import run_bench
 
     prompts = load_prompts(prompts_spec, per_category)
     method_list = parse_methods(methods, draft_model, draft_n_max, model, draft_lengths)
@@ -117,7 +120,7 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
     results["runtime"] = runtime_info(with_transformers=bool(peers))
     draft_info = None
     if draft_model is not None and any(m.spec.draft_model for m in method_list):
-        draft_info = artifact(engine.drafter_factory.inner.load_draft_model(draft_model))
+        draft_info = artifact(engine.load_draft_model(draft_model))
     results["artifacts"] = {"target": artifact(model), "draft": draft_info}
     if out_dir is not None:
         from specdec.bench.report import write_all
@@ -130,7 +133,7 @@ def cmd_bench(args) -> int:
     import torch
 
     from specdec.bench.prompts import load_prompts
-    from specdec.bench.runner import parse_methods
+    from specdec.bench.methods import parse_methods
     from specdec.model.load import load_model
 
     # check the settings before spending a minute loading the model
@@ -161,7 +164,7 @@ def cmd_bench(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from specdec.cli import add_model_args
+    from specdec.options import add_model_args
 
     p = sub.add_parser("bench", help="measure plain vs speculative decoding (and peers) on shipped prompt sets")
     add_model_args(p)
@@ -177,7 +180,8 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", "--temp", default="0", help="comma list, e.g. 0,0.7 (0 = greedy)")
     p.add_argument("--max-tokens", "-n", type=int, default=128)
     p.add_argument("--repeats", "-r", type=int, default=3, help="rounds per prompt; medians are taken over them")
-    p.add_argument("--spec-draft-n-max", type=int, default=3, help="draft length of every method (default 3)")
+    p.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_DRAFT_LENGTH,
+                   help=f"draft length of every method (default {DEFAULT_DRAFT_LENGTH})")
     p.add_argument("--draft-lengths", default=None, help="also sweep these draft lengths, e.g. 1,2,3,5")
     p.add_argument("--peers", default=None, help="comma list: hf-plain, hf-assisted, hf-prompt-lookup")
     p.add_argument("--peer-url", action="append", default=[],

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from specdec.bench.runner import RunOutput
+from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
 
 HF_PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 
@@ -96,7 +97,7 @@ class _Clock:
 class HFPeer:
     """One transformers generate() configuration on the same file as the specdec target."""
 
-    def __init__(self, mode: str, models: HFModels, eos_ids: list[int], draft_n: int = 3):
+    def __init__(self, mode: str, models: HFModels, eos_ids: list[int], draft_n: int = DEFAULT_DRAFT_LENGTH):
         if mode not in HF_PEERS:
             raise ValueError(f"unknown peer {mode!r}; choose from {', '.join(HF_PEERS)}")
         self.mode = mode

@@ -169,9 +169,8 @@ def caveats(r: dict) -> list[str]:
     for c in r["configs"]:
         rows = [x for x in r["summary"] if x["config"] == c["label"] and x["category"] == "all"]
         for t in c.get("types", []):
-            name = t.split(":")[0]  # drafters count under their name, without the bench's options
             if t.startswith("draft-") and rows and any(x["engaged"] == "yes" for x in rows) \
-                    and not any(name in x["by_drafter"] for x in rows):
+                    and not any(t in x["by_drafter"] for x in rows):
                 notes.append(f"{c['label']}: the {t} drafter was loaded but never drafted (the drafters before it "
                              "always had a draft).")
     for x in r["summary"]:

@@ -10,12 +10,7 @@ decode tokens/s of a method to its baseline in the same round; medians are taken
     methods = parse_methods("none,suffix,ngram-map-k:min_hits=1000", model=model)
     results = run_bench(engine, load_prompts("quick"), methods, temperatures=[0.0], max_tokens=64)
 
-Method syntax (comma list): a spec type (suffix), several tried in order (ngram-simple+suffix),
-drafter options after colons (ngram-map-k:min_hits=1000:key_size=4), "none", and "auto".
-
-Drafter state: model-free drafters that remember earlier requests (suffix's global tree,
-ngram-cache's dynamic tier) would see every prompt again on each repeat and draft the
-previous answer verbatim; the bench gives each run a fresh drafter unless asked to keep it.
+Methods and the engine they run on: bench/methods.py.
 """
 
 from __future__ import annotations
@@ -26,154 +21,11 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.bench import memory
-from specdec.drafters import registry
-from specdec.engine.config import MODEL_TYPES, TREE_TYPES, SpecConfig
+from specdec.bench.methods import BASELINE, Method
 from specdec.engine.stats import SpecStats
 from specdec.sampling import SamplingParams
 
 SCHEMA = "specdec-bench/1"
-BASELINE = "none"
-
-
-# -- methods -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Method:
-    """One configuration to measure: a label and the SpecConfig it runs (types may carry options)."""
-
-    label: str
-    spec: SpecConfig
-    base: str = ""  # the --methods entry it came from (sweep points share it)
-    reasons: tuple[str, ...] = ()  # auto's reasons
-
-
-def parse_drafter(name: str) -> tuple[str, dict]:
-    """'ngram-map-k:min_hits=1000' -> ('ngram-map-k', {'min_hits': 1000})."""
-    base, *opts = name.split(":")
-    kwargs = {}
-    for opt in opts:
-        key, sep, value = opt.partition("=")
-        if not sep:
-            raise ValueError(f"drafter option {opt!r} in {name!r} is not key=value")
-        kwargs[key] = _number(value)
-    return base, kwargs
-
-
-def _number(text: str):
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def parse_methods(text: str, draft_model: str | None = None, draft_n_max: int = 3, model=None,
-                  draft_lengths: list[int] | None = None) -> list[Method]:
-    """Methods from --methods; the baseline 'none' is always first. `model` is needed for 'auto'."""
-    known = set(registry.names()) | set(MODEL_TYPES)
-    methods: list[Method] = []
-    for entry in [e.strip() for e in text.split(",") if e.strip()]:
-        if entry == BASELINE:
-            continue
-        if entry == "auto":
-            if model is None:
-                raise ValueError("method 'auto' needs the target model")
-            from specdec.engine.auto import choose_auto, drafter_facts
-
-            draft = None
-            if draft_model is not None:
-                draft = drafter_facts(draft_model, model.checkpoint, model.tokenizer, model.info.name)
-            spec, reasons = choose_auto(model, draft, draft_n_max=draft_n_max)
-            methods.append(Method(f"auto ({spec.method})", spec, "auto", tuple(reasons)))
-            continue
-        types = tuple(t.strip() for t in entry.split("+"))
-        settings: dict = {}
-        for t in types:
-            base, kwargs = parse_drafter(t)
-            if base not in known:
-                raise ValueError(f"unknown method {base!r} in --methods; valid: none, auto, {', '.join(sorted(known))}")
-            if base in MODEL_TYPES:
-                settings.update(_model_drafter_settings(base, kwargs, t))
-        uses_draft = any(parse_drafter(t)[0] == "draft-simple" for t in types)
-        if uses_draft and draft_model is None:
-            raise ValueError("method draft-simple needs --draft-model")
-        spec = SpecConfig(types=types, draft_n_max=draft_n_max, draft_model=draft_model if uses_draft else None,
-                          **settings)
-        methods.append(Method(entry, spec, entry))
-    if len({m.label for m in methods}) != len(methods):
-        raise ValueError(f"--methods lists a method twice: {text}")
-    out = [Method(BASELINE, SpecConfig(), BASELINE)] + methods
-    for k in draft_lengths or []:
-        for m in methods:
-            if k != m.spec.draft_n_max and m.spec.enabled:
-                out.append(Method(f"{m.label} k={k}", m.spec.with_overrides(draft_n_max=k), m.base, m.reasons))
-    return out
-
-
-_MODEL_OPTIONS = {"topk": "tree_topk", "budget": "tree_budget", "adaptive": "adaptive"}
-
-
-def _model_drafter_settings(base: str, kwargs: dict, entry: str) -> dict:
-    """SpecConfig fields from a model drafter's options: draft-eagle3:topk=2:budget=3, draft-mtp:adaptive=1."""
-    allowed = {"adaptive"} | ({"topk", "budget"} if base in TREE_TYPES else set())
-    bad = set(kwargs) - allowed
-    if bad:
-        raise ValueError(f"{base} takes the options {', '.join(sorted(allowed))} in --methods (got {entry!r})")
-    return {_MODEL_OPTIONS[k]: (bool(v) if k == "adaptive" else v) for k, v in kwargs.items()}
-
-
-# -- drafters: options and fresh state ----------------------------------------------------------
-class _FreshEachRequest:
-    """A model-free drafter rebuilt at every begin(), so no run learns from an earlier one."""
-
-    def __init__(self, make):
-        self.make = make
-        self.inner = make()
-        self.name = self.inner.name
-
-    def begin(self, prompt):
-        self.inner = self.make()
-        self.inner.begin(prompt)
-
-    def propose(self, context, max_tokens):
-        return self.inner.propose(context, max_tokens)
-
-    def on_accept(self, num_accepted):
-        self.inner.on_accept(num_accepted)
-
-    def end(self, output):
-        self.inner.end(output)
-
-
-class BenchDrafterFactory:
-    """The engine's drafter factory for the bench: parses options, and gives fresh state per run.
-
-    Model drafters are built by the normal DrafterFactory (their begin() already forgets the
-    previous request, and rebuilding them would reallocate their KV cache).
-    """
-
-    def __init__(self, model, max_len: int = 4096, fresh: bool = True):
-        from specdec.drafters.factory import DrafterFactory
-
-        self.inner = DrafterFactory(model, max_len)
-        self.fresh = fresh
-
-    def __call__(self, name: str, spec: SpecConfig):
-        base, kwargs = parse_drafter(name)
-        if base in MODEL_TYPES:
-            return self.inner(base, spec)
-
-        def make():
-            return registry.create(base, **kwargs) if kwargs else self.inner(base, spec)
-
-        return _FreshEachRequest(make) if self.fresh else make()
-
-
-def bench_engine(model, ctx_size: int = 4096, fresh_drafters: bool = True):
-    from specdec.engine.engine import Engine
-
-    return Engine(model, SpecConfig(), max_len=ctx_size,
-                  drafter_factory=BenchDrafterFactory(model, ctx_size, fresh_drafters))
 
 
 # -- one run -----------------------------------------------------------------------------------
@@ -219,7 +71,8 @@ class _Config:
         if self.kind == "specdec":
             m = self.method
             return {"label": self.label, "kind": "specdec", "method": m.spec.method, "base": m.base,
-                    "types": list(m.spec.types), "draft_n_max": m.spec.draft_n_max,
+                    "types": list(m.spec.types), "drafters": [d.label() for d in m.spec.drafters],
+                    "draft_n_max": m.spec.draft_n_max,
                     "draft_model": m.spec.draft_model, "baseline": self.baseline,
                     "runtime": "specdec", "in_memory_format": engine.model.info.weights_dtype,
                     "speculation_path": "yes" if m.spec.enabled else "no",
@@ -458,7 +311,7 @@ def suggest_facts(results: dict, weights_format: str, tolerance: float) -> list[
     facts = []
     for cfg in results["configs"]:
         if cfg["kind"] != "specdec" or cfg["speculation_path"] != "yes" or cfg["base"] == "auto" or \
-                len(cfg["types"]) != 1 or ":" in cfg["types"][0] or " k=" in cfg["label"]:
+                len(cfg["types"]) != 1 or cfg["drafters"] != cfg["types"] or " k=" in cfg["label"]:
             continue
         rows = [s for s in results["summary"] if s["config"] == cfg["label"] and s["category"] != "all"]
         ratios = [s["speedup_median"] for s in rows if s["speedup_median"] is not None]

@@ -59,10 +59,9 @@ class DraftModelDrafter(DrafterBase):
         self.sampling = SamplingParams()
         self.generator = torch.Generator()
 
-    def set_sampling(self, sampling: SamplingParams, generator: torch.Generator) -> None:
-        self.sampling, self.generator = sampling, generator
-
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(),
+              generator: torch.Generator | None = None) -> None:
+        self.sampling, self.generator = sampling, generator or torch.Generator()
         # Prefill the prompt the way the engine prefills the target, so a draft that is the
         # target model computes bit-identical states (and is accepted every time).
         self.cache.truncate(self.slot, 0)
@@ -77,9 +76,9 @@ class DraftModelDrafter(DrafterBase):
         self.fed.extend(tokens)
         return out.logits[0, -1]
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
-        if max_tokens <= 0:
-            return Draft(source=self.name)
+    def propose(self, context: Sequence[int], draft_length: int) -> Draft:
+        if draft_length <= 0:
+            return Draft()
         context = list(context)
         common = 0
         for a, b in zip(self.fed, context):
@@ -91,7 +90,7 @@ class DraftModelDrafter(DrafterBase):
         del self.fed[common:]
         logits = self._feed(context[common:])
         tokens, probs = [], []
-        for i in range(max_tokens):
+        for i in range(draft_length):
             logits = logits[: self.target_vocab]
             if self.sampling.greedy:
                 if self.p_min > 0 and float(torch.softmax(logits.float(), -1).max()) < self.p_min:
@@ -104,10 +103,10 @@ class DraftModelDrafter(DrafterBase):
                 token = sample_token(row, self.generator)
                 probs.append(row)
             tokens.append(token)
-            if i + 1 < max_tokens:
+            if i + 1 < draft_length:
                 logits = self._feed([token])
         draft_probs = torch.stack(probs) if probs else None
-        return Draft(tuple(tokens), draft_probs, source=self.name)
+        return Draft.chain(tokens, draft_probs)
 
 
 class CrossTokenizerDrafter(DrafterBase):
@@ -123,21 +122,23 @@ class CrossTokenizerDrafter(DrafterBase):
         self.draft_tok = draft.tokenizer
         self.target_tok = target_tokenizer
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(),
+              generator: torch.Generator | None = None) -> None:
+        # drafts are deterministic (one-hot) whatever the sampling: the inner draft runs greedy
         self.inner.begin(prompt)
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
-        if max_tokens <= 0:
-            return Draft(source=self.name)
+    def propose(self, context: Sequence[int], draft_length: int) -> Draft:
+        if draft_length <= 0:
+            return Draft()
         text = self.target_tok.decode(context)
         draft_ids = self.draft_tok.encode(text)
-        proposal = self.inner.propose(draft_ids, max_tokens + 2)
+        proposal = self.inner.propose(draft_ids, draft_length + 2)
         if not proposal.tokens:
-            return Draft(source=self.name)
+            return Draft()
         # Re-tokenize the whole text so token boundaries match what the target would see,
         # then keep only the ids after the context.
         full = self.target_tok.encode(text + self.draft_tok.decode(list(proposal.tokens)), add_bos=False)
         ctx = self.target_tok.encode(text, add_bos=False)
         if full[: len(ctx)] != ctx:
-            return Draft(source=self.name)  # the boundary re-merged: no safe draft this step
-        return Draft(tuple(full[len(ctx) : len(ctx) + max_tokens]), source=self.name)
+            return Draft()  # the boundary re-merged: no safe draft this step
+        return Draft.chain(full[len(ctx) : len(ctx) + draft_length])

@@ -30,8 +30,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specdec.drafters.hidden import DraftLayer, HiddenHead, HiddenStateDrafter, RMSNorm, rope_rows
+from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
+from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
 from specdec.model.errors import SpecdecError
+from specdec.model.layers import DecoderLayer, RMSNorm
 
 
 class Eagle3Error(SpecdecError):
@@ -97,9 +99,9 @@ class Eagle3Head(HiddenHead):
         self.hidden_layers = tuple(cfg.taps)
         self.num_modules = 1
         self.fc = nn.Linear(len(cfg.taps) * (cfg.target_hidden_size or H), H, bias=False)
-        self.midlayer = DraftLayer(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                                   cfg.rms_norm_eps, attn_in=2 * H)
-        self.midlayer.input_layernorm = RMSNorm(H, cfg.rms_norm_eps)
+        # its input_layernorm norms the token embedding, hidden_norm the feature: the attention reads both (2H)
+        self.midlayer = DecoderLayer(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                                     cfg.rms_norm_eps, attn_in=2 * H)
         self.midlayer.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
@@ -118,7 +120,7 @@ class Eagle3Head(HiddenHead):
     def draft_to_target(self) -> torch.Tensor:
         return torch.arange(self.cfg.draft_vocab_size, device=self.d2t.device) + self.d2t  # (Vd,)
 
-    def module_layer(self, module: int) -> DraftLayer:
+    def module_layer(self, module: int) -> DecoderLayer:
         return self.midlayer
 
     def feature(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -129,9 +131,8 @@ class Eagle3Head(HiddenHead):
         """-> (draft-vocab logits (B, T, Vd), pre-norm output (B, T, H), k, v)."""
         e = self.embed[tokens].to(feats.dtype)  # (B, T, H)
         m = self.midlayer
-        cos, sin = rope_rows(self.rope_cos, self.rope_sin, positions)
         attn_in = torch.cat([m.input_layernorm(e), m.hidden_norm(feats)], dim=-1)  # (B, T, 2H)
-        out, k, v = m(attn_in, feats, cos, sin, past_k, past_v, mask)
+        out, k, v = self.run_layer(m, attn_in, feats, positions, past_k, past_v, mask)
         return self.lm_head(self.norm(out)), out, k, v
 
     def step(self, module, feats, tokens, positions, past_k, past_v, mask):
@@ -219,7 +220,7 @@ def save_eagle3_head(head: Eagle3Head, folder, target_info: dict | None = None) 
 
 
 def make_eagle3_drafter(target, path=None, p_min: float = 0.0, max_len: int = 4096, topk: int = 1,
-                        budget: int = 3) -> HiddenStateDrafter:
+                        budget: int = DEFAULT_DRAFT_LENGTH) -> HiddenStateDrafter:
     """The EAGLE-3 drafter: `path` (a head folder), or the head shipped for this target."""
     if path is None:
         from specdec.drafters.mtp import shipped_head

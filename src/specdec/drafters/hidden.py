@@ -16,88 +16,14 @@ target's hidden rows through `on_target_hidden` after every commit.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specdec.drafters.base import Draft, DrafterBase
-from specdec.model.transformer import rope_tables
+from specdec.model.layers import DecoderLayer, MaskedAttention, rope_rows, rope_tables
 from specdec.sampling import SamplingParams, process_logits, sample_token
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (B, nh, T, hd); cos/sin: (B, 1, T, hd), rotate-half layout as in transformers
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
-class DraftLayer(nn.Module):
-    """One Llama/Qwen decoder layer whose attention reads `attn_in` features (H, or 2H for EAGLE-3).
-
-    Parameter names follow transformers (self_attn.q_proj, mlp.gate_proj, ...), so state
-    dicts map one to one onto checkpoint tensors. The caller applies the pre-attention
-    norm(s): forward takes the normed attention input and the residual stream.
-    """
-
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, eps: float,
-                 attn_in: int | None = None, qkv_bias: bool = False, qk_norm: bool = False):
-        super().__init__()
-        attn_in = attn_in or hidden
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(attn_in, heads * head_dim, bias=qkv_bias)
-        self.self_attn.k_proj = nn.Linear(attn_in, kv_heads * head_dim, bias=qkv_bias)
-        self.self_attn.v_proj = nn.Linear(attn_in, kv_heads * head_dim, bias=qkv_bias)
-        self.self_attn.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
-        if qk_norm:
-            self.self_attn.q_norm = RMSNorm(head_dim, eps)
-            self.self_attn.k_norm = RMSNorm(head_dim, eps)
-        self.mlp = nn.Module()
-        self.mlp.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.mlp.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.mlp.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.post_attention_layernorm = RMSNorm(hidden, eps)
-
-    def forward(self, attn_in: torch.Tensor, residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past_k: torch.Tensor | None, past_v: torch.Tensor | None, mask: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """attn_in: (B, T, A) normed; residual: (B, T, H); past_k/v: (B, nkv, P, hd) or None;
-        mask: (B or 1, T, P + T) bool, True = may attend. Returns (out (B, T, H), k, v (B, nkv, T, hd))."""
-        B, T, _ = attn_in.shape
-        a = self.self_attn
-        q = a.q_proj(attn_in).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, nh, T, hd)
-        k = a.k_proj(attn_in).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, nkv, T, hd)
-        v = a.v_proj(attn_in).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        if hasattr(a, "q_norm"):
-            q, k = a.q_norm(q), a.k_norm(k)
-        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        keys = k if past_k is None else torch.cat([past_k, k], dim=2)
-        values = v if past_v is None else torch.cat([past_v, v], dim=2)
-        group = self.heads // self.kv_heads
-        if group > 1:
-            keys_r, values_r = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-        else:
-            keys_r, values_r = keys, values
-        out = F.scaled_dot_product_attention(q, keys_r, values_r, attn_mask=mask[:, None],
-                                             scale=1.0 / math.sqrt(self.head_dim))  # (B, nh, T, hd)
-        x = residual + a.o_proj(out.transpose(1, 2).reshape(B, T, -1))
-        h = self.post_attention_layernorm(x)
-        x = x + self.mlp.down_proj(F.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
-        return x, k, v
 
 
 class HeadCache:
@@ -108,12 +34,6 @@ class HeadCache:
         self.v = torch.zeros(kv_heads, max_len, head_dim, dtype=dtype)
         self.length = 0
         self.max_len = max_len
-
-
-def rope_rows(cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor):
-    """positions: (B, T) -> cos, sin (B, 1, T, hd)."""
-    positions = positions.clamp(max=cos_table.shape[0] - 1)
-    return cos_table[positions][:, None], sin_table[positions][:, None]
 
 
 class HiddenHead(nn.Module):
@@ -131,11 +51,24 @@ class HiddenHead(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def run_layer(self, layer: DecoderLayer, attn_in: torch.Tensor, x: torch.Tensor, positions: torch.Tensor,
+                  past_k, past_v, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The head's decoder layer on new rows over its cache.
+
+        attn_in: (B, T, A) normed attention input; x: (B, T, H) residual stream; positions: (B, T);
+        past_k/v: (B, nkv, P, hd) or None; mask: (B or 1, T, P + T) bool, True = may attend.
+        Returns (out (B, T, H), k, v (B, nkv, T, hd) of the new rows)."""
+        B, T, H = x.shape
+        cos, sin = rope_rows(self.rope_cos, self.rope_sin, positions.clamp(max=self.rope_cos.shape[0] - 1))
+        attend = MaskedAttention(B, past_k, past_v, mask)
+        out = layer(x.reshape(B * T, H), attend, cos, sin, attn_in.reshape(B * T, -1))
+        return out.reshape(B, T, H), attend.k, attend.v
+
     def feature(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         """Target hidden rows {layer: (..., n, H)} -> features (..., n, F) for module 0."""
         raise NotImplementedError
 
-    def module_layer(self, module: int) -> DraftLayer:
+    def module_layer(self, module: int) -> DecoderLayer:
         raise NotImplementedError
 
     def step(self, module: int, feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
@@ -161,15 +94,12 @@ class HiddenStateDrafter(DrafterBase):
         self.max_len = max_len
         layer0 = head.module_layer(0)
         self.caches = [HeadCache(layer0.kv_heads, layer0.head_dim, max_len) for _ in range(head.num_modules)]
-        self.sampling = SamplingParams()
-        self.generator = torch.Generator()
         self.begin([])
 
-    def set_sampling(self, sampling: SamplingParams, generator: torch.Generator) -> None:
-        self.sampling, self.generator = sampling, generator
-
     # -- engine hooks --------------------------------------------------------------------------
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(),
+              generator: torch.Generator | None = None) -> None:
+        self.sampling, self.generator = sampling, generator or torch.Generator()
         self.fed: list[int] = []  # tokens whose target hidden rows arrived, x_0..x_{m-1}
         self.pending: list[torch.Tensor] = []  # features of fed positions not yet in the head cache
         for c in self.caches:
@@ -183,19 +113,20 @@ class HiddenStateDrafter(DrafterBase):
 
     # -- drafting --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], draft_length: int) -> Draft:
         m = len(self.fed)
-        if max_tokens <= 0 or m == 0 or len(context) != m + 1 or m + 1 + max(self.budget, max_tokens) >= self.max_len:
-            return Draft(source=self.name)
+        room = m + 1 + max(self.budget, draft_length) < self.max_len
+        if draft_length <= 0 or m == 0 or len(context) != m + 1 or not room:
+            return Draft()
         logits, feat = self._catch_up(context)  # (V,), (H,) for the root pair at position m-1
         if self.topk <= 1:
-            draft = self._chain(logits, feat, m, max_tokens)
+            draft = self._chain(logits, feat, m, draft_length)
         else:
             from specdec.drafters.tree import grow_tree
 
-            draft = grow_tree(logits, feat, self._placer(m), max_depth=max_tokens, topk=self.topk,
+            draft = grow_tree(logits, feat, self._placer(m), max_depth=draft_length, topk=self.topk,
                               budget=self.budget, sampling=self.sampling, generator=self.generator,
-                              process=self._probs, source=self.name)
+                              process=self._probs)
         for c in self.caches:
             c.length = min(c.length, m) if c is self.caches[0] else 0
         return draft
@@ -230,11 +161,11 @@ class HiddenStateDrafter(DrafterBase):
         cache.length = max(cache.length, int(slots.max()) + 1)
         return logits[..., : self.target_vocab], out
 
-    def _chain(self, logits: torch.Tensor, feat: torch.Tensor, m: int, max_tokens: int) -> Draft:
+    def _chain(self, logits: torch.Tensor, feat: torch.Tensor, m: int, draft_length: int) -> Draft:
         tokens, probs = [], []
         place = self._placer(m)
         node_slots: list[tuple[int, int]] = []
-        for i in range(max_tokens):
+        for i in range(draft_length):
             if self.sampling.greedy:
                 if self.p_min > 0 and float(torch.softmax(logits, -1).max()) < self.p_min:
                     break
@@ -246,11 +177,11 @@ class HiddenStateDrafter(DrafterBase):
                 token = sample_token(row, self.generator)
                 probs.append(row)
             tokens.append(token)
-            if i + 1 == max_tokens:
+            if i + 1 == draft_length:
                 break
             out_logits, out = place([i], [token], list(range(-1, i)), feat[None], i + 1, node_slots)
             logits, feat = out_logits[0], out[0]
-        return Draft(tuple(tokens), torch.stack(probs) if probs else None, source=self.name)
+        return Draft.chain(tokens, torch.stack(probs) if probs else None)
 
     def _placer(self, m: int):
         """A function running draft nodes through the head, each attending the committed pairs

@@ -29,11 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from specdec.drafters.hidden import DraftLayer, HiddenHead, HiddenStateDrafter, RMSNorm, rope_rows
+from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
+from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
 from specdec.model.errors import SpecdecError
+from specdec.model.facts import sidecar_path
+from specdec.model.layers import DecoderLayer, RMSNorm, rms_norm
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
 BLOCK_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -90,9 +92,9 @@ class MTPModule(nn.Module):
         self.enorm = RMSNorm(H, c.rms_norm_eps)
         self.hnorm = RMSNorm(H, c.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
-        self.input_layernorm = RMSNorm(H, c.rms_norm_eps)
-        self.block = DraftLayer(H, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
-                                qkv_bias=c.qkv_bias, qk_norm=c.qk_norm)
+        self.input_layernorm = RMSNorm(H, c.rms_norm_eps)  # the block's input norm lives here (checkpoint names)
+        self.block = DecoderLayer(H, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
+                                  qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, input_norm=False)
         self.norm = RMSNorm(H, c.rms_norm_eps)
         self.embed_first = embed_first
 
@@ -117,12 +119,11 @@ class MTPHead(HiddenHead):
         self.register_buffer("target_norm", target_norm.float().clone(), persistent=False)
         self.init_rope(config.head_dim, config.rope_theta, max_positions or config.context_length)
 
-    def module_layer(self, module: int) -> DraftLayer:
+    def module_layer(self, module: int) -> DecoderLayer:
         return self.mods[module].block
 
     def feature(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
-        h = hidden[self.config.num_layers].float()
-        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps) * self.target_norm
+        return rms_norm(hidden[self.config.num_layers].float(), self.target_norm, self.config.rms_norm_eps)
 
     def step(self, module, feats, tokens, positions, past_k, past_v, mask):
         mod = self.mods[module]
@@ -131,8 +132,7 @@ class MTPHead(HiddenHead):
             e = e * (positions != 0)[..., None]
         pair = [mod.enorm(e), mod.hnorm(feats)]
         x = mod.eh_proj(torch.cat(pair if mod.embed_first else pair[::-1], dim=-1))  # (B, T, H)
-        cos, sin = rope_rows(self.rope_cos, self.rope_sin, positions)
-        out, k, v = mod.block(mod.input_layernorm(x), x, cos, sin, past_k, past_v, mask)
+        out, k, v = self.run_layer(mod.block, mod.input_layernorm(x), x, positions, past_k, past_v, mask)
         normed = mod.norm(out)
         B, T, H = normed.shape
         logits = self.lm_head(normed.reshape(B * T, H).float()).reshape(B, T, -1)
@@ -189,12 +189,6 @@ def checkpoint_getter(source):
 
 
 # -- finding an MTP head for a target ----------------------------------------------------------
-def sidecar_path(model_path) -> Path:
-    """Where `specdec train mtp` saves a head so that auto finds it: `<model path>.mtp/`."""
-    p = Path(model_path)
-    return p.with_name(p.name + ".mtp")
-
-
 def shipped_head(kind: str, model) -> Path | None:
     """A head shipped under specdec/heads/<name>/<kind>/ whose config names this target."""
     if not HEADS_DIR.is_dir():
@@ -282,7 +276,8 @@ def save_mtp_head(head: MTPHead, folder, target_info: dict) -> Path:
     return folder
 
 
-def make_mtp_drafter(model, p_min: float = 0.0, max_len: int = 4096, topk: int = 1, budget: int = 3):
+def make_mtp_drafter(model, p_min: float = 0.0, max_len: int = 4096, topk: int = 1,
+                     budget: int = DEFAULT_DRAFT_LENGTH):
     head, where = load_mtp_head(model, max_len)
     drafter = HiddenStateDrafter(head, "draft-mtp", model.config.vocab_size, topk=topk, budget=budget, p_min=p_min,
                                  max_len=max_len)

@@ -1,11 +1,12 @@
 """Model-free n-gram drafters: they copy what followed the current tail of the context.
 
-All four read only token ids, so they work for any model and cost microseconds:
+All read only token ids, so they work for any model and cost microseconds:
 
     ngram-simple   last n tokens -> their most recent earlier occurrence -> copy what followed
     ngram-map-k    the same through a key -> (hits, last position) map; drafts after min_hits
     ngram-map-k4v  key -> up to 4 next-token candidates with counts; drafts only a clear winner
     ngram-cache    llama.cpp's three tiers: this context, earlier outputs, a static corpus
+                   (drafters/ngram_cache.py)
 
 Each keeps its own copy of the committed tokens and indexes every new token exactly once,
 so a call costs O(new tokens + draft length), never a rescan of the whole context. The engine
@@ -13,7 +14,7 @@ passes prompt + committed output, which only grows within a request; begin() sta
 
     >>> d = NgramSimple()
     >>> d.begin([1, 2, 3, 4, 9])
-    >>> d.propose([1, 2, 3, 4, 9, 1, 2, 3], max_tokens=3).tokens
+    >>> d.propose([1, 2, 3, 4, 9, 1, 2, 3], draft_length=3).tokens
     (4, 9, 1)
 """
 
@@ -33,7 +34,7 @@ NgramKey = tuple[int, ...]
 
 
 @dataclass
-class _IncrementalDrafter(DrafterBase):
+class IncrementalDrafter(DrafterBase):
     """Keeps a copy of the committed tokens and hands each new one to `_append` once."""
 
     def __post_init__(self) -> None:
@@ -49,7 +50,7 @@ class _IncrementalDrafter(DrafterBase):
     def _append(self, i: int) -> None:
         """Index token i (already in self._tokens)."""
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], sampling=None, generator=None) -> None:
         self._reset()
         self._sync(prompt)
 
@@ -79,7 +80,7 @@ def _copy_from(tokens: list[int], start: int, k: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _check_positive(kind: str, **values: int) -> None:
+def check_positive(kind: str, **values: int) -> None:
     for arg, value in values.items():
         if value < 1:
             raise ValueError(f"{kind}: {arg} must be at least 1 (got {value})")
@@ -89,13 +90,13 @@ def _check_positive(kind: str, **values: int) -> None:
 
 
 @dataclass
-class NgramSimple(_IncrementalDrafter):
+class NgramSimple(IncrementalDrafter):
     """Copy what followed the most recent earlier occurrence of the last n tokens.
 
-    n runs from n_max down to n_min; the longest n-gram that occurred before wins (it pins
+    n runs from order_max down to order_min; the longest n-gram that occurred before wins (it pins
     the position best), the most recent occurrence among equals.
 
-    Defaults n_min=2, n_max=6: in code editing the output copies the prompt's file except
+    Defaults order_min=2, order_max=6 (n-gram orders, not draft lengths): in code editing the output copies the prompt's file except
     where it is edited, and after each edit drafting should resume as soon as the text is
     back in step. Two BPE tokens re-sync almost at once; six (about 20 characters of code)
     usually name a unique place in a file, and because longer n is tried first the
@@ -103,43 +104,43 @@ class NgramSimple(_IncrementalDrafter):
     after every edit before it drafts again.
     """
 
-    n_min: int = 2
-    n_max: int = 6
+    order_min: int = 2
+    order_max: int = 6
     name: str = field(default="ngram-simple", init=False)
 
     def _check_args(self) -> None:
-        _check_positive(self.name, n_min=self.n_min)
-        if self.n_max < self.n_min:
-            raise ValueError(f"{self.name}: n_max ({self.n_max}) must be >= n_min ({self.n_min})")
+        check_positive(self.name, order_min=self.order_min)
+        if self.order_max < self.order_min:
+            raise ValueError(f"{self.name}: order_max ({self.order_max}) must be >= order_min ({self.order_min})")
 
     def _reset(self) -> None:
         super()._reset()
-        # follow[n - n_min][ngram] = index of the token after its most recent occurrence
-        self._follow: list[dict[NgramKey, int]] = [{} for _ in range(self.n_min, self.n_max + 1)]
+        # follow[n - order_min][ngram] = index of the token after its most recent occurrence
+        self._follow: list[dict[NgramKey, int]] = [{} for _ in range(self.order_min, self.order_max + 1)]
 
     def _append(self, i: int) -> None:
         # Index the n-grams ending at i-1 under i, one token late: the current tail is
         # then never in its own index and a lookup finds an *earlier* occurrence.
         tokens = self._tokens
-        for n in range(self.n_min, min(self.n_max, i) + 1):
-            self._follow[n - self.n_min][tuple(tokens[i - n : i])] = i
+        for n in range(self.order_min, min(self.order_max, i) + 1):
+            self._follow[n - self.order_min][tuple(tokens[i - n : i])] = i
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], draft_length: int) -> Draft:
         self._sync(context)
         tokens = self._tokens
-        if max_tokens > 0:
-            for n in range(min(self.n_max, len(tokens)), self.n_min - 1, -1):
-                start = self._follow[n - self.n_min].get(tuple(tokens[-n:]))
+        if draft_length > 0:
+            for n in range(min(self.order_max, len(tokens)), self.order_min - 1, -1):
+                start = self._follow[n - self.order_min].get(tuple(tokens[-n:]))
                 if start is not None:
-                    return Draft(tokens=_copy_from(tokens, start, max_tokens), source=self.name)
-        return Draft(source=self.name)
+                    return Draft.chain(_copy_from(tokens, start, draft_length))
+        return Draft()
 
 
 # --- ngram-map-k --------------------------------------------------------------------------
 
 
 @dataclass
-class NgramMapK(_IncrementalDrafter):
+class NgramMapK(IncrementalDrafter):
     """A map key -> (hits, last position); copies what followed the key's last occurrence
     once the key has occurred min_hits times before.
 
@@ -154,7 +155,7 @@ class NgramMapK(_IncrementalDrafter):
     name: str = field(default="ngram-map-k", init=False)
 
     def _check_args(self) -> None:
-        _check_positive(self.name, key_size=self.key_size, min_hits=self.min_hits)
+        check_positive(self.name, key_size=self.key_size, min_hits=self.min_hits)
 
     def _reset(self) -> None:
         super()._reset()
@@ -171,14 +172,14 @@ class NgramMapK(_IncrementalDrafter):
             entry[0] += 1
             entry[1] = i
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], draft_length: int) -> Draft:
         self._sync(context)
         tokens = self._tokens
-        if max_tokens > 0 and len(tokens) >= self.key_size:
+        if draft_length > 0 and len(tokens) >= self.key_size:
             entry = self._map.get(tuple(tokens[-self.key_size :]))
             if entry is not None and entry[0] >= self.min_hits:
-                return Draft(tokens=_copy_from(tokens, entry[1], max_tokens), source=self.name)
-        return Draft(source=self.name)
+                return Draft.chain(_copy_from(tokens, entry[1], draft_length))
+        return Draft()
 
 
 # --- ngram-map-k4v ------------------------------------------------------------------------
@@ -187,7 +188,7 @@ MAX_VALUES = 4  # next-token candidates kept per key (the "4v")
 
 
 @dataclass
-class NgramMapK4V(_IncrementalDrafter):
+class NgramMapK4V(IncrementalDrafter):
     """key -> up to 4 next tokens with counts; drafts token by token while one dominates.
 
     A candidate is drafted when its count >= min_hits and >= dominance x the runner-up's
@@ -205,7 +206,7 @@ class NgramMapK4V(_IncrementalDrafter):
     name: str = field(default="ngram-map-k4v", init=False)
 
     def _check_args(self) -> None:
-        _check_positive(self.name, key_size=self.key_size, min_hits=self.min_hits)
+        check_positive(self.name, key_size=self.key_size, min_hits=self.min_hits)
         if self.dominance < 1.0:
             raise ValueError(f"{self.name}: dominance must be >= 1.0 (got {self.dominance})")
 
@@ -239,197 +240,15 @@ class NgramMapK4V(_IncrementalDrafter):
             return best
         return None
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], draft_length: int) -> Draft:
         self._sync(context)
         k = self.key_size
         tail = self._tokens[-k:]
         out: list[int] = []
-        while len(out) < max_tokens and len(tail) >= k:
+        while len(out) < draft_length and len(tail) >= k:
             token = self._winner(tuple(tail[-k:]))
             if token is None:
                 break
             out.append(token)
             tail.append(token)
-        return Draft(tokens=tuple(out), source=self.name)
-
-
-# --- ngram-cache --------------------------------------------------------------------------
-
-# Confidence thresholds per n-gram size 1, 2, 3, 4+ (llama.cpp's ngram-cache values): the
-# n-gram must have been followed at least MIN_SAMPLES times, and the drafted token in at
-# least MIN_PERCENT % of them. This request's own text is trusted more (lax) than other
-# requests or a corpus (strict).
-LAX_MIN_SAMPLES, LAX_MIN_PERCENT = (2, 2, 1, 1), (66, 50, 50, 50)
-STRICT_MIN_SAMPLES, STRICT_MIN_PERCENT = (4, 3, 2, 2), (75, 66, 66, 66)
-
-NgramCounts = dict[NgramKey, dict[int, int]]  # ngram -> {next token: count}
-
-
-def _count_ngrams(
-    counts: NgramCounts, tokens: Sequence[int], i: int, n_min: int, n_max: int
-) -> None:
-    """Count token i after each n-gram (n_min <= n <= n_max) that ends just before it."""
-    token = tokens[i]
-    for n in range(n_min, min(n_max, i) + 1):
-        nexts = counts.setdefault(tuple(tokens[i - n : i]), {})
-        nexts[token] = nexts.get(token, 0) + 1
-
-
-def _pick(
-    nexts: dict[int, int],
-    prior: dict[int, int] | None,
-    n: int,
-    min_samples: tuple[int, ...],
-    min_percent: tuple[int, ...],
-) -> int | None:
-    """The most likely next token if it passes the thresholds for n-gram size n.
-
-    Counts are weighted by the static corpus (`prior`, counts after the last static_n
-    tokens) as llama.cpp does: a token the corpus knows counts 100x its corpus count.
-    """
-    best, best_score, best_count, total = None, 0, 0, 0
-    for token, count in nexts.items():
-        score = count * (100 * prior[token] if prior and token in prior else 1)
-        if score > best_score:
-            best, best_score, best_count = token, score, count
-        total += count
-    level = min(n, len(min_samples)) - 1
-    if total < min_samples[level] or 100 * best_count < min_percent[level] * total:
-        return None
-    return best
-
-
-def load_corpus(path: str | os.PathLike) -> list[list[int]]:
-    """Read a static corpus of token ids: a list of documents (n-grams never span two).
-
-    Formats, by extension:
-      .json  a list of ids, or a list of lists of ids (one per document) - what save_corpus writes
-      .npy   a 1-D integer array (one document)
-      other  text: whitespace-separated decimal ids, one document per line
-    """
-    p = Path(path)
-    expected = "a JSON list of token ids (or of such lists), a 1-D integer .npy, or a text of ids"
-    if not p.is_file():
-        raise FileNotFoundError(f"ngram-cache corpus {p} does not exist; give {expected}")
-    try:
-        if p.suffix == ".npy":
-            array = np.load(p, allow_pickle=False)
-            if array.ndim != 1 or not np.issubdtype(array.dtype, np.integer):
-                raise ValueError(f"found a {array.ndim}-D {array.dtype} array")
-            docs = [array.tolist()]
-        elif p.suffix == ".json":
-            data = json.loads(p.read_text())
-            if isinstance(data, list) and data and all(isinstance(d, list) for d in data):
-                docs = data
-            else:
-                docs = [data]
-        else:
-            lines = [line for line in p.read_text().splitlines() if line.strip()]
-            docs = [[int(word) for word in line.split()] for line in lines]
-        for doc in docs:
-            if not isinstance(doc, list) or not all(type(t) is int and t >= 0 for t in doc):
-                raise ValueError("found something other than non-negative integer ids")
-    except (ValueError, OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"ngram-cache corpus {p} is not {expected}: {err}") from None
-    if not any(docs):
-        raise ValueError(f"ngram-cache corpus {p} holds no token ids; give {expected}")
-    return docs
-
-
-def save_corpus(path: str | os.PathLike, docs: Sequence[Sequence[int]]) -> None:
-    """Write documents of token ids in the .json format load_corpus reads."""
-    Path(path).write_text(json.dumps([[int(t) for t in doc] for doc in docs]))
-
-
-@dataclass
-class NgramCache(_IncrementalDrafter):
-    """llama.cpp's ngram-cache: greedy token-by-token drafting from three tiers of counts.
-
-    For each drafted position, the n-grams ending there (longest first) are looked up in
-      1. context: this request's prompt + output          (lax thresholds)
-      2. dynamic: outputs of earlier requests, via end()   (strict thresholds)
-      3. static:  a corpus file, static_n-grams only       (strict thresholds)
-    and the first tier that yields a confident token wins; the static counts also weight
-    the other tiers' candidates. Drafting stops at the first position with no confident token.
-
-    Defaults ngram_min=1, ngram_max=4, static_n=2 are llama.cpp's; its thresholds (above)
-    keep 1-grams from drafting unless the continuation is nearly unanimous. The dynamic
-    tier counts outputs only (not prompts) and, as in llama.cpp, is not bounded.
-    """
-
-    ngram_min: int = 1
-    ngram_max: int = 4
-    static_n: int = 2
-    static_path: str | os.PathLike | None = None
-    static_corpus: Sequence[Sequence[int]] | None = field(default=None, repr=False)
-    name: str = field(default="ngram-cache", init=False)
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike, **kwargs) -> "NgramCache":
-        """An ngram-cache whose static tier is the corpus in `path` (see load_corpus)."""
-        return cls(static_path=path, **kwargs)
-
-    def _check_args(self) -> None:
-        _check_positive(self.name, ngram_min=self.ngram_min, static_n=self.static_n)
-        if self.ngram_max < self.ngram_min:
-            raise ValueError(
-                f"{self.name}: ngram_max ({self.ngram_max}) must be >= ngram_min ({self.ngram_min})"
-            )
-        if self.static_path is not None and self.static_corpus is not None:
-            raise ValueError(f"{self.name}: give static_path or static_corpus, not both")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.static_path is not None:
-            docs = load_corpus(self.static_path)
-        else:
-            docs = self.static_corpus or []
-        self._static: NgramCounts = {}
-        for doc in docs:
-            doc = [int(t) for t in doc]
-            for i in range(self.static_n, len(doc)):
-                _count_ngrams(self._static, doc, i, self.static_n, self.static_n)
-        self._dynamic: NgramCounts = {}
-
-    def _reset(self) -> None:
-        super()._reset()
-        self._context: NgramCounts = {}
-
-    def _append(self, i: int) -> None:
-        _count_ngrams(self._context, self._tokens, i, self.ngram_min, self.ngram_max)
-
-    def end(self, output: Sequence[int]) -> None:
-        output = [int(t) for t in output]
-        for i in range(1, len(output)):
-            _count_ngrams(self._dynamic, output, i, self.ngram_min, self.ngram_max)
-
-    def _next(self, tail: list[int]) -> int | None:
-        prior = None
-        if len(tail) >= self.static_n:
-            prior = self._static.get(tuple(tail[-self.static_n :]))
-        sizes = range(min(self.ngram_max, len(tail)), self.ngram_min - 1, -1)
-        for tier, min_samples, min_percent in (
-            (self._context, LAX_MIN_SAMPLES, LAX_MIN_PERCENT),
-            (self._dynamic, STRICT_MIN_SAMPLES, STRICT_MIN_PERCENT),
-        ):
-            for n in sizes:
-                nexts = tier.get(tuple(tail[-n:]))
-                if nexts:
-                    token = _pick(nexts, prior, n, min_samples, min_percent)
-                    if token is not None:
-                        return token
-        if prior:
-            return _pick(prior, None, self.static_n, STRICT_MIN_SAMPLES, STRICT_MIN_PERCENT)
-        return None
-
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
-        self._sync(context)
-        tail = self._tokens[-max(self.ngram_max, self.static_n) :]
-        out: list[int] = []
-        while len(out) < max_tokens:
-            token = self._next(tail)
-            if token is None:
-                break
-            out.append(token)
-            tail.append(token)
-        return Draft(tokens=tuple(out), source=self.name)
+        return Draft.chain(tuple(out))

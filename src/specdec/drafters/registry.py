@@ -1,82 +1,235 @@
-"""Drafters by name (STYLE.md convention 4): names are resolved here, once.
+"""Every drafter kind, in one table (STYLE.md convention 4): names are resolved here, once.
+
+A kind is a llama.cpp --spec-type name. Its entry says how to build it from narrow
+arguments, whether it is a model drafter (one at a time, tried after the model-free
+kinds), whether it drafts token trees, and what vLLM and SGLang call it.
 
     >>> from specdec.drafters import registry
-    >>> registry.create("ngram-simple", n_max=4).name
-    'ngram-simple'
+    >>> registry.create(DrafterSpec.of("ngram-map-k", min_hits=3), BuildContext(target=None)).name
+    'ngram-map-k'
+    >>> DrafterSpec.parse("ngram-map-k:min_hits=1000").options
+    (('min_hits', 1000),)
 
-A factory is any callable that takes keyword arguments and returns a Drafter; register
-more with the decorator:
-
-    @registry.register("draft-simple")
-    def make_draft_model(model_path: str, n_max: int = 3) -> Drafter: ...
-
-Names follow llama.cpp's --spec-type values.
+Options of a model-free kind are its constructor's keyword arguments (NgramMapK(min_hits=...)).
+Model drafters take theirs from the BuildContext: the speculative settings (-md, p-min, tree
+shape) that the engine's SpecConfig holds.
 """
 
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from specdec.drafters.base import Drafter
-from specdec.drafters.ngram import NgramCache, NgramMapK, NgramMapK4V, NgramSimple
+from specdec.drafters.base import DEFAULT_DRAFT_LENGTH, Drafter
+from specdec.drafters.ngram import NgramMapK, NgramMapK4V, NgramSimple
+from specdec.drafters.ngram_cache import NgramCache
 from specdec.drafters.suffix import SuffixDrafter
 
-Factory = Callable[..., Drafter]
-_factories: dict[str, Factory] = {}
+__all__ = ["DEFAULT_DRAFT_LENGTH", "BuildContext", "DrafterSpec", "Entry", "create", "entry", "kinds", "register"]
 
 
-def register(name: str) -> Callable[[Factory], Factory]:
-    """Decorator: make `factory` available as `name`. A name names one factory only."""
+@dataclass(frozen=True)
+class DrafterSpec:
+    """One drafter to run: its kind (a registry name) and its options (constructor keywords),
+    as sorted (name, value) pairs so that a spec is hashable and compares by value."""
 
-    def add(factory: Factory) -> Factory:
-        known = _factories.get(name)
-        if known is not None and known is not factory:
-            raise ValueError(
-                f"drafter name {name!r} is already registered to {known!r}; pick another name"
-            )
-        _factories[name] = factory
-        return factory
+    kind: str
+    options: tuple[tuple[str, Any], ...] = ()
 
-    return add
+    @staticmethod
+    def of(kind: str, **options: Any) -> "DrafterSpec":
+        return DrafterSpec(kind, tuple(sorted(options.items())))
 
+    @staticmethod
+    def parse(text: str) -> "DrafterSpec":
+        """'ngram-map-k:min_hits=1000' -> DrafterSpec('ngram-map-k', (('min_hits', 1000),)).
 
-def names() -> list[str]:
-    """The registered drafter names, sorted."""
-    return sorted(_factories)
+        The one reader of this syntax (bench --methods): values are ints, floats or strings."""
+        kind, *opts = text.strip().split(":")
+        options = {}
+        for opt in opts:
+            key, sep, value = opt.partition("=")
+            if not sep or not key:
+                raise ValueError(f"drafter option {opt!r} in {text!r} is not key=value")
+            options[key] = _number(value)
+        return DrafterSpec.of(kind, **options)
 
-
-def create(name: str, **kwargs: Any) -> Drafter:
-    """A new drafter of kind `name`, built with keyword arguments `kwargs`."""
-    factory = _factories.get(name)
-    if factory is None:
-        raise ValueError(f"unknown drafter {name!r}; valid names are: {', '.join(names())}")
-    accepted = _keyword_args(factory)
-    if accepted is not None:
-        unknown = sorted(set(kwargs) - accepted)
-        if unknown:
-            valid = ", ".join(sorted(accepted)) or "none"
-            given = ", ".join(map(repr, unknown))
-            raise ValueError(f"drafter {name!r} takes no argument {given}; it takes: {valid}")
-    return factory(**kwargs)
+    def label(self) -> str:
+        """The spec in the syntax `parse` reads."""
+        return ":".join([self.kind] + [f"{k}={v}" for k, v in self.options])
 
 
-def _keyword_args(factory: Factory) -> set[str] | None:
-    """Names `factory` accepts as keywords, or None when it takes **kwargs or can't be inspected."""
-    try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):
-        return None
+@dataclass(frozen=True)
+class BuildContext:
+    """What a model drafter is built from. Model-free kinds need none of it.
+
+    target: the loaded target Model; load_model(name_or_path) -> Model loads a draft model
+    (the engine caches them); tree_budget 0 = tree_topk * draft length.
+    """
+
+    target: Any
+    max_len: int = 4096
+    draft_model: str | None = None
+    p_min: float = 0.0
+    cross_tokenizer: bool = False
+    tree_topk: int = 1
+    tree_budget: int = DEFAULT_DRAFT_LENGTH
+    load_model: Callable[[str], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A drafter kind.
+
+    build(ctx, **options) -> Drafter, or None when this build of specdec cannot run the kind.
+    vllm / sglang: the method names those engines give it (None: they have no such method).
+    """
+
+    kind: str
+    build: Callable[..., Drafter] | None
+    model: bool = False  # reads a model (draft model, MTP/EAGLE-3 head): one at a time, tried last
+    trees: bool = False  # can draft token trees (--spec-tree-topk)
+    vllm: str | None = None
+    sglang: str | None = None
+    summary: str = ""
+
+    @property
+    def runnable(self) -> bool:
+        return self.build is not None
+
+
+_entries: dict[str, Entry] = {}
+
+
+def register(entry: Entry) -> Entry:
+    """Add a kind; a name names one kind only."""
+    known = _entries.get(entry.kind)
+    if known is not None and known != entry:
+        raise ValueError(f"drafter kind {entry.kind!r} is already registered; pick another name")
+    _entries[entry.kind] = entry
+    return entry
+
+
+def kinds() -> list[str]:
+    """Every registered kind, runnable or not, sorted."""
+    return sorted(_entries)
+
+
+def entries() -> list[Entry]:
+    return [_entries[k] for k in kinds()]
+
+
+def entry(kind: str) -> Entry:
+    """The entry of `kind`; a ValueError listing the valid names when there is none."""
+    found = _entries.get(kind)
+    if found is None:
+        raise ValueError(f"unknown drafter kind {kind!r}; valid kinds are: none, {', '.join(kinds())}")
+    return found
+
+
+def model_free_kinds() -> list[str]:
+    return [e.kind for e in entries() if not e.model]
+
+
+def from_vllm(method: str) -> str:
+    """Our kind for a vLLM --speculative-config method (ngram -> ngram-simple)."""
+    for e in entries():
+        if e.vllm == method and (method != "ngram" or e.kind == "ngram-simple"):
+            return e.kind
+    methods = sorted({e.vllm for e in entries() if e.vllm})
+    raise ValueError(f"--speculative-config method {method!r} is not one of {', '.join(methods)}")
+
+
+def create(spec: DrafterSpec, ctx: BuildContext) -> Drafter:
+    """A new drafter for `spec`. Clear errors for unknown kinds, kinds this build cannot run,
+    and options the kind does not take."""
+    e = entry(spec.kind)
+    if e.build is None:
+        raise ValueError(f"--spec-type {spec.kind} is not available in this build of specdec yet")
+    options = dict(spec.options)
+    accepted = _keyword_args(e.build)
+    unknown = sorted(set(options) - accepted) if accepted is not None else []
+    if unknown:
+        valid = ", ".join(sorted(accepted)) or "none"
+        raise ValueError(f"drafter {spec.kind!r} takes no option {', '.join(map(repr, unknown))}; it takes: {valid}")
+    return e.build(ctx, **options)
+
+
+def _keyword_args(build: Callable) -> set[str] | None:
+    """Option names `build` takes after the context, or None when it takes **options."""
+    params = list(inspect.signature(build).parameters.values())[1:]
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-for _name, _cls in (
-    ("ngram-simple", NgramSimple),
-    ("ngram-map-k", NgramMapK),
-    ("ngram-map-k4v", NgramMapK4V),
-    ("ngram-cache", NgramCache),
-    ("suffix", SuffixDrafter),
+def _number(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+# -- the kinds -----------------------------------------------------------------------------------
+def _model_free(cls) -> Callable[..., Drafter]:
+    """build(ctx, **options) for a class whose constructor takes the options."""
+
+    def build(ctx: BuildContext, **options) -> Drafter:
+        return cls(**options)
+
+    build.__signature__ = inspect.Signature(
+        [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY)]
+        + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in inspect.signature(cls).parameters.values()])
+    return build
+
+
+def _draft_model(ctx: BuildContext) -> Drafter:
+    from specdec.drafters.draft_model import CrossTokenizerDrafter, DraftModelDrafter, check_compatible
+
+    if ctx.draft_model is None:
+        raise ValueError("--spec-type draft-simple needs a draft model (-md/--model-draft)")
+    draft = ctx.load_model(ctx.draft_model)
+    if ctx.cross_tokenizer:
+        return CrossTokenizerDrafter(draft, ctx.target.tokenizer, ctx.p_min, ctx.max_len)
+    check_compatible(ctx.target, draft)
+    return DraftModelDrafter(draft, ctx.target.config.vocab_size, ctx.p_min, ctx.max_len)
+
+
+def _mtp(ctx: BuildContext) -> Drafter:
+    from specdec.drafters.mtp import make_mtp_drafter
+
+    return make_mtp_drafter(ctx.target, ctx.p_min, ctx.max_len, ctx.tree_topk, ctx.tree_budget)
+
+
+def _eagle3(ctx: BuildContext) -> Drafter:
+    from specdec.drafters.eagle3 import make_eagle3_drafter
+
+    return make_eagle3_drafter(ctx.target, ctx.draft_model, ctx.p_min, ctx.max_len, ctx.tree_topk, ctx.tree_budget)
+
+
+for _entry in (
+    Entry("ngram-simple", _model_free(NgramSimple), vllm="ngram", sglang="NGRAM",
+          summary="copy what followed the last earlier occurrence of the context's tail"),
+    Entry("ngram-map-k", _model_free(NgramMapK), vllm="ngram", sglang="NGRAM",
+          summary="n-gram -> last position map; drafts after min_hits sightings"),
+    Entry("ngram-map-k4v", _model_free(NgramMapK4V), vllm="ngram", sglang="NGRAM",
+          summary="n-gram -> up to 4 continuations; drafts a clear winner"),
+    Entry("ngram-cache", _model_free(NgramCache), vllm="ngram", sglang="NGRAM",
+          summary="context, earlier outputs and a static corpus (llama.cpp's three tiers)"),
+    Entry("suffix", _model_free(SuffixDrafter), vllm="suffix", sglang="NGRAM",
+          summary="suffix trees over this request and earlier outputs"),
+    Entry("draft-simple", _draft_model, model=True, vllm="draft_model", sglang="STANDALONE",
+          summary="a smaller model with the same tokenizer"),
+    Entry("draft-mtp", _mtp, model=True, trees=True, vllm="mtp", sglang="NEXTN",
+          summary="the model's own multi-token-prediction layers (or a trained MTP head)"),
+    Entry("draft-eagle3", _eagle3, model=True, trees=True, vllm="eagle3", sglang="EAGLE3",
+          summary="an EAGLE-3 head on three of the target's hidden layers"),
+    Entry("draft-dflash", None, model=True, vllm="dflash", sglang="DFLASH",
+          summary="a block drafter conditioned on the target's hidden states"),
+    Entry("draft-dspark", None, model=True, vllm="dspark", sglang=None,
+          summary="DFlash plus a Markov correction and a confidence head"),
 ):
-    register(_name)(_cls)
+    register(_entry)

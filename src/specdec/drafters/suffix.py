@@ -16,7 +16,7 @@ Cost: each new token touches O(max_tree_depth) nodes; a draft walks O(draft leng
 
     >>> d = SuffixDrafter()
     >>> d.begin([1, 2, 3, 4, 9])
-    >>> d.propose([1, 2, 3, 4, 9, 1, 2, 3], max_tokens=3).tokens
+    >>> d.propose([1, 2, 3, 4, 9, 1, 2, 3], draft_length=3).tokens
     (4, 9, 1)
 """
 
@@ -155,7 +155,7 @@ class SuffixDrafter(DrafterBase):
 
     # --- request lifecycle ---
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], sampling=None, generator=None) -> None:
         self._local = _SuffixTrie(self.max_tree_depth)
         self._local_path: Path = [self._local.root]
         self._global_path: Path = [self._global.root]
@@ -199,11 +199,11 @@ class SuffixDrafter(DrafterBase):
 
     # --- drafting ---
 
-    def _draft_length(self, depth: int, max_tokens: int) -> int:
+    def _draft_length(self, depth: int, most: int) -> int:
         # A walk from a node at `depth` can go max_tree_depth - depth tokens deeper.
-        return min(max_tokens, int(self.max_spec_factor * depth), self.max_tree_depth - depth)
+        return min(most, int(self.max_spec_factor * depth), self.max_tree_depth - depth)
 
-    def _walk(self, path: Path, max_tokens: int) -> tuple[tuple[int, ...], float]:
+    def _walk(self, path: Path, draft_length: int) -> tuple[tuple[int, ...], float]:
         """The best draft from one trie and its expected number of accepted tokens."""
         deepest = 0
         for depth in range(len(path) - 1, 0, -1):
@@ -214,8 +214,8 @@ class SuffixDrafter(DrafterBase):
             return (), 0.0
         # Start from the match depth that allows the longest draft (deeper on ties): a
         # match that fills the trie's depth leaves no room below it to walk.
-        start = max(range(deepest, 0, -1), key=lambda d: self._draft_length(d, max_tokens))
-        budget = self._draft_length(start, max_tokens)
+        start = max(range(deepest, 0, -1), key=lambda d: self._draft_length(d, draft_length))
+        budget = self._draft_length(start, draft_length)
         node, prob, score, out = path[start], 1.0, 0.0, []
         while len(out) < budget and node.followed > 0:
             token = node.best_child()
@@ -228,11 +228,11 @@ class SuffixDrafter(DrafterBase):
             node = child
         return tuple(out), score
 
-    def propose(self, context: Sequence[int], max_tokens: int) -> Draft:
+    def propose(self, context: Sequence[int], draft_length: int) -> Draft:
         self._sync(context)
-        if max_tokens <= 0:
-            return Draft(source=self.name)
-        local, local_score = self._walk(self._local_path, max_tokens)
-        shared, shared_score = self._walk(self._global_path, max_tokens)
+        if draft_length <= 0:
+            return Draft()
+        local, local_score = self._walk(self._local_path, draft_length)
+        shared, shared_score = self._walk(self._global_path, draft_length)
         tokens = shared if shared_score > local_score else local
-        return Draft(tokens=tokens, source=self.name)
+        return Draft.chain(tokens)

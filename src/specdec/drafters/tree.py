@@ -31,7 +31,7 @@ from specdec.sampling import SamplingParams
 
 def grow_tree(root_logits: torch.Tensor, root_feat: torch.Tensor, expand: Callable, max_depth: int, topk: int,
               budget: int, sampling: SamplingParams, generator: torch.Generator,
-              process: Callable[[torch.Tensor], torch.Tensor], source: str = "") -> Draft:
+              process: Callable[[torch.Tensor], torch.Tensor]) -> Draft:
     """A Draft holding a TokenTree of at most `budget` nodes and depth `max_depth`.
 
     root_logits: (V,) the drafter's logits after the last committed token; root_feat: (H,).
@@ -96,4 +96,4 @@ def grow_tree(root_logits: torch.Tensor, root_feat: torch.Tensor, expand: Callab
     index = {old: new for new, old in enumerate(keep)}
     tree = TokenTree(tuple(tokens[i] for i in keep), tuple(index[parents[i]] if parents[i] >= 0 else -1 for i in keep))
     draft_probs = None if greedy else torch.stack([rows[i] for i in keep])
-    return Draft(tree=tree, draft_probs=draft_probs, source=source)
+    return Draft(tree, draft_probs)

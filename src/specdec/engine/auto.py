@@ -9,8 +9,10 @@ build can run it and the facts table does not say it slows decoding on this hard
     4. always                                                     -> + the model-free drafter(s)
                                                                      (tried first each step)
 
-`choose_auto` is a pure function of what is known about the target and the drafter; the
-I/O (opening the drafter's files) happens in `drafter_facts` and `resolve_auto`.
+`choose_auto` is a pure function of what is known about the target and the drafter;
+`decide_spec` is the one function every command calls (generate, chat, serve, bench,
+export-config, inspect): explicit flags -> their SpecConfig; auto -> the checkpoint's facts
+(model/facts.py) and the drafter's (drafters/describe.py) -> choose_auto -> the user's flags on top.
 
     >>> spec, reasons = choose_auto(TargetFacts("m", weights_format="int8"))
     >>> spec.types
@@ -29,7 +31,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.engine.config import TREE_TYPES, SpecConfig
+from specdec.drafters import registry
+from specdec.drafters.describe import DrafterFacts, drafter_facts
+from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
+from specdec.engine.config import SpecConfig, SpecFlags, spec_config_from_flags
+from specdec.model.facts import TargetFacts, target_facts
 
 FASTER, SLOWER, UNMEASURED = "faster", "slower", "unmeasured"
 
@@ -75,30 +81,10 @@ FACTS: tuple[Fact, ...] = (
 # The model-free drafters auto adds, in the order the engine tries them.
 AUTO_MODEL_FREE = ("suffix",)
 
-# Model drafters drafters/factory.py can build today (it raises for the others);
-# tests/test_auto.py checks this against the factory.
-RUNNABLE_MODEL_DRAFTERS = frozenset({"draft-simple", "draft-mtp", "draft-eagle3"})
 
-
-@dataclass(frozen=True)
-class TargetFacts:
-    """What auto needs to know about the target model."""
-
-    name: str
-    mtp_declared: int = 0  # MTP layers named by the config
-    mtp_weights: bool = False  # whether the checkpoint holds their weights
-    weights_format: str = "int8"  # in-memory format the target runs in
-    mtp_source: str = ""  # where the MTP weights are, when not in the checkpoint (a head beside the model)
-
-
-@dataclass(frozen=True)
-class DrafterFacts:
-    """A drafter the user pointed at (-md / --model-draft)."""
-
-    path: str
-    kind: str  # "draft-simple", "draft-eagle3", "draft-dflash" or "draft-dspark"
-    compatible: bool = True  # same tokenizer as the target (draft-simple), or trained for it
-    reason: str = ""  # why not compatible
+def runnable_model_drafters() -> frozenset[str]:
+    """Model drafter kinds this build can run (the registry's entries with a builder)."""
+    return frozenset(e.kind for e in registry.entries() if e.model and e.runnable)
 
 
 def lookup_fact(method: str, hardware: str, weights: str, facts=FACTS) -> Fact:
@@ -113,18 +99,17 @@ def lookup_fact(method: str, hardware: str, weights: str, facts=FACTS) -> Fact:
     return best or Fact(method, hardware, weights, UNMEASURED, "no measurement recorded")
 
 
-def choose_auto(model, draft_model: DrafterFacts | None = None, *, hardware: str = "cpu", facts=None,
-                runnable=None, model_free=AUTO_MODEL_FREE, draft_n_max: int = 3,
+def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *, hardware: str = "cpu", facts=None,
+                runnable=None, model_free=AUTO_MODEL_FREE, draft_n_max: int = DEFAULT_DRAFT_LENGTH,
                 ) -> tuple[SpecConfig, list[str]]:
     """The SpecConfig auto runs for `model`, and one reason per decision (for people).
 
-    model: TargetFacts, or a loaded Model (its checkpoint's tensor names are read, no I/O).
+    target: TargetFacts (model/facts.py target_facts).
     draft_model: the drafter the user gave, described by `drafter_facts`, or None.
-    facts, runnable: default to this module's FACTS and RUNNABLE_MODEL_DRAFTERS (read at call time).
+    facts, runnable: default to this module's FACTS and runnable_model_drafters() (read at call time).
     """
     facts = FACTS if facts is None else facts
-    runnable = RUNNABLE_MODEL_DRAFTERS if runnable is None else runnable
-    target = model if isinstance(model, TargetFacts) else target_facts(model)
+    runnable = runnable_model_drafters() if runnable is None else runnable
     reasons: list[str] = []
 
     def allowed(method: str) -> tuple[bool, Fact]:
@@ -177,7 +162,7 @@ def choose_auto(model, draft_model: DrafterFacts | None = None, *, hardware: str
     # Adaptive length: on a CPU, verifying 4 tokens costs ~1.8x one step, so fixed-length drafts that
     # get rejected (prose, sampling) made suffix 4-8% slower than plain decoding in the bench; the cost
     # model drafts 1-2 tokens when acceptance is low, which costs about what one step costs.
-    spec = SpecConfig(types=tuple(types), draft_n_max=draft_n_max, adaptive=bool(types),
+    spec = SpecConfig(drafters=tuple(types), draft_n_max=draft_n_max, adaptive=bool(types),
                       draft_model=draft_model.path if model_type is not None and draft_model is not None
                       and model_type == draft_model.kind else None)
     reasons.insert(0, f"auto chose {spec.method}")
@@ -187,63 +172,32 @@ def choose_auto(model, draft_model: DrafterFacts | None = None, *, hardware: str
     return spec, reasons
 
 
-def target_facts(model) -> TargetFacts:
-    """TargetFacts of a loaded Model (reads tensor names already in memory)."""
-    from specdec.inspect import mtp_info
+def decide_spec(flags: SpecFlags, checkpoint, tokenizer, model_path, name: str, weights_format: str
+                ) -> tuple[SpecConfig, list[str]]:
+    """The SpecConfig these flags run on this target, and notes for people (auto's reasons included).
 
-    from specdec.drafters.mtp import sidecar_path
-
-    mtp = mtp_info(model.checkpoint)
-    present, source = mtp["weights_present"], ""
-    sidecar = sidecar_path(model.info.path)
-    if not present and (sidecar / "model.safetensors").is_file():
-        # a head `specdec train mtp` saved beside the model counts as the model's own MTP layers
-        present, source = True, f"MTP head beside the model ({sidecar})"
-    return TargetFacts(model.info.name, mtp["declared"], present, model.info.weights_dtype, source)
-
-
-def drafter_facts(name_or_path: str, target_checkpoint, target_tokenizer, target_name: str = "target"
-                  ) -> DrafterFacts:
-    """Open a drafter's files (no weights built) and say what kind it is and whether it fits the target."""
-    from specdec.inspect import describe_drafter
-    from specdec.model.registry import resolve
-
-    d = describe_drafter(resolve(name_or_path), target_checkpoint, target_tokenizer, target_name, name_or_path)
-    return DrafterFacts(name_or_path, d["kind"], d["compatible"], d["reason"] or "")
-
-
-# -- command line ------------------------------------------------------------------------------
-def auto_requested(spec_type: str | None, model_draft: str | None, speculative_config: str | None) -> bool:
-    """True for --spec-type auto, and when the user said nothing about speculation at all."""
-    if spec_type is not None:
-        types = [t.strip() for t in spec_type.split(",")]
-        if "auto" in types and len(types) > 1:
-            raise ValueError("--spec-type auto cannot be combined with other types")
-        if types == ["auto"] and speculative_config:
-            raise ValueError("--spec-type auto contradicts --speculative-config; give one of them")
-        return types == ["auto"]
-    return model_draft is None and not speculative_config
+    checkpoint, tokenizer: the target's, opened (model/load.open_checkpoint) or from a loaded Model;
+    model_path: its file or folder (an MTP head saved beside it counts); weights_format: in memory.
+    """
+    if not flags.auto:
+        return spec_config_from_flags(flags)
+    target = target_facts(checkpoint, model_path, name, weights_format)
+    draft = drafter_facts(flags.model_draft, checkpoint, tokenizer, name) if flags.model_draft else None
+    n_max = DEFAULT_DRAFT_LENGTH if flags.draft_n_max is None else flags.draft_n_max
+    spec, reasons = choose_auto(target, draft, draft_n_max=n_max)
+    changes = {"draft_n_min": flags.draft_n_min or 0, "draft_p_min": flags.draft_p_min or 0.0,
+               "adaptive": spec.adaptive or flags.adaptive, "cross_tokenizer": flags.cross_tokenizer,
+               "acceptance": "typical" if flags.typical else "exact"}
+    if flags.tree_topk is not None or flags.tree_budget is not None:
+        if not any(registry.entry(k).trees for k in spec.types):
+            tree_kinds = " and ".join(e.kind for e in registry.entries() if e.trees)
+            raise ValueError(f"--spec-tree-topk/--spec-tree-budget shape the trees of {tree_kinds}, but auto "
+                             f"chose {spec.method}; name the drafter with --spec-type")
+        changes.update(tree_topk=flags.tree_topk or 1, tree_budget=flags.tree_budget or 0)
+    return spec.with_overrides(**changes), [f"auto: {r}" for r in reasons]
 
 
-def resolve_auto(model, args) -> tuple[SpecConfig, list[str]]:
-    """choose_auto for a loaded target and the cli's spec flags (n-max/min, p-min, adaptive, typical)."""
-    draft = None
-    if args.model_draft:
-        draft = drafter_facts(args.model_draft, model.checkpoint, model.tokenizer, model.info.name)
-    n_max = args.spec_draft_n_max if args.spec_draft_n_max is not None else 3
-    spec, reasons = choose_auto(model, draft, draft_n_max=n_max)
-    changes = {"draft_n_min": args.spec_draft_n_min or 0, "draft_p_min": args.spec_draft_p_min or 0.0,
-               "adaptive": spec.adaptive or bool(args.spec_adaptive),
-               "acceptance": "typical" if args.spec_typical else "exact", **tree_overrides(spec, args)}
-    return spec.with_overrides(**changes), reasons
-
-
-def tree_overrides(spec: SpecConfig, args) -> dict:
-    """The tree flags for the spec auto chose: kept for a hidden-state drafter, else an error."""
-    topk, budget = getattr(args, "spec_tree_topk", None), getattr(args, "spec_tree_budget", None)
-    if topk is None and budget is None:
-        return {}
-    if not set(spec.types) & set(TREE_TYPES):
-        raise ValueError(f"--spec-tree-topk/--spec-tree-budget shape the trees of {' and '.join(TREE_TYPES)}, but auto "
-                         f"chose {spec.method}; name the drafter with --spec-type")
-    return {"tree_topk": topk or 1, "tree_budget": budget or 0}
+def decide_spec_for_model(flags: SpecFlags, model) -> tuple[SpecConfig, list[str]]:
+    """decide_spec for a loaded Model."""
+    return decide_spec(flags, model.checkpoint, model.tokenizer, model.info.path, model.info.name,
+                       model.info.weights_dtype)

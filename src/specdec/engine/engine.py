@@ -4,7 +4,7 @@ Plain decoding is the same loop with an empty draft: both feed [last token] +
 draft through one exact forward, so greedy speculative output equals plain greedy
 output token for token (see model/transformer.py, Numerics).
 
-    engine = Engine(model, SpecConfig(types=("ngram-simple",)))
+    engine = Engine(model, SpecConfig(drafters=("ngram-simple",)))
     result = engine.generate(prompt_ids, SamplingParams(), max_tokens=64)
     result.token_ids, result.stats.summary()
 """
@@ -12,18 +12,27 @@ output token for token (see model/transformer.py, Numerics).
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
+from specdec.drafters import registry
 from specdec.drafters.base import Draft, Drafter
+from specdec.drafters.registry import BuildContext, DrafterSpec
 from specdec.engine.config import SpecConfig
+from specdec.engine.cost import best_draft_length, measure_forward_cost
 from specdec.engine.stats import SpecStats
-from specdec.model.load import Model
+from specdec.model.load import Model, load_model
 from specdec.sampling import SamplingParams, process_logits
-from specdec.verify import (VerifyResult, verify_greedy, verify_sampling, verify_tree_greedy, verify_tree_sampling,
-                            verify_typical)
+from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
+
+# Drafter sets kept for this many distinct SpecConfigs (per-request overrides make new ones;
+# a drafter may hold a KV cache, so the number kept is bounded).
+MAX_CACHED_CONFIGS = 8
+
+DrafterBuilder = Callable[[DrafterSpec, SpecConfig], Drafter]
 
 
 @dataclass
@@ -41,7 +50,7 @@ class Request:
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
     stats: SpecStats = field(default_factory=SpecStats)
-    draft_len: int = 0  # current draft length (adaptive mode moves it)
+    draft_length: int = 0  # current draft length (adaptive mode moves it)
     acceptance_ema: float = 0.6  # recent per-token acceptance (adaptive mode)
     hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
     prefill_s: float = 0.0
@@ -68,35 +77,49 @@ class GenerationResult:
 class Engine:
     """Runs requests on one target model with the drafters a SpecConfig names."""
 
-    def __init__(self, model: Model, spec: SpecConfig = SpecConfig(), max_len: int = 4096, drafter_factory=None):
+    def __init__(self, model: Model, spec: SpecConfig = SpecConfig(), max_len: int = 4096,
+                 drafter_factory: DrafterBuilder | None = None):
+        """drafter_factory(drafter_spec, spec) -> Drafter; default: the registry (`build_drafter`)."""
         self.model = model
         self.spec = spec
         self.cache = model.transformer.new_cache(max_len)
         self.eos = set(model.tokenizer.eos_ids)
-        # make_drafter(name, spec) -> Drafter; the default resolves through the registry
-        from specdec.drafters.factory import DrafterFactory
-
-        self.drafter_factory = drafter_factory or DrafterFactory(model)
-        self._drafters: dict[str, Drafter] = {}
+        self.drafter_factory = drafter_factory or self.build_drafter
+        self._drafters: OrderedDict[SpecConfig, list[Drafter]] = OrderedDict()
+        self._draft_models: dict[str, Model] = {}
         self._forward_cost: list[float] | None = None  # measured on first adaptive request
 
     def forward_cost(self, max_tokens: int) -> list[float]:
         """Measured seconds of one exact forward of t tokens, t = 0..max_tokens (cached)."""
-        from specdec.engine.cost import measure_forward_cost
-
         if self._forward_cost is None or len(self._forward_cost) < max_tokens + 1:
             self._forward_cost = measure_forward_cost(self.model.transformer, self.cache, max_tokens)
         return self._forward_cost
 
     # -- drafters ----------------------------------------------------------------------------
     def drafters_for(self, spec: SpecConfig) -> list[Drafter]:
-        out = []
-        for name in spec.types:
-            key = f"{name}|{spec.draft_model}|{spec.draft_p_min}|{spec.cross_tokenizer}"
-            if key not in self._drafters:
-                self._drafters[key] = self.drafter_factory(name, spec)
-            out.append(self._drafters[key])
-        return out
+        """The drafters `spec` runs, built once per distinct SpecConfig (the whole frozen
+        settings object is the key: another draft length or tree shape is another set)."""
+        if spec in self._drafters:
+            self._drafters.move_to_end(spec)
+            return self._drafters[spec]
+        built = [self.drafter_factory(d, spec) for d in spec.drafters]
+        self._drafters[spec] = built
+        while len(self._drafters) > MAX_CACHED_CONFIGS:
+            self._drafters.popitem(last=False)
+        return built
+
+    def build_drafter(self, drafter: DrafterSpec, spec: SpecConfig) -> Drafter:
+        """A drafter from the registry, with the settings of `spec` a model drafter reads."""
+        ctx = BuildContext(self.model, self.cache.max_len, spec.draft_model, spec.draft_p_min, spec.cross_tokenizer,
+                           spec.tree_topk, spec.effective_tree_budget, self.load_draft_model)
+        return registry.create(drafter, ctx)
+
+    def load_draft_model(self, name_or_path: str) -> Model:
+        """The draft model `name_or_path`, loaded once per engine in the target's weight format."""
+        if name_or_path not in self._draft_models:
+            self._draft_models[name_or_path] = load_model(name_or_path, self.model.info.weights_dtype,
+                                                          progress=False)
+        return self._draft_models[name_or_path]
 
     # -- request lifecycle -------------------------------------------------------------------
     def start(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
@@ -119,13 +142,10 @@ class Engine:
             self.forward_cost(spec.draft_n_max + 1)
         slot = self.cache.allocate()
         req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, sampling.generator(),
-                      stats=SpecStats(method=spec.method), draft_len=spec.draft_n_max,
-                      hidden_layers=tuple(sorted({i for d in drafters for i in getattr(d, "hidden_layers", ())})))
+                      stats=SpecStats(method=spec.method), draft_length=spec.draft_n_max,
+                      hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
         for d in drafters:
-            d.begin(prompt)
-            configure = getattr(d, "set_sampling", None)
-            if configure is not None:
-                configure(sampling, req.generator)
+            d.begin(prompt, sampling, req.generator)
         t0 = time.perf_counter()
         try:
             out = self.model.transformer.forward(torch.tensor([prompt]), self.cache, [slot], exact=False,
@@ -144,40 +164,24 @@ class Engine:
         if req.finished:
             return []
         t0 = time.perf_counter()
-        tr = self.model.transformer
         start = self.cache.lengths[req.slot]
         room = min(req.max_tokens - len(req.output) - 1, self.cache.max_len - start - 2)
-        draft = self._propose(req, max(0, min(req.draft_len, room)))
+        drafter, draft = self._propose(req, max(0, min(req.draft_length, room)))
+        if start + 1 + len(draft) > self.cache.max_len:
+            draft = Draft()  # the tree does not fit in the context left
         t1 = time.perf_counter()
-        tokens = [req.output[-1]]
-        if draft.tree is not None and start + 1 + len(draft.tree) > self.cache.max_len:
-            draft = Draft(source=draft.source)  # the tree does not fit in the context left
-        if draft.tree is not None:
-            tree = draft.tree
-            tokens += list(tree.tokens)
-            n = len(tree) + 1
-            mask = torch.zeros(n, n, dtype=torch.bool)
-            mask[:, 0] = True
-            mask[1:, 1:] = tree.attention_mask()
-            positions = torch.tensor([[start] + [start + d for d in tree.depths()]])
-            out = tr.forward(torch.tensor([tokens]), self.cache, [req.slot], positions=positions, tree_mask=mask[None],
-                             hidden_layers=req.hidden_layers)
-        else:
-            tokens += list(draft.tokens)
-            out = tr.forward(torch.tensor([tokens]), self.cache, [req.slot], hidden_layers=req.hidden_layers)
+        ids = [req.output[-1], *draft.tokens]  # the last committed token, then the tree's nodes
+        positions, mask = _tree_layout(draft.tree, start)
+        out = self.model.transformer.forward(torch.tensor([ids]), self.cache, [req.slot], positions=positions,
+                                             tree_mask=mask, hidden_layers=req.hidden_layers)
         result = self._verify(req, out.logits[0], draft)
-        if draft.tree is not None:
-            kept = [0] + [1 + i for i in result.accepted_path]
-            self.cache.keep(req.slot, start, kept)
-        else:
-            kept = list(range(1 + result.num_accepted))
-            self.cache.truncate(req.slot, start + 1 + result.num_accepted)
-        self._feed_hidden(req, out.hidden, kept, [tokens[i] for i in kept])
+        kept = [0] + [1 + i for i in result.accepted_path]  # rows of the forward that stay in the cache
+        self.cache.keep(req.slot, start, kept)
+        self._feed_hidden(req, out.hidden, kept, [ids[i] for i in kept])
         t2 = time.perf_counter()
-        for d in req.drafters:
-            if d.name == draft.source:
-                d.on_accept(result.num_accepted)
-        req.stats.record(draft.source, len(draft), result.num_accepted)
+        if drafter is not None:
+            drafter.on_accept(result.num_accepted)
+        req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted)
         req.stats.draft_s += t1 - t0
         req.stats.verify_s += t2 - t1
         req.stats.lossy |= result.lossy
@@ -222,33 +226,30 @@ class Engine:
                                 req.prefill_s, req.decode_s)
 
     # -- internals ---------------------------------------------------------------------------
-    def _propose(self, req: Request, k: int) -> Draft:
+    def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
+        """The first non-empty draft of the request's drafters (n-gram kinds first), and its drafter."""
         if k <= 0 or not req.drafters:
-            return Draft()
+            return None, Draft()
         context = req.prompt + req.output
         for d in req.drafters:
             draft = d.propose(context, k)
-            if len(draft) > 0:
-                if len(draft) < req.spec.draft_n_min:
-                    return Draft(source=draft.source)
-                if draft.tree is None and len(draft.tokens) > k:
-                    raise RuntimeError(f"drafter {d.name} proposed {len(draft.tokens)} tokens, more than {k}")
-                return draft
-        return Draft()
+            if len(draft) == 0:
+                continue
+            if len(draft) < req.spec.draft_n_min:
+                return d, Draft()
+            if max(draft.tree.depths()) > k:
+                raise RuntimeError(f"drafter {d.name} proposed a draft {max(draft.tree.depths())} deep, more than {k}")
+            return d, draft
+        return None, Draft()
 
     def _verify(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyResult:
-        # logits: (1 + len(draft), V)
+        # logits: (1 + len(draft), V); typical acceptance only runs on chains (SpecConfig checks)
         if req.sampling.greedy:
-            if draft.tree is not None:
-                return verify_tree_greedy(logits, draft.tree)
-            return verify_greedy(logits, draft.tokens)
+            return verify_tree_greedy(logits, draft.tree)
         target_probs = process_logits(logits, req.sampling)
-        draft_probs = draft.draft_probs
-        if draft.tree is not None:
-            return verify_tree_sampling(target_probs, draft.tree, draft_probs, req.generator)
-        if req.spec.acceptance == "typical" and len(draft.tokens) > 0:
+        if req.spec.acceptance == "typical" and len(draft) > 0:
             return verify_typical(target_probs, draft.tokens)
-        return verify_sampling(target_probs, draft.tokens, draft_probs, req.generator)
+        return verify_tree_sampling(target_probs, draft.tree, draft.draft_probs, req.generator)
 
     def _feed_hidden(self, req: Request, hidden: dict, rows: list[int], tokens: list[int]) -> None:
         """Hand the target's hidden rows of newly committed tokens to the drafters that read them."""
@@ -256,19 +257,17 @@ class Engine:
             return
         picked = {layer: h[0, rows] for layer, h in hidden.items()}  # {layer: (len(rows), H)}
         for d in req.drafters:
-            if getattr(d, "hidden_layers", ()):
+            if d.hidden_layers:
                 d.on_target_hidden({layer: picked[layer] for layer in d.hidden_layers}, tokens)
 
     def _adapt(self, req: Request, drafted: int, accepted: int) -> None:
         """Adaptive mode: pick the draft length with the most expected tokens per second,
         from recent acceptance and the measured cost of verifying k tokens."""
-        from specdec.engine.cost import best_draft_length
-
         if not req.spec.adaptive or drafted == 0:
             return
         req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / drafted)
         draft_cost = req.stats.draft_s / max(req.stats.drafted, 1)
-        req.draft_len = best_draft_length(req.acceptance_ema, self.forward_cost(req.spec.draft_n_max + 1),
+        req.draft_length = best_draft_length(req.acceptance_ema, self.forward_cost(req.spec.draft_n_max + 1),
                                           draft_cost, req.spec.draft_n_max)
 
     def _emit(self, req: Request, tokens: Sequence[int]) -> list[int]:
@@ -299,3 +298,20 @@ class Engine:
                 req.stop_text = text[:at]
                 return True
         return False
+
+
+def _tree_layout(tree: TokenTree, start: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(positions (1, 1+n), tree_mask (1, 1+n, 1+n)) for the verify forward of [last committed
+    token] + the tree's n nodes from cache offset `start`.
+
+    A chain needs neither: the transformer's causal default is the same mask, and its
+    contiguous-key path is the one plain decoding runs. (None, None) then.
+    """
+    if tree.is_chain:
+        return None, None
+    n = len(tree) + 1
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[1:, 1:] = tree.attention_mask()
+    positions = torch.tensor([[start] + [start + d for d in tree.depths()]])
+    return positions, mask[None]

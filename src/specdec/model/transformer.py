@@ -9,43 +9,31 @@ each query row over exactly its own keys, in order). So verifying k drafted toke
 in one pass gives bitwise the logits k single steps would give, and greedy
 speculative output equals plain greedy output by construction.
 `exact=False` (prefill) uses fused attention; plain and speculative decoding share it.
+
+The layer itself is model/layers.py's decoder_layer, the one every model in specdec runs;
+this file gives it the runtime's weights (fused QLinear matrices, see model/linear.py) and its
+attention over the per-slot KV cache (cache/kv.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from specdec.cache.kv import KVCache
 from specdec.model.config import ModelConfig
+from specdec.model.layers import decoder_layer, rms_norm, rope_rows, rope_tables
 from specdec.model.linear import QLinear
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # x: (..., H) float32; row-wise, hence batch-invariant
-    return F.rms_norm(x, weight.shape, weight, eps)
-
-
-def rope_tables(head_dim: int, theta: float, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: (max_len, head_dim), computed as transformers does (rotate-half layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    return emb.cos(), emb.sin()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (T, heads, hd); cos/sin: (T, 1, hd)
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
 
 
 @dataclass
 class Layer:
+    """One decoder layer's weights as the runtime stores them: q/k/v and gate/up fused into one QLinear."""
+
     qkv: QLinear  # q, k, v projections fused: (q_size + 2 * kv_size, H)
     o: QLinear
     gate_up: QLinear  # gate and up fused: (2 * I, H)
@@ -54,6 +42,32 @@ class Layer:
     mlp_norm: torch.Tensor
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+
+
+class _QuantWeights:
+    """A Layer as model.layers.LayerWeights for one forward: its QLinears called with that forward's `exact`."""
+
+    __slots__ = ("layer", "exact", "heads", "kv_heads", "head_dim", "eps", "attn_norm", "mlp_norm", "q_norm",
+                 "k_norm")
+
+    def __init__(self, layer: Layer, config: ModelConfig, exact: bool):
+        self.layer, self.exact = layer, exact
+        self.heads, self.kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.eps = config.rms_norm_eps
+        self.attn_norm, self.mlp_norm = layer.attn_norm, layer.mlp_norm
+        self.q_norm, self.k_norm = layer.q_norm, layer.k_norm
+
+    def qkv(self, h: torch.Tensor) -> torch.Tensor:
+        return self.layer.qkv(h, self.exact)
+
+    def o(self, attn: torch.Tensor) -> torch.Tensor:
+        return self.layer.o(attn, self.exact)
+
+    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layer.gate_up(h, self.exact).chunk(2, dim=-1)
+
+    def down(self, a: torch.Tensor) -> torch.Tensor:
+        return self.layer.down(a, self.exact)
 
 
 @dataclass
@@ -123,36 +137,15 @@ class Transformer:
             positions = torch.tensor(starts)[:, None] + torch.arange(T)[None, :]
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} is beyond the context length {self.max_positions}")
-        cos = self.cos[positions].reshape(B * T, 1, -1)
-        sin = self.sin[positions].reshape(B * T, 1, -1)
+        cos, sin = rope_rows(self.cos, self.sin, positions)  # (B*T, 1, hd)
 
         x = self.embed[tokens.reshape(-1)].float()  # (B*T, H)
         hidden = {}
         if 0 in hidden_layers:
             hidden[0] = x.reshape(B, T, -1)
         for li, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            qkv = layer.qkv(h, exact)  # (B*T, q + 2kv)
-            heads = c.num_heads + c.num_kv_heads
-            qk = qkv[:, : c.q_size + c.kv_size].reshape(B * T, heads, c.head_dim)  # q heads, then k heads
-            v = qkv[:, c.q_size + c.kv_size :].reshape(B * T, c.num_kv_heads, c.head_dim)
-            if layer.q_norm is not None:
-                qk = torch.cat([rms_norm(qk[:, : c.num_heads], layer.q_norm, c.rms_norm_eps),
-                                rms_norm(qk[:, c.num_heads :], layer.k_norm, c.rms_norm_eps)], dim=1)
-            qk = apply_rope(qk, cos, sin)  # one rotation for q and k together
-            q, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
-            parts = []
-            for b, slot in enumerate(slots):
-                rows = slice(b * T, (b + 1) * T)
-                cache.k[li, slot, :, starts[b] : starts[b] + T] = k[rows].transpose(0, 1)
-                cache.v[li, slot, :, starts[b] : starts[b] + T] = v[rows].transpose(0, 1)
-                mask = None if tree_mask is None else tree_mask[b]
-                parts.append(self._attend(q[rows], cache, li, slot, starts[b], mask, exact))
-            attn = parts[0] if B == 1 else torch.cat(parts)  # (B*T, nh, hd)
-            x = x + layer.o(attn.reshape(B * T, c.q_size), exact)
-            h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
-            gate, up = layer.gate_up(h, exact).chunk(2, dim=-1)
-            x = x + layer.down(F.silu(gate) * up, exact)
+            attend = partial(self._attend_slots, cache, li, slots, starts, tree_mask, exact)
+            x = decoder_layer(x, _QuantWeights(layer, c, exact), attend, cos, sin)
             if li + 1 in hidden_layers:
                 hidden[li + 1] = x.reshape(B, T, -1)
         for b, slot in enumerate(slots):
@@ -163,6 +156,22 @@ class Transformer:
         x = rms_norm(x, self.norm, c.rms_norm_eps)
         logits = self.lm_head(x.reshape(-1, c.hidden_size), exact).reshape(B, x.shape[1], -1)
         return ForwardOutput(logits, hidden)
+
+    def _attend_slots(self, cache: KVCache, li: int, slots: list[int], starts: list[int],
+                      tree_mask: torch.Tensor | None, exact: bool, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor) -> torch.Tensor:
+        """Layer li's attention: q (B*T, nh, hd), k, v (B*T, nkv, hd) -> (B*T, nh, hd).
+
+        Writes each sequence's new K/V into its cache slot, then attends slot by slot."""
+        T = q.shape[0] // len(slots)
+        parts = []
+        for b, slot in enumerate(slots):
+            rows = slice(b * T, (b + 1) * T)
+            cache.k[li, slot, :, starts[b] : starts[b] + T] = k[rows].transpose(0, 1)
+            cache.v[li, slot, :, starts[b] : starts[b] + T] = v[rows].transpose(0, 1)
+            mask = None if tree_mask is None else tree_mask[b]
+            parts.append(self._attend(q[rows], cache, li, slot, starts[b], mask, exact))
+        return parts[0] if len(slots) == 1 else torch.cat(parts)
 
     def _attend(self, q: torch.Tensor, cache: KVCache, li: int, slot: int, start: int,
                 tree_mask: torch.Tensor | None, exact: bool) -> torch.Tensor:

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from specdec.cli import add_model_args, add_spec_args, build_engine
+from specdec.options import add_model_args, add_spec_args, build_engine
 from specdec.server.app import DEFAULT_MAX_TOKENS
 
 

@@ -1,7 +1,7 @@
 """Per-request speculative overrides -> a SpecConfig the server can run, or a 400.
 
-    resolve_spec(SpecConfig(types=("ngram-simple",)), SpeculativeOverride(enabled=False))
-        -> SpecConfig(types=())                               plain decoding
+    resolve_spec(SpecConfig(drafters=("ngram-simple",)), SpeculativeOverride(enabled=False))
+        -> SpecConfig(drafters=())                            plain decoding
     resolve_spec(base, SpeculativeOverride(num_speculative_tokens=5))
         -> base.with_overrides(draft_n_max=5)                 same method, longer drafts
     resolve_spec(base, SpeculativeOverride(method="ngram", num_speculative_tokens=2))
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import json
 
-from specdec.engine.config import MODEL_TYPES, SpecConfig, parse_spec_types, spec_config_from_flags
+from specdec.drafters import registry
+from specdec.engine.config import SpecConfig, SpecFlags, parse_spec_types, spec_config_from_flags
 from specdec.server.schemas import APIError, SpeculativeOverride
 
 
@@ -29,7 +30,7 @@ def resolve_spec(base: SpecConfig, override: SpeculativeOverride | None) -> Spec
         if set(given) - {"enabled"}:
             raise _bad(f"speculative.enabled is false but other settings are given "
                        f"({', '.join(sorted(set(given) - {'enabled'}))}); send one or the other")
-        return base.with_overrides(types=())
+        return base.with_overrides(drafters=())
     try:
         if override.method is not None or override.spec_type is not None:
             spec = _from_method(base, override)
@@ -47,7 +48,7 @@ def resolve_spec(base: SpecConfig, override: SpeculativeOverride | None) -> Spec
     for name in spec.types:  # model drafters: only those the server loaded at start
         if name == "draft-simple":
             _check_draft_model(base, spec.draft_model)
-        elif name in MODEL_TYPES and name not in base.types:
+        elif registry.entry(name).model and name not in base.types:
             raise _bad(f"speculative method {name} needs a drafter this server has not loaded (it runs "
                        f"{base.method}); start the server with it instead")
     return spec
@@ -67,11 +68,11 @@ def _from_method(base: SpecConfig, o: SpeculativeOverride) -> SpecConfig:
         n_max = None
     else:
         cfg, n_max = None, o.num_speculative_tokens
-    spec, _notes = spec_config_from_flags(
+    spec, _notes = spec_config_from_flags(SpecFlags(
         spec_type=o.spec_type, model_draft=model, draft_n_max=n_max, draft_n_min=o.draft_n_min,
         draft_p_min=o.draft_p_min, speculative_config=json.dumps(cfg) if cfg else None,
-        adaptive=bool(o.adaptive), cross_tokenizer=base.cross_tokenizer, acceptance=base.acceptance,
-    )
+        adaptive=bool(o.adaptive), cross_tokenizer=base.cross_tokenizer, typical=base.acceptance == "typical",
+    ))
     return spec
 
 

@@ -69,21 +69,13 @@ def build_mtp_head(target, num_modules: int = 1, seed: int = 0):
     c = target.config
     W = target.lm_head
     head = MTPHead(c, num_modules, target.embed, lambda x: F.linear(x.to(W.dtype), W).float(), target.norm)
-    last = target.layers[-1]
+    last = target.layers[-1].state_dict()  # the target's last DecoderLayer: the block's tensor names
+    attn_norm = last.pop("input_layernorm.weight")  # which an MTP module keeps beside its block
     H = c.hidden_size
     with torch.no_grad():
         for mod in head.mods:
-            b = mod.block
-            b.self_attn.q_proj.weight.copy_(last["q"]); b.self_attn.k_proj.weight.copy_(last["k"])
-            b.self_attn.v_proj.weight.copy_(last["v"]); b.self_attn.o_proj.weight.copy_(last["o"])
-            for name in ("q", "k", "v"):
-                if last[name + "b"] is not None:
-                    getattr(b.self_attn, f"{name}_proj").bias.copy_(last[name + "b"])
-            if last["q_norm"] is not None:
-                b.self_attn.q_norm.weight.copy_(last["q_norm"]); b.self_attn.k_norm.weight.copy_(last["k_norm"])
-            b.mlp.gate_proj.weight.copy_(last["gate"]); b.mlp.up_proj.weight.copy_(last["up"])
-            b.mlp.down_proj.weight.copy_(last["down"])
-            mod.input_layernorm.weight.copy_(last["attn_norm"]); b.post_attention_layernorm.weight.copy_(last["mlp_norm"])
+            mod.block.load_state_dict(last)
+            mod.input_layernorm.weight.copy_(attn_norm)
             mod.norm.weight.copy_(target.norm)
             eh = torch.randn(H, 2 * H) * 0.01
             eh[:, H:] += torch.eye(H)  # start as h' = hnorm(h): the target's own state, then learn the token
@@ -105,15 +97,15 @@ def build_eagle3_head(target, draft_ids: torch.Tensor, seed: int = 0):
     H = c.hidden_size
     with torch.no_grad():
         # warm start from the target's last layer: the attention's hidden half and the MLP copy it
-        last = target.layers[-1]
-        a, mlp = head.midlayer.self_attn, head.midlayer.mlp
-        for proj, w in ((a.q_proj, last["q"]), (a.k_proj, last["k"]), (a.v_proj, last["v"])):
+        last, mid = target.layers[-1], head.midlayer  # two DecoderLayers
+        for name in ("q_proj", "k_proj", "v_proj"):
+            proj = getattr(mid.self_attn, name)
             proj.weight.normal_(0.0, 0.02)
-            proj.weight[:, H:] = w
-        a.o_proj.weight.copy_(last["o"])
-        mlp.gate_proj.weight.copy_(last["gate"]); mlp.up_proj.weight.copy_(last["up"]); mlp.down_proj.weight.copy_(last["down"])
-        head.midlayer.hidden_norm.weight.copy_(last["attn_norm"])
-        head.midlayer.post_attention_layernorm.weight.copy_(last["mlp_norm"])
+            proj.weight[:, H:] = getattr(last.self_attn, name).weight
+        mid.self_attn.o_proj.weight.copy_(last.self_attn.o_proj.weight)
+        mid.mlp.load_state_dict(last.mlp.state_dict())
+        mid.hidden_norm.weight.copy_(last.input_layernorm.weight)
+        mid.post_attention_layernorm.weight.copy_(last.post_attention_layernorm.weight)
         fc = torch.randn(H, 3 * H) * 0.01
         fc[:, 2 * H :] += torch.eye(H)
         head.fc.weight.copy_(fc)
@@ -169,7 +161,7 @@ def cmd_train(args) -> int:
     if args.out is None:
         if args.kind != "mtp":
             raise ValueError("specdec train eagle3 needs --out DIR")
-        from specdec.drafters.mtp import sidecar_path
+        from specdec.model.facts import sidecar_path
 
         args.out = str(sidecar_path(path))
     out = Path(args.out)

@@ -2,9 +2,10 @@
 
 The inference Transformer (model/transformer.py) is written for CPU speculation (quantized
 row-invariant matmuls, one sequence per cache slot); training wants big padded batches on
-whatever device is there. This is the same math (Llama / Qwen2 / Qwen3) in dense float
-weights, read from the same checkpoint, returning logits and the hidden states of chosen
-layers in transformers' hidden_states indexing.
+whatever device is there. Both run the one decoder layer of model/layers.py: here with dense
+float weights (DecoderLayer modules, frozen) read from the same checkpoint, and attention over
+a padded batch. Returns logits and the hidden states of chosen layers in transformers'
+hidden_states indexing.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.model.transformer import rope_tables
+from specdec.model.layers import DecoderLayer, MaskedAttention, rms_norm, rope_rows, rope_tables
 
 
 class DenseTarget:
@@ -25,30 +26,23 @@ class DenseTarget:
         def get(name):
             return source.get(name).to(device=device, dtype=dtype)
 
-        self.layers = []
+        self.layers: list[DecoderLayer] = []
         for i in range(c.num_layers):
             p = f"model.layers.{i}."
-            layer = {k: get(p + n) for k, n in (
-                ("q", "self_attn.q_proj.weight"), ("k", "self_attn.k_proj.weight"), ("v", "self_attn.v_proj.weight"),
-                ("o", "self_attn.o_proj.weight"), ("gate", "mlp.gate_proj.weight"), ("up", "mlp.up_proj.weight"),
-                ("down", "mlp.down_proj.weight"), ("attn_norm", "input_layernorm.weight"),
-                ("mlp_norm", "post_attention_layernorm.weight"))}
-            for k, n in (("qb", "self_attn.q_proj.bias"), ("kb", "self_attn.k_proj.bias"), ("vb", "self_attn.v_proj.bias"),
-                         ("q_norm", "self_attn.q_norm.weight"), ("k_norm", "self_attn.k_norm.weight")):
-                layer[k] = get(p + n) if p + n in names else None
-            self.layers.append(layer)
+            with torch.device("meta"):  # no random init: every tensor comes from the checkpoint
+                layer = DecoderLayer(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                                     c.rms_norm_eps, qkv_bias=c.qkv_bias,
+                                     qk_norm=c.qk_norm and p + "self_attn.q_norm.weight" in names)
+            layer.load_state_dict({n: get(p + n) for n in layer.state_dict()}, assign=True)
+            self.layers.append(layer.requires_grad_(False).eval())
         self.embed = get("model.embed_tokens.weight")
         self.norm = get("model.norm.weight")
         self.lm_head = self.embed if "lm_head.weight" not in names else get("lm_head.weight")
         cos, sin = rope_tables(c.head_dim, c.rope_theta, c.context_length)
         self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
 
-    def _norm(self, x, w):
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)).to(x.dtype) * w
-
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
-        return self._norm(x, self.norm)
+        return rms_norm(x, self.norm, self.config.rms_norm_eps)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., H) pre-norm hidden -> (..., V) float32 logits."""
@@ -60,53 +54,38 @@ class DenseTarget:
         """tokens: (B, T); valid: (B, T) bool (False = padding, never attended).
 
         Returns (logits (B, T, V) float32, {layer: (B, T, H)}). With `cache` (a list that this call
-        extends), the new tokens attend the cached ones too (generation)."""
-        c = self.config
+        extends with one {"k", "v", "valid"} per layer), the new tokens attend the cached ones too
+        (generation)."""
         B, T = tokens.shape
         dev = self.device
         if valid is None:
             valid = torch.ones(B, T, dtype=torch.bool, device=dev)
         if positions is None:
             positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        cos = self.cos[positions][:, None]  # (B, 1, T, hd)
-        sin = self.sin[positions][:, None]
+        cos, sin = rope_rows(self.cos, self.sin, positions)  # (B*T, 1, hd)
         past_valid = cache[0]["valid"] if cache else torch.zeros(B, 0, dtype=torch.bool, device=dev)
         key_valid = torch.cat([past_valid, valid], dim=1)  # (B, P + T)
         P = past_valid.shape[1]
         causal = torch.ones(T, P + T, dtype=torch.bool, device=dev).tril(diagonal=P)
-        mask = (causal[None] & key_valid[:, None, :])[:, None]  # (B, 1, T, P + T)
+        mask = causal[None] & key_valid[:, None, :]  # (B, T, P + T)
         mask = mask | ~mask.any(-1, keepdim=True)  # padded query rows attend anything (their output is unused)
-        x = self.embed[tokens]
+        x = self.embed[tokens]  # (B, T, H)
         hidden = {0: x} if 0 in hidden_layers else {}
-        half = c.head_dim // 2
-
-        def rot(t):
-            return t * cos + torch.cat([-t[..., half:], t[..., :half]], dim=-1) * sin
-
-        for li, L in enumerate(self.layers):
-            h = self._norm(x, L["attn_norm"])
-            q = F.linear(h, L["q"], L["qb"]).view(B, T, c.num_heads, c.head_dim).transpose(1, 2)
-            k = F.linear(h, L["k"], L["kb"]).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-            v = F.linear(h, L["v"], L["vb"]).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
-            if L["q_norm"] is not None:
-                q, k = self._norm(q, L["q_norm"]), self._norm(k, L["k_norm"])
-            q, k = rot(q), rot(k)
+        x = x.reshape(B * T, -1)
+        fresh = not cache  # the first call of a generation fills the cache; later ones extend it
+        for li, layer in enumerate(self.layers):
+            past_k, past_v = (None, None) if fresh else (cache[li]["k"], cache[li]["v"])
+            attend = MaskedAttention(B, past_k, past_v, mask)
+            x = layer(x, attend, cos, sin)  # (B*T, H)
             if cache is not None:
-                if len(cache) <= li:
-                    cache.append({"k": k, "v": v, "valid": key_valid})
+                entry = {"k": attend.keys, "v": attend.values, "valid": key_valid}  # (B, nkv, P + T, hd)
+                if fresh:
+                    cache.append(entry)
                 else:
-                    cache[li]["k"] = k = torch.cat([cache[li]["k"], k], dim=2)
-                    cache[li]["v"] = v = torch.cat([cache[li]["v"], v], dim=2)
-                    cache[li]["valid"] = key_valid
-            group = c.num_heads // c.num_kv_heads
-            kk, vv = (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)) if group > 1 else (k, v)
-            att = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
-            x = x + F.linear(att.transpose(1, 2).reshape(B, T, -1), L["o"])
-            h = self._norm(x, L["mlp_norm"])
-            x = x + F.linear(F.silu(F.linear(h, L["gate"])) * F.linear(h, L["up"]), L["down"])
+                    cache[li] = entry
             if li + 1 in hidden_layers:
-                hidden[li + 1] = x
-        return self.logits(x), hidden
+                hidden[li + 1] = x.reshape(B, T, -1)
+        return self.logits(x.reshape(B, T, -1)), hidden
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new: int, temperature: float, eos: set[int],

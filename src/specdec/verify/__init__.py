@@ -6,9 +6,11 @@ random draw goes through `specdec.verify.draws` (DESIGN.md, Verification).
 
 from specdec.verify.chain import verify_greedy, verify_sampling, verify_typical
 from specdec.verify.common import VerifyResult, residual_probs
+from specdec.verify.token_tree import TokenTree
 from specdec.verify.tree import verify_tree_greedy, verify_tree_sampling
 
 __all__ = [
+    "TokenTree",
     "VerifyResult",
     "residual_probs",
     "verify_greedy",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.drafters.base import TokenTree
+from specdec.verify.token_tree import TokenTree
 from specdec.verify import draws
 from specdec.verify.common import VerifyResult, check_rows, check_tokens, one_hot, residual_probs
 

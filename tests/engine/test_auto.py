@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from specdec.engine.auto import (FACTS, RUNNABLE_MODEL_DRAFTERS, SLOWER, DrafterFacts, Fact, TargetFacts,
-                                 auto_requested, choose_auto, lookup_fact, target_facts)
-from specdec.engine.config import MODEL_TYPES, SpecConfig
+from specdec.drafters import registry
+from specdec.engine.auto import (FACTS, SLOWER, DrafterFacts, Fact, TargetFacts, choose_auto, decide_spec_for_model,
+                                 lookup_fact, runnable_model_drafters)
+from specdec.engine.config import SpecFlags
+from specdec.model.facts import target_facts
 
 PLAIN = TargetFacts("m", weights_format="int8")
 FAST_DRAFT = FACTS + (Fact("draft-simple", "cpu", "int8", "faster", "test"),)
@@ -27,12 +29,11 @@ def test_mtp_with_weights_is_not_picked_while_specdec_cannot_run_it():
     assert any("specdec cannot run MTP yet" in r for r in reasons)
 
 
-def test_shipped_tables_pick_mtp_exactly_when_this_build_runs_it():
+def test_mtp_with_weights_is_picked_by_this_build():
+    assert "draft-mtp" in runnable_model_drafters()
     spec, reasons = choose_auto(TargetFacts("m", mtp_declared=1, mtp_weights=True))
-    if "draft-mtp" in RUNNABLE_MODEL_DRAFTERS and lookup_fact("draft-mtp", "cpu", "int8").verdict != SLOWER:
-        assert spec.types == ("suffix", "draft-mtp")
-    else:
-        assert "draft-mtp" not in spec.types and len(reasons) > 1
+    assert spec.types == ("suffix", "draft-mtp") and spec.adaptive
+    assert any("draft-mtp, used without being asked" in r for r in reasons)
 
 
 def test_mtp_is_picked_once_runnable_and_beats_a_draft_model():
@@ -90,32 +91,38 @@ def test_most_specific_fact_wins():
 def test_facts_table_is_well_formed():
     for f in FACTS:
         assert f.verdict in ("faster", "slower", "unmeasured") and f.evidence
-        assert f.method in MODEL_TYPES or f.method in ("suffix", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
-                                                       "ngram-cache")
+        assert f.method in registry.kinds()
 
 
-def test_runnable_table_matches_the_drafter_factory(tiny_model, tiny_hf_dir):
-    from specdec.drafters.factory import DrafterFactory
+def test_runnable_model_drafters_are_the_registry_entries_that_build(tiny_model, tiny_hf_dir):
+    from specdec.drafters.registry import DrafterSpec
+    from specdec.engine.config import SpecConfig
+    from specdec.engine.engine import Engine
 
-    factory = DrafterFactory(tiny_model, 64)
-    for name in MODEL_TYPES:
-        spec = SpecConfig(types=(name,), draft_model=str(tiny_hf_dir))
-        if name == "draft-simple":
-            assert factory(name, spec).name == name
-        elif name in RUNNABLE_MODEL_DRAFTERS:
+    engine = Engine(tiny_model, max_len=64)
+    for e in registry.entries():
+        if not e.model:
+            continue
+        spec = SpecConfig(drafters=(e.kind,), draft_model=str(tiny_hf_dir))
+        if e.kind in runnable_model_drafters():
             # built, or refused for this tiny model's files, but never "not available in this build"
             try:
-                factory(name, spec)
+                engine.build_drafter(DrafterSpec(e.kind), spec)
             except Exception as exc:  # noqa: BLE001 (any refusal but the one below is fine)
-                assert "not available in this build" not in str(exc), name
+                assert "not available in this build" not in str(exc), e.kind
         else:
             with pytest.raises(ValueError, match="not available in this build"):
-                factory(name, spec)
+                engine.build_drafter(DrafterSpec(e.kind), spec)
 
 
-def test_target_facts_from_a_loaded_model(tiny_model):
-    facts = target_facts(tiny_model)
-    assert facts == TargetFacts(tiny_model.info.name, 0, False, "fp32")
+def test_target_facts_of_a_checkpoint(tiny_model, tmp_path):
+    facts = target_facts(tiny_model.checkpoint, tiny_model.info.path, "tiny", "fp32")
+    assert facts == TargetFacts("tiny", 0, False, "fp32")
+    model_file = tmp_path / "m.gguf"
+    (tmp_path / "m.gguf.mtp").mkdir()
+    (tmp_path / "m.gguf.mtp" / "model.safetensors").write_bytes(b"")
+    facts = target_facts(tiny_model.checkpoint, model_file, "tiny", "fp32")  # a head `specdec train mtp` saved
+    assert facts.mtp_weights and "MTP head beside the model" in facts.mtp_source
 
 
 @pytest.mark.parametrize("spec_type, draft, config, expected", [
@@ -128,14 +135,22 @@ def test_target_facts_from_a_loaded_model(tiny_model):
     (None, None, '{"method": "ngram"}', False),
 ])
 def test_auto_requested(spec_type, draft, config, expected):
-    assert auto_requested(spec_type, draft, config) is expected
+    assert SpecFlags(spec_type=spec_type, model_draft=draft, speculative_config=config).auto is expected
 
 
 def test_auto_cannot_be_combined():
     with pytest.raises(ValueError, match="cannot be combined"):
-        auto_requested("auto,suffix", None, None)
+        SpecFlags(spec_type="auto,suffix").auto
     with pytest.raises(ValueError, match="contradicts"):
-        auto_requested("auto", None, '{"method": "ngram"}')
+        SpecFlags(spec_type="auto", speculative_config='{"method": "ngram"}').auto
+
+
+def test_flags_on_top_of_auto(tiny_model):
+    spec, notes = decide_spec_for_model(SpecFlags(draft_n_max=5, draft_n_min=2, typical=True), tiny_model)
+    assert spec.types == ("suffix",) and spec.adaptive and (spec.draft_n_max, spec.draft_n_min) == (5, 2)
+    assert spec.acceptance == "typical" and notes[0] == "auto: auto chose suffix"
+    explicit, _ = decide_spec_for_model(SpecFlags(spec_type="ngram-simple"), tiny_model)
+    assert explicit.types == ("ngram-simple",) and not explicit.adaptive
 
 
 def test_generate_defaults_to_auto_and_prints_the_choice(tiny_hf_dir, capsys):
@@ -154,14 +169,6 @@ def test_generate_defaults_to_auto_and_prints_the_choice(tiny_hf_dir, capsys):
     assert main(base + ["--spec-type", "auto,suffix", "hello"]) == 2
 
 
-def test_tree_flags_apply_only_when_auto_chose_a_hidden_state_drafter():
-    from types import SimpleNamespace
-
-    from specdec.engine.auto import tree_overrides
-
-    args = SimpleNamespace(spec_tree_topk=2, spec_tree_budget=None)
-    with pytest.raises(ValueError, match="auto chose suffix"):
-        tree_overrides(SpecConfig(types=("suffix",)), args)
-    assert tree_overrides(SpecConfig(types=("suffix", "draft-mtp")), args) == {"tree_topk": 2, "tree_budget": 0}
-    unset = SimpleNamespace(spec_tree_topk=None, spec_tree_budget=None)
-    assert tree_overrides(SpecConfig(types=("suffix",)), unset) == {}
+def test_tree_flags_apply_only_when_auto_chose_a_tree_drafter(tiny_model):
+    with pytest.raises(ValueError, match="auto chose suffix; name the drafter"):
+        decide_spec_for_model(SpecFlags(tree_topk=2), tiny_model)

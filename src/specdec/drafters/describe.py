@@ -1,0 +1,127 @@
+"""What a drafter the user points at is, read from its files (no weights built), and whether
+it fits the target: a plain smaller model (draft-simple, checked for tokenizer compatibility)
+or a head trained on some target's hidden states (draft-eagle3, draft-dflash, draft-dspark,
+recognised from config.json's model_type / architectures or the GGUF architecture).
+
+    facts = drafter_facts("qwen2.5-coder-0.5b", target_checkpoint, target_tokenizer, "qwen2.5-coder-1.5b")
+    facts.kind, facts.compatible, facts.reason
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+from specdec.model.errors import ModelFileError
+
+_HEAD_KINDS = (("eagle3", "draft-eagle3"), ("eagle", "draft-eagle3"), ("dflash", "draft-dflash"),
+               ("dspark", "draft-dspark"))
+
+
+@dataclass(frozen=True)
+class DrafterFacts:
+    """A drafter the user pointed at (-md / --model-draft)."""
+
+    path: str
+    kind: str  # "draft-simple", "draft-eagle3", "draft-dflash" or "draft-dspark"
+    compatible: bool = True  # same tokenizer as the target (draft-simple), or trained for it
+    reason: str = ""  # why not compatible
+
+
+def head_kind(path) -> str | None:
+    """The kind of a hidden-state head folder (config.json names EAGLE-3 / DFlash / DSpark), else None.
+
+    Reads config.json only; a model name, a GGUF file or a plain model folder gives None."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return None
+    try:
+        raw = json.loads(cfg.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return _kind_from_config(raw)
+
+
+def _kind_from_config(raw: dict) -> str | None:
+    text = " ".join([str(raw.get("model_type", ""))] + [str(a) for a in raw.get("architectures") or []]).lower()
+    for needle, kind in _HEAD_KINDS:
+        if needle in text:
+            return kind
+    return None
+
+
+def _head_mismatch(raw: dict, target_config, target_name, draft_name) -> str | None:
+    """Why a drafter head trained on some target's hidden states cannot serve this target (None: it can)."""
+    if target_config is None:
+        return None
+    from specdec.drafters.draft_model import MAX_VOCAB_PADDING
+
+    vocab = raw.get("vocab_size")
+    if vocab is not None and abs(int(vocab) - target_config.vocab_size) > MAX_VOCAB_PADDING:
+        return (f"{draft_name} was trained for a vocabulary of {vocab} tokens; the target {target_name} has "
+                f"{target_config.vocab_size}")
+    hidden = raw.get("target_hidden_size") or raw.get("hidden_size")
+    if hidden is not None and int(hidden) != target_config.hidden_size:
+        return (f"{draft_name} expects target hidden size {hidden}; the target {target_name} has "
+                f"{target_config.hidden_size}")
+    return None
+
+
+def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str = "target",
+                     draft_name: str | None = None) -> dict:
+    """{"path", "kind", "compatible", "reason", "checkpoint", "tokenizer"} for a drafter given by the user.
+
+    checkpoint/tokenizer are the draft model's (draft-simple only), for callers that report its size.
+    """
+    from specdec.model.facts import raw_checkpoint
+    from specdec.model.load import open_checkpoint
+
+    path = Path(path)
+    if path.is_dir() and (path / "config.json").is_file():
+        raw = json.loads((path / "config.json").read_text())
+        kind = _kind_from_config(raw)
+        if kind is not None:
+            reason = _head_mismatch(raw, getattr(target_checkpoint, "config", None), target_name, draft_name or path)
+            return {"path": str(path), "kind": kind, "compatible": reason is None, "reason": reason,
+                    "checkpoint": None, "tokenizer": None}
+    try:
+        checkpoint, tokenizer = open_checkpoint(path)
+    except ModelFileError as exc:
+        raw = raw_checkpoint(path)
+        kind = _kind_from_config(getattr(raw, "raw_config", None) or {"model_type": raw.arch})
+        if kind is None:
+            return {"path": str(path), "kind": "draft-simple", "compatible": False,
+                    "reason": f"specdec cannot load it: {exc}", "checkpoint": None, "tokenizer": None}
+        return {"path": str(path), "kind": kind, "compatible": True, "reason": None, "checkpoint": None,
+                "tokenizer": None}
+    ok, reason = draft_compatibility(target_checkpoint, target_tokenizer, target_name, checkpoint, tokenizer,
+                                     draft_name or str(path))
+    return {"path": str(path), "kind": "draft-simple", "compatible": ok, "reason": reason, "checkpoint": checkpoint,
+            "tokenizer": tokenizer}
+
+
+def drafter_facts(name_or_path: str, target_checkpoint, target_tokenizer, target_name: str = "target"
+                  ) -> DrafterFacts:
+    """describe_drafter for auto: the kind, and whether it fits the target."""
+    from specdec.model.registry import resolve
+
+    d = describe_drafter(resolve(name_or_path), target_checkpoint, target_tokenizer, target_name, name_or_path)
+    return DrafterFacts(name_or_path, d["kind"], d["compatible"], d["reason"] or "")
+
+
+def draft_compatibility(target_checkpoint, target_tokenizer, target_name, draft_checkpoint, draft_tokenizer,
+                        draft_name) -> tuple[bool, str | None]:
+    """drafters/draft_model.check_compatible on unbuilt checkpoints: (ok, the reason when not)."""
+    from specdec.drafters.draft_model import DraftCompatibilityError, check_compatible
+
+    def shim(checkpoint, tokenizer, name):
+        return SimpleNamespace(tokenizer=tokenizer, config=checkpoint.config, info=SimpleNamespace(name=name))
+
+    try:
+        check_compatible(shim(target_checkpoint, target_tokenizer, target_name),
+                         shim(draft_checkpoint, draft_tokenizer, draft_name))
+    except DraftCompatibilityError as exc:
+        return False, str(exc)
+    return True, None

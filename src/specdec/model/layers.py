@@ -1,0 +1,228 @@
+"""The one Llama / Qwen2 / Qwen3 decoder layer, and the small pieces it is made of.
+
+    h       = rms_norm(x, input_layernorm)          or an input the caller built (EAGLE-3: 2H wide)
+    q, k, v = qkv(h)                                Qwen2: with biases; Qwen3: q_norm, k_norm per head
+    x       = x + o(attend(rope(q), rope(k), v))
+    x       = x + down(silu(gate) * up),            gate, up = gate_up(rms_norm(x, post_attention_layernorm))
+
+Every model in specdec runs `decoder_layer`; what differs between them is plugged in, not forked:
+
+    user                          weights (LayerWeights)                        attend
+    inference, model/transformer  QLinear matrices, q/k/v and gate/up fused,    per-slot KV cache, exact rows
+                                  called with the forward's `exact`
+    MTP / EAGLE-3 heads           DecoderLayer: nn.Linear modules named as in   MaskedAttention: head cache
+                                  transformers (state dict = checkpoint)
+    training target, train/       DecoderLayer, frozen                          MaskedAttention: padded batch
+
+Tensors are rows: N = B * T tokens, x is (N, H); callers reshape around the layer.
+The op order of `decoder_layer` is what the runtime's exactness argument rests on (a k-token
+forward is bitwise k one-token forwards, see model/transformer.py): change it and the runtime's
+numerics change with it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# attend(q (N, nh, hd), k (N, nkv, hd), v (N, nkv, hd)) -> (N, nh, hd); q and k already rotated
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: (..., n) normed over the last dim in float32, then scaled by weight (n,), as transformers does.
+
+    Row-wise, hence batch-invariant. With x and weight of one dtype this is torch's fused kernel;
+    otherwise (bf16 activations, float32 weights under autocast) the normed x is rounded to x's dtype
+    before the weight multiplies it, and the result has the wider dtype.
+    """
+    if x.dtype == weight.dtype:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    return F.rms_norm(x, weight.shape, None, eps) * weight
+
+
+class RMSNorm(nn.Module):
+    """rms_norm as a module with a `weight` parameter (checkpoint name `<prefix>.weight`)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+# -- rotary position embedding ------------------------------------------------------------------
+def rope_tables(head_dim: int, theta: float, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: (max_len, head_dim), computed as transformers does (rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def rope_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Table rows for positions (B, T) -> cos, sin (B * T, 1, hd), broadcasting over heads."""
+    flat = positions.reshape(-1)
+    return cos[flat][:, None], sin[flat][:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (N, heads, hd); cos, sin: (N, 1, hd) -> x rotated (rotate-half layout). Elementwise per row."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+# -- the layer ----------------------------------------------------------------------------------
+class LayerWeights(Protocol):
+    """One layer's weights as decoder_layer uses them: sizes, norm weights, and the matrices as functions."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    attn_norm: torch.Tensor | None  # (H,); None: the caller passes a normed attention input
+    mlp_norm: torch.Tensor  # (H,)
+    q_norm: torch.Tensor | None  # (hd,) per-head norms (Qwen3), or None
+    k_norm: torch.Tensor | None
+
+    def qkv(self, h: torch.Tensor) -> torch.Tensor:
+        """(N, A) -> (N, (heads + 2 * kv_heads) * hd): the q heads, then the k heads, then the v heads."""
+
+    def o(self, attn: torch.Tensor) -> torch.Tensor:
+        """(N, heads * hd) -> (N, H)."""
+
+    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, H) -> gate, up: (N, I) each."""
+
+    def down(self, a: torch.Tensor) -> torch.Tensor:
+        """(N, I) -> (N, H)."""
+
+
+def decoder_layer(x: torch.Tensor, w: LayerWeights, attend: Attend, cos: torch.Tensor, sin: torch.Tensor,
+                  attn_in: torch.Tensor | None = None) -> torch.Tensor:
+    """One pre-norm decoder layer: x (N, H) residual rows -> (N, H).
+
+    cos, sin: (N, 1, hd) rope rows (see rope_rows). attn_in: (N, A) the attention's input, already
+    normed, for layers whose input norm belongs to their owner (MTP) or whose attention reads more
+    than x (EAGLE-3: [norm(embedding); norm(x)], A = 2H); default rms_norm(x, w.attn_norm).
+    """
+    N = x.shape[0]
+    nh, nkv, hd = w.heads, w.kv_heads, w.head_dim
+    h = rms_norm(x, w.attn_norm, w.eps) if attn_in is None else attn_in
+    qkv = w.qkv(h).reshape(N, nh + 2 * nkv, hd)
+    qk, v = qkv[:, : nh + nkv], qkv[:, nh + nkv :]  # (N, nh + nkv, hd): q heads then k heads; (N, nkv, hd)
+    if w.q_norm is not None:
+        qk = torch.cat([rms_norm(qk[:, :nh], w.q_norm, w.eps), rms_norm(qk[:, nh:], w.k_norm, w.eps)], dim=1)
+    qk = apply_rope(qk, cos, sin)  # one rotation for q and k together
+    attn = attend(qk[:, :nh], qk[:, nh:], v)  # (N, nh, hd)
+    x = x + w.o(attn.reshape(N, nh * hd))
+    gate, up = w.gate_up(rms_norm(x, w.mlp_norm, w.eps))  # (N, I) each
+    return x + w.down(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    """decoder_layer's weights as nn.Linear / RMSNorm modules named as transformers names them
+    (self_attn.q_proj, mlp.gate_proj, post_attention_layernorm, ...), so state dicts map one to one
+    onto checkpoint tensors. Drafter heads train it; the training target loads it frozen.
+
+    attn_in: width of the attention input (default hidden; EAGLE-3: 2 * hidden).
+    input_norm=False: no input_layernorm here (an MTP module keeps it beside its block); the owner
+    passes the normed attention input to forward.
+    """
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, eps: float,
+                 attn_in: int | None = None, qkv_bias: bool = False, qk_norm: bool = False, input_norm: bool = True):
+        super().__init__()
+        attn_in = attn_in or hidden
+        self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(attn_in, heads * head_dim, bias=qkv_bias)
+        self.self_attn.k_proj = nn.Linear(attn_in, kv_heads * head_dim, bias=qkv_bias)
+        self.self_attn.v_proj = nn.Linear(attn_in, kv_heads * head_dim, bias=qkv_bias)
+        self.self_attn.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        if qk_norm:
+            self.self_attn.q_norm = RMSNorm(head_dim, eps)
+            self.self_attn.k_norm = RMSNorm(head_dim, eps)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.mlp.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.mlp.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        if input_norm:
+            self.input_layernorm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+
+    # -- LayerWeights ----------------------------------------------------------------------------
+    @property
+    def attn_norm(self) -> torch.Tensor | None:
+        return self.input_layernorm.weight if hasattr(self, "input_layernorm") else None
+
+    @property
+    def mlp_norm(self) -> torch.Tensor:
+        return self.post_attention_layernorm.weight
+
+    @property
+    def q_norm(self) -> torch.Tensor | None:
+        return self.self_attn.q_norm.weight if hasattr(self.self_attn, "q_norm") else None
+
+    @property
+    def k_norm(self) -> torch.Tensor | None:
+        return self.self_attn.k_norm.weight if hasattr(self.self_attn, "k_norm") else None
+
+    def qkv(self, h: torch.Tensor) -> torch.Tensor:
+        a = self.self_attn
+        return torch.cat([a.q_proj(h), a.k_proj(h), a.v_proj(h)], dim=-1)
+
+    def o(self, attn: torch.Tensor) -> torch.Tensor:
+        return self.self_attn.o_proj(attn)
+
+    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.mlp.gate_proj(h), self.mlp.up_proj(h)
+
+    def down(self, a: torch.Tensor) -> torch.Tensor:
+        return self.mlp.down_proj(a)
+
+    def forward(self, x: torch.Tensor, attend: Attend, cos: torch.Tensor, sin: torch.Tensor,
+                attn_in: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (N, H) -> (N, H); see decoder_layer."""
+        return decoder_layer(x, self, attend, cos, sin, attn_in)
+
+
+class MaskedAttention:
+    """An Attend for B sequences of T new rows over their past keys and themselves, under a mask (SDPA).
+
+    past_k, past_v: (B, nkv, P, hd) or None (P = 0). mask: (B or 1, T, P + T) bool, True = may attend.
+    After the call, for the caller's cache: .k, .v the new rows' rotated keys and their values
+    (B, nkv, T, hd); .keys, .values the past ones and those together (B, nkv, P + T, hd).
+
+    For example, a causal pass over 3 new tokens of one sequence, keeping their keys:
+
+        att = MaskedAttention(1, None, None, torch.ones(1, 3, 3, dtype=torch.bool).tril())
+        x = layer(x, att, cos, sin)          # x: (3, H)
+        cache_k, cache_v = att.k, att.v      # (1, nkv, 3, hd)
+    """
+
+    def __init__(self, batch: int, past_k: torch.Tensor | None, past_v: torch.Tensor | None, mask: torch.Tensor):
+        self.batch, self.past_k, self.past_v, self.mask = batch, past_k, past_v, mask
+        self.k = self.v = self.keys = self.values = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B = self.batch
+        T, nh, hd = q.shape[0] // B, q.shape[1], q.shape[2]
+        q = q.view(B, T, nh, hd).transpose(1, 2)  # (B, nh, T, hd)
+        self.k = k.view(B, T, -1, hd).transpose(1, 2)  # (B, nkv, T, hd)
+        self.v = v.view(B, T, -1, hd).transpose(1, 2)
+        self.keys = self.k if self.past_k is None else torch.cat([self.past_k, self.k], dim=2)  # (B, nkv, P+T, hd)
+        self.values = self.v if self.past_v is None else torch.cat([self.past_v, self.v], dim=2)
+        keys, values, group = self.keys, self.values, nh // self.keys.shape[1]
+        if group > 1:  # grouped-query attention: each kv head serves `group` query heads
+            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask[:, None],
+                                             scale=1.0 / math.sqrt(hd))  # (B, nh, T, hd)
+        return out.transpose(1, 2).reshape(B * T, nh, hd)

@@ -1,0 +1,104 @@
+"""Command-line flags the commands share, turned into typed settings once.
+
+    add_model_args(parser); add_spec_args(parser); add_sampling_args(parser)
+    flags = spec_flags(args)                # SpecFlags: what the user said about speculation
+    engine, sampling = build_engine(args)   # target loaded, speculation decided (auto included)
+
+generate, chat and serve build their engine here; export-config, inspect and bench read the
+same flags. engine/ never sees an argparse object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specdec.drafters import registry
+from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
+from specdec.engine.config import SpecFlags
+from specdec.model.linear import WEIGHT_FORMATS
+from specdec.sampling import SamplingParams
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=DEFAULT_MODEL, help="model name, GGUF file or HF folder")
+    p.add_argument("--weights", default="int8", choices=list(WEIGHT_FORMATS),
+                   help="in-memory weight format (default int8)")
+    p.add_argument("--ctx-size", "-c", type=int, default=4096, help="KV cache length in tokens")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (llama.cpp and vLLM style)")
+    runnable = [e.kind for e in registry.entries() if e.runnable]
+    g.add_argument("--spec-type", default=None,
+                   help=f"comma list: none, {', '.join(runnable)}; or auto (the default when no speculation flag "
+                        "is given)")
+    g.add_argument("--model-draft", "-md", default=None,
+                   help="draft model (name, GGUF file or HF folder) or EAGLE-3 head folder")
+    g.add_argument("--spec-draft-n-max", type=int, default=None,
+                   help=f"most drafted tokens per step (default {DEFAULT_DRAFT_LENGTH})")
+    g.add_argument("--spec-draft-n-min", type=int, default=None, help="shorter drafts are not verified")
+    g.add_argument("--spec-draft-p-min", type=float, default=None, help="model drafter stops below this confidence")
+    g.add_argument("--spec-adaptive", action="store_true", help="adapt the draft length to recent acceptance")
+    g.add_argument("--spec-tree-topk", type=int, default=None,
+                   help="draft-mtp / draft-eagle3: children per tree node (1 = a chain, the default)")
+    g.add_argument("--spec-tree-budget", type=int, default=None,
+                   help="draft-mtp / draft-eagle3: most tokens in a draft tree (default topk x draft length)")
+    g.add_argument("--spec-cross-tokenizer", action="store_true",
+                   help="allow a draft model with another tokenizer (drafts pass through text)")
+    g.add_argument("--spec-typical", action="store_true",
+                   help="relaxed typical acceptance for sampling: faster, LOSSY (output distribution changes)")
+    g.add_argument("--speculative-config", default=None,
+                   help='vLLM style JSON, e.g. \'{"method": "draft_model", "model": "...", '
+                        '"num_speculative_tokens": 3}\'')
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", "-n", type=int, default=128)
+    p.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def spec_flags(args: argparse.Namespace) -> SpecFlags:
+    """The speculative flags of `add_spec_args` as SpecFlags."""
+    return SpecFlags(
+        spec_type=args.spec_type, model_draft=args.model_draft, draft_n_max=args.spec_draft_n_max,
+        draft_n_min=args.spec_draft_n_min, draft_p_min=args.spec_draft_p_min,
+        speculative_config=args.speculative_config, adaptive=args.spec_adaptive,
+        cross_tokenizer=args.spec_cross_tokenizer, typical=args.spec_typical, tree_topk=args.spec_tree_topk,
+        tree_budget=args.spec_tree_budget,
+    )
+
+
+def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                          seed=args.seed)
+
+
+def build_engine(args: argparse.Namespace):
+    """Load the target and set up speculation; prints the notes a user must see.
+
+    Returns (engine, sampling). Explicit flags are checked before the model loads.
+    """
+    from specdec.engine.auto import decide_spec_for_model
+    from specdec.engine.config import spec_config_from_flags
+    from specdec.engine.engine import Engine
+    from specdec.model.load import load_model
+
+    flags = spec_flags(args)
+    if not flags.auto:
+        spec_config_from_flags(flags)  # a bad flag is an error before a minute of loading
+    sampling = sampling_from_args(args)
+    model = load_model(args.model, args.weights)
+    spec, notes = decide_spec_for_model(flags, model)
+    for note in notes:
+        print(note if note.startswith("auto: ") else f"note: {note}", file=sys.stderr)
+    engine = Engine(model, spec, max_len=args.ctx_size)
+    engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
+    return engine, sampling

@@ -1,0 +1,92 @@
+"""The engine's drafter bookkeeping on a tiny model: which drafters a SpecConfig gets, in which
+order they are tried, and who hears the feedback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "drafters"))
+
+from helpers.tiny import make_hf_model, tiny_config  # noqa: E402
+from mtp_helpers import deepseek_layout, mtp_block  # noqa: E402
+
+from specdec.drafters.registry import DrafterSpec  # noqa: E402
+from specdec.engine.config import SpecConfig  # noqa: E402
+from specdec.engine.engine import MAX_CACHED_CONFIGS, Engine  # noqa: E402
+from specdec.model.load import load_model  # noqa: E402
+from specdec.sampling import SamplingParams  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory):
+    tensors = deepseek_layout([mtp_block(tiny_config(), seed=1)], 2)
+    folder = make_hf_model(tmp_path_factory.mktemp("mtp") / "ds", extra_config={"num_nextn_predict_layers": 1},
+                           extra_tensors=tensors)
+    return load_model(str(folder), "fp32", progress=False)
+
+
+def test_each_distinct_config_gets_drafters_built_with_its_own_settings(mtp_model):
+    """The drafter cache was keyed by (type, draft model, p-min, cross-tokenizer): a second config
+    with another tree shape or draft length got the drafter built for the first."""
+    engine = Engine(mtp_model, max_len=128)
+    chain = SpecConfig(drafters=("draft-mtp",), draft_n_max=2)
+    tree = chain.with_overrides(tree_topk=2)
+    longer = tree.with_overrides(draft_n_max=4)
+    (a,), (b,), (c,) = engine.drafters_for(chain), engine.drafters_for(tree), engine.drafters_for(longer)
+    assert (a.topk, a.budget) == (1, 2) and (b.topk, b.budget) == (2, 4) and (c.topk, c.budget) == (2, 8)
+    assert engine.drafters_for(SpecConfig(drafters=("draft-mtp",), draft_n_max=2)) == [a]  # equal settings: reused
+    prompt = list(range(5, 30))
+    out = engine.generate(prompt, SamplingParams(), max_tokens=12, spec=tree)
+    assert out.stats.drafted > out.stats.steps  # tree drafts: more nodes than steps at depth <= 2
+    assert out.token_ids == engine.generate(prompt, SamplingParams(), max_tokens=12).token_ids
+
+
+def test_options_are_part_of_the_drafter_settings(tiny_model):
+    engine = Engine(tiny_model, max_len=64)
+    (plain,) = engine.drafters_for(SpecConfig(drafters=("ngram-map-k",)))
+    (strict,) = engine.drafters_for(SpecConfig(drafters=(DrafterSpec.of("ngram-map-k", min_hits=7),)))
+    assert (plain.min_hits, strict.min_hits) == (2, 7)
+
+
+def test_the_cache_of_drafter_sets_is_bounded(tiny_model):
+    engine = Engine(tiny_model, max_len=64)
+    first = engine.drafters_for(SpecConfig(drafters=("suffix",), draft_n_max=1))
+    for k in range(2, MAX_CACHED_CONFIGS + 3):
+        engine.drafters_for(SpecConfig(drafters=("suffix",), draft_n_max=k))
+    assert len(engine._drafters) == MAX_CACHED_CONFIGS
+    assert engine.drafters_for(SpecConfig(drafters=("suffix",), draft_n_max=1)) is not first  # evicted, rebuilt
+
+
+def test_ngram_kinds_are_tried_before_the_model_drafter(tiny_model, tiny_hf_dir):
+    """--spec-type draft-simple,ngram-simple ran the draft model first, which always drafts, so
+    the n-gram drafter was never asked."""
+    engine = Engine(tiny_model, max_len=256)
+    spec = SpecConfig(drafters=("draft-simple", "ngram-simple"), draft_model=str(tiny_hf_dir))
+    prompt = [7, 8, 9, 10, 11, 12] * 6
+    out = engine.generate(prompt, SamplingParams(), max_tokens=60, spec=spec)  # the output falls into a loop
+    assert out.stats.by_drafter["ngram-simple"].drafted > 0
+    assert out.token_ids == engine.generate(prompt, SamplingParams(), max_tokens=60).token_ids
+
+
+def test_feedback_reaches_the_drafter_that_proposed(tiny_model):
+    """on_accept goes to the drafter object that made the draft, not to every drafter of that name."""
+    from specdec.drafters.base import Draft, DrafterBase
+
+    class Recorder(DrafterBase):
+        def __init__(self, name, tokens):
+            self.name, self.tokens, self.heard = name, tokens, []
+
+        def propose(self, context, max_tokens):
+            return Draft.chain(self.tokens[:max_tokens])
+
+        def on_accept(self, num_accepted):
+            self.heard.append(num_accepted)
+
+    silent, talker = Recorder("same-name", []), Recorder("same-name", [1, 2])
+    drafters = iter([silent, talker])
+    engine = Engine(tiny_model, max_len=64, drafter_factory=lambda d, spec: next(drafters))
+    engine.generate([3, 4, 5], SamplingParams(), max_tokens=4, spec=SpecConfig(drafters=("suffix", "ngram-simple")))
+    assert silent.heard == [] and len(talker.heard) >= 1

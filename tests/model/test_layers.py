@@ -1,0 +1,78 @@
+"""The one decoder layer (model/layers.py) as every user runs it: inference, heads, training target."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers.tiny import make_hf_model
+from specdec.model.layers import MaskedAttention, rms_norm, rope_rows
+from specdec.model.load import load_model, open_checkpoint
+from specdec.train.target import DenseTarget
+
+PROMPT = [5, 17, 33, 101, 7, 250, 64, 9, 3, 12]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def arch_dir(request, tmp_path_factory):
+    return make_hf_model(tmp_path_factory.mktemp(request.param) / request.param, arch=request.param, layers=3)
+
+
+@pytest.fixture(scope="module")
+def target(arch_dir):
+    """The training target: the checkpoint's layers as frozen DecoderLayer modules."""
+    return DenseTarget(open_checkpoint(arch_dir)[0])
+
+
+def test_module_layer_equals_the_inference_layer(arch_dir, target):
+    """A DecoderLayer (nn.Linear, transformers' names, SDPA over a mask) on the checkpoint's float
+    weights computes what the runtime's fused-QLinear layer over its KV cache computes."""
+    model = load_model(str(arch_dir), "fp32", progress=False)
+    tr = model.transformer
+    out = tr.forward(torch.tensor([PROMPT]), tr.new_cache(64), [0], hidden_layers=(0, 1, 2), exact=True)
+    layers = target.layers
+    T = len(PROMPT)
+    cos, sin = rope_rows(tr.cos, tr.sin, torch.arange(T)[None])
+    for i in (0, 1):
+        causal = MaskedAttention(1, None, None, torch.ones(1, T, T, dtype=torch.bool).tril())
+        x = layers[i](out.hidden[i][0], causal, cos, sin)
+        torch.testing.assert_close(x, out.hidden[i + 1][0], rtol=1e-5, atol=1e-5)
+
+
+def test_module_layer_over_past_keys_equals_one_pass(target):
+    """Keys kept from an earlier call (a head's cache) give what one pass over all rows gives."""
+    layer = target.layers[0]
+    T, H = len(PROMPT), layer.mlp_norm.shape[0]
+    x = torch.randn(T, H, generator=torch.Generator().manual_seed(0))
+    cos, sin = rope_rows(target.cos, target.sin, torch.arange(T)[None])
+    whole = layer(x, MaskedAttention(1, None, None, torch.ones(1, T, T, dtype=torch.bool).tril()), cos, sin)
+    first = MaskedAttention(1, None, None, torch.ones(1, 4, 4, dtype=torch.bool).tril())
+    a = layer(x[:4], first, cos[:4], sin[:4])
+    rest = MaskedAttention(1, first.k, first.v, torch.ones(1, T - 4, T, dtype=torch.bool).tril(diagonal=4))
+    b = layer(x[4:], rest, cos[4:], sin[4:])
+    torch.testing.assert_close(torch.cat([a, b]), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_training_target_equals_the_runtime(arch_dir, target):
+    """DenseTarget (padded batches) gives the runtime's logits and hidden rows; padding changes nothing."""
+    model = load_model(str(arch_dir), "fp32", progress=False)
+    tr = model.transformer
+    out = tr.forward(torch.tensor([PROMPT]), tr.new_cache(64), [0], hidden_layers=(2,), exact=True)
+    tokens = torch.tensor([PROMPT, PROMPT[:6] + [0] * 4])
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    valid[1, 6:] = False
+    logits, hidden = target.forward(tokens, valid, hidden_layers=(2,))
+    torch.testing.assert_close(logits[0], out.logits[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(hidden[2][0], out.hidden[2][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[1, :6], out.logits[0, :6], rtol=1e-4, atol=1e-4)
+
+
+def test_rms_norm_of_bf16_rows_with_float_weights_is_transformers_formula():
+    """Under autocast the activations are bf16 and the norm weights float32: round, then scale."""
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
+    w = 1 + 0.1 * torch.randn(64, generator=torch.Generator().manual_seed(2))
+    x32 = x.float()
+    expected = w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+    out = rms_norm(x, w, 1e-6)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
