@@ -14,6 +14,11 @@ from specdec.drafters import registry
 from specdec.drafters.describe import head_kind
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH, DrafterSpec
 
+# Bounds that keep a setting meaningful: a verify pass of more rows than this costs more than it can
+# return on any hardware specdec runs on, and adaptive mode measures every length up to the maximum.
+MAX_DRAFT_LENGTH = 32
+MAX_TREE_NODES = 64
+
 _JSON_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "draft_p_min",
               "adaptive", "tree_topk", "tree_budget"}
 
@@ -62,8 +67,9 @@ class SpecConfig:
         # n-gram kinds first, the model drafter when they found nothing (stable otherwise)
         specs = tuple(sorted(specs, key=lambda s: registry.entry(s.kind).model))
         object.__setattr__(self, "drafters", specs)
-        if self.draft_n_max < 1:
-            raise ValueError(f"draft length (--spec-draft-n-max) must be at least 1, got {self.draft_n_max}")
+        if not 1 <= self.draft_n_max <= MAX_DRAFT_LENGTH:
+            raise ValueError(f"draft length (--spec-draft-n-max, num_speculative_tokens) must be between 1 and "
+                             f"{MAX_DRAFT_LENGTH}, got {self.draft_n_max}")
         if self.draft_n_min < 0:
             raise ValueError(f"--spec-draft-n-min must be >= 0, got {self.draft_n_min}")
         if self.draft_n_min > self.draft_n_max:
@@ -75,8 +81,9 @@ class SpecConfig:
             raise ValueError(f"acceptance must be 'exact' or 'typical', got {self.acceptance!r}")
         if self.tree_topk < 1:
             raise ValueError(f"--spec-tree-topk must be at least 1, got {self.tree_topk}")
-        if self.tree_budget < 0:
-            raise ValueError(f"--spec-tree-budget must be >= 0, got {self.tree_budget}")
+        if not 0 <= self.tree_budget <= MAX_TREE_NODES or self.effective_tree_budget > MAX_TREE_NODES:
+            raise ValueError(f"a draft tree holds at most {MAX_TREE_NODES} nodes (--spec-tree-budget, or topk x draft "
+                             f"length when it is 0), got {self.effective_tree_budget}")
         if self.has_tree_settings and specs and not any(e.trees for e in entries):
             tree_kinds = " and ".join(e.kind for e in registry.entries() if e.trees)
             raise ValueError(f"token trees (--spec-tree-topk/--spec-tree-budget) are drafted by {tree_kinds}; "

@@ -18,9 +18,10 @@ def measure_forward_cost(transformer, cache, max_tokens: int, context: int = 128
 
     Uses a free slot of `cache` and gives it back; cost[0] = 0.
     """
+    max_tokens = min(max_tokens, cache.max_len - 2)  # a context too short for longer drafts never runs them
     slot = cache.allocate()
     try:
-        ctx = min(context, cache.max_len - max_tokens - 1)
+        ctx = max(1, min(context, cache.max_len - max_tokens - 1))
         transformer.forward(torch.zeros(1, ctx, dtype=torch.long), cache, [slot], exact=False, last_only=True)
         cost = [0.0]
         for t in range(1, max_tokens + 1):

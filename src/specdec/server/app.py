@@ -168,6 +168,13 @@ def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_to
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name):
             raise APIError(400, f"{name} is not supported by this server (send 0)", param=name, code="unsupported")
+    unsupported = {"logit_bias": bool(body.logit_bias), "tools": bool(body.tools),
+                   "tool_choice": body.tool_choice not in (None, "none", "auto"),
+                   "response_format": body.response_format not in (None, {"type": "text"})}
+    for name, used in unsupported.items():
+        if used:
+            raise APIError(400, f"{name} is not supported by this server; send the request without it", param=name,
+                           code="unsupported")
     context = engine.cache.max_len
     if max_tokens is not None and not 1 <= max_tokens <= context:
         raise APIError(400, f"max_tokens must be between 1 and {context} (the context length), got {max_tokens}",

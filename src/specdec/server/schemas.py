@@ -84,6 +84,12 @@ class GenerationRequest(BaseModel):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     speculative: SpeculativeOverride | None = None
+    # Fields that change what the client gets back: read so that a request using them is refused
+    # (app._make_job), never served as if they had not been sent.
+    logit_bias: dict[str, float] | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
 
 
 class CompletionRequest(GenerationRequest):
