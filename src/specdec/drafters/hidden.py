@@ -46,8 +46,8 @@ class HiddenHead(nn.Module):
     hidden_layers: tuple[int, ...] = ()
     num_modules: int = 1
 
-    def init_rope(self, head_dim: int, theta: float, max_len: int) -> None:
-        cos, sin = rope_tables(head_dim, theta, max_len)
+    def init_rope(self, head_dim: int, theta: float, max_len: int, freq_factors=None) -> None:
+        cos, sin = rope_tables(head_dim, theta, max_len, freq_factors)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

@@ -117,7 +117,8 @@ class MTPHead(HiddenHead):
         self.embed = embed
         self.lm_head = lm_head
         self.register_buffer("target_norm", target_norm.float().clone(), persistent=False)
-        self.init_rope(config.head_dim, config.rope_theta, max_positions or config.context_length)
+        self.init_rope(config.head_dim, config.rope_theta, max_positions or config.context_length,
+                       config.rope_freq_factors)
 
     def module_layer(self, module: int) -> DecoderLayer:
         return self.mods[module].block

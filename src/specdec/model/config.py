@@ -6,6 +6,7 @@ are fields here, not forks of the model code.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
@@ -27,6 +28,9 @@ class ModelConfig:
     qkv_bias: bool = False
     qk_norm: bool = False
     tie_embeddings: bool = False
+    # RoPE frequency divisors, one per rotated pair (head_dim / 2): Llama 3.x "llama3" scaling, from
+    # config.json rope_scaling or GGUF rope_freqs.weight. None = plain RoPE.
+    rope_freq_factors: tuple[float, ...] | None = None
     # MTP layers the config declares (num_nextn_predict_layers / mtp_num_hidden_layers);
     # whether the weights are present is a property of the loaded checkpoint.
     mtp_layers_declared: int = 0
@@ -39,6 +43,9 @@ class ModelConfig:
             )
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
+            raise ValueError(f"{len(self.rope_freq_factors)} RoPE frequency factors for head_dim {self.head_dim}; "
+                             f"expected {self.head_dim // 2}")
 
     @property
     def q_size(self) -> int:
@@ -50,3 +57,31 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
         return 2 * self.num_layers * self.kv_size * bytes_per_value
+
+
+def llama3_rope_factors(head_dim: int, theta: float, scaling: dict) -> tuple[float, ...]:
+    """The divisor of each RoPE frequency under Llama 3.x "llama3" scaling (what llama.cpp's
+    converter writes as rope_freqs.weight): high frequencies kept, low ones divided by `factor`,
+    a smooth blend between (Meta's reference, as transformers computes it).
+
+    scaling: config.json's rope_scaling: factor, low_freq_factor, high_freq_factor,
+    original_max_position_embeddings.
+    """
+    try:
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_context = float(scaling["original_max_position_embeddings"])
+    except KeyError as exc:
+        raise ValueError(f"llama3 rope_scaling lacks {exc.args[0]!r}") from None
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < old_context / high:
+            out.append(1.0)
+        elif wavelen > old_context / low:
+            out.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return tuple(out)
+

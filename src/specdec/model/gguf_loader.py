@@ -156,7 +156,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         hf = _hf_name(t.name)
         if hf is not None:
             tensors[hf] = t
-    config = _config(path, arch, meta, tensors)
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    config = _config(path, arch, meta, tensors, freqs)
     two_d = [types[t.name] for t in reader.tensors if len(t.shape) == 2]
     ftype = meta.get("general.file_type")
     quant = _FILE_TYPES.get(int(ftype)) if ftype is not None else None
@@ -179,7 +180,7 @@ def _hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def _config(path, arch: str, meta: dict, tensors: dict) -> ModelConfig:
+def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> ModelConfig:
     def need(key):
         value = meta.get(f"{arch}.{key}")
         if value is None:
@@ -195,6 +196,19 @@ def _config(path, arch: str, meta: dict, tensors: dict) -> ModelConfig:
         raise ModelFileError(path, "tensor token_embd.weight is missing")
     vocab = int(meta.get(f"{arch}.vocab_size") or embed.shape[-1])
     nextn = int(meta.get(f"{arch}.nextn_predict_layers") or 0)
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ModelFileError(path, f"rope scaling {scaling!r} ({arch}.rope.scaling.type) is not supported (specdec "
+                             "computes plain RoPE and Llama 3.x rope_freqs); running without it would change the output")
+    rotated = meta.get(f"{arch}.rope.dimension_count")
+    if rotated is not None and int(rotated) != head_dim:
+        raise ModelFileError(path, f"RoPE rotates {rotated} of {head_dim} head dimensions ({arch}.rope.dimension_count); "
+                             "specdec rotates the whole head")
+    factors = None
+    if rope_freqs is not None:  # Llama 3.x: one divisor per rotated pair
+        from gguf.quants import dequantize
+
+        factors = tuple(float(f) for f in np.asarray(dequantize(rope_freqs.data, rope_freqs.tensor_type)).reshape(-1))
     return ModelConfig(
         arch=arch,
         vocab_size=vocab,
@@ -205,6 +219,7 @@ def _config(path, arch: str, meta: dict, tensors: dict) -> ModelConfig:
         head_dim=head_dim,
         intermediate_size=int(need("feed_forward_length")),
         rope_theta=float(meta.get(f"{arch}.rope.freq_base") or 10000.0),
+        rope_freq_factors=factors,
         rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon") or 1e-6),
         context_length=int(meta.get(f"{arch}.context_length") or 4096),
         qkv_bias="model.layers.0.self_attn.q_proj.bias" in tensors,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.model.config import ModelConfig
+from specdec.model.config import ModelConfig, llama3_rope_factors
 from specdec.model.errors import ModelFileError
 
 _ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -75,6 +75,8 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        theta = float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
         return ModelConfig(
             arch=arch,
             vocab_size=int(raw["vocab_size"]),
@@ -82,9 +84,10 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
             num_layers=int(raw["num_hidden_layers"]),
             num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-            head_dim=int(raw.get("head_dim") or hidden // heads),
+            head_dim=head_dim,
             intermediate_size=int(raw["intermediate_size"]),
-            rope_theta=float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
+            rope_theta=theta,
+            rope_freq_factors=_rope_factors(path, raw, head_dim, theta),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             context_length=int(raw.get("max_position_embeddings", 4096)),
             qkv_bias=bool(raw.get("attention_bias", arch == "qwen2")),
@@ -94,3 +97,36 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
         )
     except KeyError as exc:
         raise ModelFileError(path, f"config.json lacks {exc.args[0]!r}") from None
+
+
+def _rope_factors(path, raw: dict, head_dim: int, theta: float) -> tuple[float, ...] | None:
+    """RoPE frequency divisors from rope_scaling (or transformers 5's rope_parameters); a clear error
+    for anything else in config.json that changes the math and that specdec does not compute."""
+    _refuse_unknown_math(path, raw)
+    scaling = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind == "default":
+        return None
+    if kind == "llama3":
+        try:
+            return llama3_rope_factors(head_dim, theta, scaling)
+        except ValueError as exc:
+            raise ModelFileError(path, str(exc)) from None
+    raise ModelFileError(path, f"rope scaling {kind!r} is not supported (specdec computes plain RoPE and Llama 3.x "
+                         "'llama3' scaling); running without it would change the model's output")
+
+
+def _refuse_unknown_math(path, raw: dict) -> None:
+    """config.json fields that change what the model computes and that specdec does not implement."""
+    act = raw.get("hidden_act") or raw.get("hidden_activation")
+    if act not in (None, "silu", "swish"):
+        raise ModelFileError(path, f"hidden_act {act!r} is not supported (specdec's MLP is SwiGLU with silu)")
+    if raw.get("mlp_bias"):
+        raise ModelFileError(path, "mlp_bias is true: specdec's MLP has no biases")
+    if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ModelFileError(path, f"partial_rotary_factor {raw['partial_rotary_factor']} is not supported "
+                             "(specdec rotates the whole head)")
+    window = raw.get("sliding_window")
+    if raw.get("use_sliding_window") and window and window < int(raw.get("max_position_embeddings", 4096)):
+        raise ModelFileError(path, f"sliding-window attention (window {window}) is not supported yet; specdec "
+                             "attends to the whole context")

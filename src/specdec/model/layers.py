@@ -58,9 +58,15 @@ class RMSNorm(nn.Module):
 
 
 # -- rotary position embedding ------------------------------------------------------------------
-def rope_tables(head_dim: int, theta: float, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: (max_len, head_dim), computed as transformers does (rotate-half layout)."""
+def rope_tables(head_dim: int, theta: float, max_len: int, freq_factors=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: (max_len, head_dim), computed as transformers does (rotate-half layout).
+
+    freq_factors: (head_dim / 2) divisors of the frequencies (Llama 3.x scaling, ModelConfig
+    rope_freq_factors), or None for plain RoPE.
+    """
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if freq_factors is not None:
+        inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float32)
     freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()

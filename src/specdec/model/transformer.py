@@ -86,7 +86,8 @@ class Transformer:
         self.lm_head = lm_head
         self.weights_format = weights_format
         self.max_positions = config.context_length
-        self.cos, self.sin = rope_tables(config.head_dim, config.rope_theta, self.max_positions)
+        self.cos, self.sin = rope_tables(config.head_dim, config.rope_theta, self.max_positions,
+                                           config.rope_freq_factors)
 
     # -- sizes -------------------------------------------------------------------------------
     def weight_bytes_per_token(self) -> int:

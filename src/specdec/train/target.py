@@ -38,7 +38,7 @@ class DenseTarget:
         self.embed = get("model.embed_tokens.weight")
         self.norm = get("model.norm.weight")
         self.lm_head = self.embed if "lm_head.weight" not in names else get("lm_head.weight")
-        cos, sin = rope_tables(c.head_dim, c.rope_theta, c.context_length)
+        cos, sin = rope_tables(c.head_dim, c.rope_theta, c.context_length, c.rope_freq_factors)
         self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
