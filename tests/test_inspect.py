@@ -99,11 +99,24 @@ def test_architecture_specdec_cannot_run_is_still_described(tmp_path):
     folder = make_hf_model(tmp_path / "ds", extra_config={"model_type": "deepseek_v3", "num_nextn_predict_layers": 1},
                            extra_tensors=_mtp_tensors(2))
     r = inspect_model(str(folder))
-    assert not r["runnable"] and "deepseek_v3" in r["not_runnable_reason"]
+    assert not r["runnable"] and "DeepSeek-V3 is a mixture-of-experts model with multi-head latent attention" \
+        in r["not_runnable_reason"] and "specdec cannot run it yet" in r["not_runnable_reason"]
     assert r["architecture"] == "deepseek_v3" and r["mtp"]["weights_present"]
     assert not any(m["runs"] for m in r["methods"]) and "auto" not in r
     assert any(m["method"] == "draft-mtp" for m in r["methods"])
     assert "runs here     NO" in format_report(r)
+
+
+@pytest.mark.parametrize("model_type, family, key", [
+    ("glm4_moe", "GLM-4.5 is a mixture-of-experts model", "num_nextn_predict_layers"),
+    ("qwen3_next", "Qwen3-Next is a mixture-of-experts model with hybrid linear attention", "mtp_num_hidden_layers"),
+    ("qwen3_5", "Qwen3.5 mixes linear attention", "mtp_num_hidden_layers"),
+])
+def test_families_specdec_cannot_run_are_named_and_their_mtp_reported(tmp_path, model_type, family, key):
+    folder = make_hf_model(tmp_path / model_type, extra_config={"model_type": model_type, key: 1})
+    r = inspect_model(str(folder))
+    assert not r["runnable"] and family in r["not_runnable_reason"]
+    assert r["mtp"]["declared"] == 1 and r["mtp"]["config_key"] == key
 
 
 def test_eagle3_drafter_is_recognised(tmp_path, tiny_hf_dir, monkeypatch):

@@ -173,3 +173,29 @@ def test_drafts_are_what_a_from_scratch_head_run_predicts(tmp_path, blocks):
         with torch.no_grad():
             logits, *_ = head.step(0, feats, torch.tensor([context[1:]]), torch.arange(n)[None], None, None, mask)
         assert int(logits[0, -1].argmax()) == first
+
+
+def test_a_mimo_checkpoint_runs_as_a_target_and_its_mtp_layers_light_up(tmp_path):
+    """model_type mimo (a Qwen2 body + model.mtp_layers.*) was refused; it loads, and auto drafts with its MTP."""
+    from specdec.engine.auto import decide_spec_for_model
+    from specdec.engine.config import SpecFlags
+    from specdec.inspect import inspect_model
+
+    import json
+
+    folder = make_hf_model(tmp_path / "mimo", arch="qwen2", extra_config={"num_nextn_predict_layers": 1},
+                           extra_tensors=mimo_layout([mtp_block(tiny_config("qwen2"), seed=1)]))
+    raw = json.loads((folder / "config.json").read_text())
+    raw.update(model_type="mimo", architectures=["MiMoForCausalLM"])  # MiMo's published config names
+    (folder / "config.json").write_text(json.dumps(raw))
+    m = load_model(str(folder), "fp32", progress=False)
+    assert m.config.arch == "qwen2" and m.config.qkv_bias and m.config.mtp_layers_declared == 1
+    spec, reasons = decide_spec_for_model(SpecFlags(), m)
+    assert spec.types == ("suffix", "draft-mtp")
+    assert any("model carries MTP layers: draft-mtp, used without being asked" in r for r in reasons)
+    prompt = list(range(5, 40))
+    plain = Engine(m, SpecConfig(), max_len=256).generate(prompt, max_tokens=30).token_ids
+    result = Engine(m, spec.with_overrides(drafters=("draft-mtp",)), max_len=256).generate(prompt, max_tokens=30)
+    assert result.token_ids == plain and result.stats.drafted > 0
+    report = inspect_model(str(folder))
+    assert report["auto"]["types"] == ["suffix", "draft-mtp"] and report["mtp"]["weights_present"]

@@ -11,6 +11,34 @@ from dataclasses import dataclass, field
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 
+# Families people run that specdec cannot run yet, by config.json model_type and GGUF architecture:
+# one sentence saying why, for the error and for `specdec inspect`.
+_MOE = "a mixture-of-experts model"
+UNSUPPORTED_FAMILIES = {
+    "deepseek_v3": f"DeepSeek-V3 is {_MOE} with multi-head latent attention (MLA)",
+    "deepseek_v2": f"DeepSeek-V2 is {_MOE} with multi-head latent attention (MLA)",
+    "deepseek2": f"DeepSeek-V2/V3 is {_MOE} with multi-head latent attention (MLA)",
+    "glm4_moe": f"GLM-4.5 is {_MOE}",
+    "glm4moe": f"GLM-4.5 is {_MOE}",
+    "qwen3_next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
+    "qwen3next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
+    "qwen3_5": "Qwen3.5 mixes linear attention (Gated DeltaNet) with full attention layers",
+    "qwen3_5_moe": f"Qwen3.5 MoE is {_MOE} with hybrid linear attention",
+    "qwen2_moe": f"Qwen2-MoE is {_MOE}", "qwen2moe": f"Qwen2-MoE is {_MOE}",
+    "qwen3_moe": f"Qwen3-MoE is {_MOE}", "qwen3moe": f"Qwen3-MoE is {_MOE}",
+    "mixtral": f"Mixtral is {_MOE}",
+    "gemma3": "Gemma 3 (sliding-window layers, GeGLU, four norms per block) is not implemented yet",
+    "gemma3_text": "Gemma 3 (sliding-window layers, GeGLU, four norms per block) is not implemented yet",
+}
+
+
+def unsupported_reason(name: str, runs: str) -> str:
+    """The sentence for a model_type / GGUF architecture specdec cannot run; `runs` lists what it runs."""
+    why = UNSUPPORTED_FAMILIES.get(name)
+    if why is None:
+        return f"{name!r} is not supported (specdec runs {runs})"
+    return f"{why}: specdec cannot run it yet (it runs dense {runs} models)"
+
 
 @dataclass(frozen=True)
 class ModelConfig:

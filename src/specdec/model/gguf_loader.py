@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.model.config import SUPPORTED_ARCHS, ModelConfig
+from specdec.model.config import SUPPORTED_ARCHS, ModelConfig, unsupported_reason
 from specdec.model.errors import ModelFileError
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
@@ -143,7 +143,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
             meta[key] = None
     arch = meta.get("general.architecture")
     if arch not in SUPPORTED_ARCHS:
-        raise ModelFileError(path, f"architecture {arch!r} is not supported (specdec runs {', '.join(SUPPORTED_ARCHS)})")
+        raise ModelFileError(path, "architecture " + unsupported_reason(arch, ", ".join(SUPPORTED_ARCHS)))
 
     tensors, types = {}, {}
     gguf_names = []

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import torch
 
-from specdec.model.config import ModelConfig, llama3_rope_factors
+from specdec.model.config import ModelConfig, llama3_rope_factors, unsupported_reason
 from specdec.model.errors import ModelFileError
 
-_ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# model_type -> the family specdec runs it as. MiMo (Xiaomi) is a Qwen2 body whose MTP layers sit
+# under model.mtp_layers.* (drafters/mtp.py reads them; auto turns draft-mtp on).
+_ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mimo": "qwen2"}
 
 
 @dataclass
@@ -29,6 +31,8 @@ class HFModel:
     def get(self, name: str) -> torch.Tensor:
         from safetensors import safe_open
 
+        if name not in self._files:
+            raise ModelFileError(self.path, f"tensor {name} is missing (config.json implies it)")
         with safe_open(self._files[name], framework="pt") as f:
             return f.get_tensor(name).float()
 
@@ -71,7 +75,7 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
     model_type = raw.get("model_type")
     arch = _ARCH_BY_MODEL_TYPE.get(model_type)
     if arch is None:
-        raise ModelFileError(path, f"model_type {model_type!r} is not supported (specdec runs llama, qwen2, qwen3)")
+        raise ModelFileError(path, "model_type " + unsupported_reason(str(model_type), ", ".join(_ARCH_BY_MODEL_TYPE)))
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
