@@ -20,6 +20,7 @@ from specdec.drafters import registry
 from specdec.drafters.describe import describe_drafter
 from specdec.model.errors import ModelFileError
 from specdec.model.facts import mtp_info, param_count, raw_checkpoint, target_facts
+from specdec.model.linear import WEIGHT_FORMATS
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -28,7 +29,6 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
     from specdec.bench.memory import estimate_weight_bytes, kv_bytes_per_token
     from specdec.engine.auto import decide_spec, runnable_model_drafters
     from specdec.engine.config import SpecFlags
-    from specdec.model.linear import WEIGHT_FORMATS
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import cached_sha256, resolve
 
@@ -200,7 +200,7 @@ def add_parser(sub) -> None:
     p.add_argument("model", help="model name, GGUF file or HF folder")
     p.add_argument("--draft-model", "-md", "--model-draft", dest="draft_model", default=None,
                    help="a draft model or EAGLE-3/DFlash/DSpark drafter to check against the model")
-    p.add_argument("--weights", default="int8", choices=["fp32", "bf16", "int8", "int4"],
+    p.add_argument("--weights", default="int8", choices=list(WEIGHT_FORMATS),
                    help="in-memory weight format the drafter estimate uses (default int8)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)

@@ -41,9 +41,9 @@ def transformer_bytes(tr) -> int:
 def linear_bytes(out_features: int, in_features: int, fmt: str, bias: bool = False) -> int:
     """Bytes of one QLinear (model/linear.py) in a weight format."""
     n, k = out_features, in_features
-    if fmt == "int4" and k % INT4_GROUP != 0:
+    if fmt in ("int4", "w8a8") and k % INT4_GROUP != 0:
         fmt = "int8"  # QLinear falls back the same way
-    size = {"fp32": 4 * n * k, "bf16": 2 * n * k, "int8": n * k + 2 * n,
+    size = {"fp32": 4 * n * k, "bf16": 2 * n * k, "int8": n * k + 2 * n, "w8a8": n * k + 4 * n,
             "int4": n * k // 2 + (k // INT4_GROUP) * n * 2 * 2}[fmt]
     return size + (4 * n if bias else 0)
 

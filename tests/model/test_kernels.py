@@ -1,0 +1,72 @@
+"""The W8A8 C kernel (model/kernels): exact activation quantization, the math it computes, and the
+row invariance every speculative path relies on (a row's result never depends on the batch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.model import kernels
+from specdec.model.linear import QLinear
+
+needs_kernel = pytest.mark.skipif(kernels.w8a8() is None, reason=f"W8A8 kernel unavailable: "
+                                                                 f"{kernels.why_unavailable()}")
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The same math in float64: x quantized per block of 32 (round half to even), integer dots."""
+    M, K = x.shape
+    blocks = x.reshape(M, K // 32, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127.0
+    xq = torch.where(d > 0, torch.round(blocks / torch.where(d > 0, d, 1.0)), 0.0)
+    dots = torch.einsum("mbk,nbk->mnb", xq.double(), w.reshape(-1, K // 32, 32).double())  # (M, N, blocks)
+    return (dots * d[..., 0].double()[:, None, :]).sum(-1) * scale.double()
+
+
+@needs_kernel
+def test_quantization_is_exactly_blocks_of_32():
+    x = torch.randn(3, 96) * torch.tensor([0.01, 1.0, 100.0])[:, None]
+    x[1, 32:64] = 0.0  # an all-zero block has scale 0 and codes 0
+    xq, xs = torch.empty(3, 96, dtype=torch.int8), torch.empty(3, 3)
+    kernels.w8a8().quantize_rows(x.data_ptr(), 3, 96, xq.data_ptr(), xs.data_ptr())
+    blocks = x.reshape(3, 3, 32)
+    d = blocks.abs().amax(-1) / 127.0
+    assert torch.equal(xs, d)
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))  # the kernel multiplies by 1/d, in float32
+    assert torch.equal(xq, torch.round(blocks * inv[..., None]).reshape(3, 96).to(torch.int8))
+
+
+@needs_kernel
+@pytest.mark.parametrize("n, k", [(64, 96), (200, 576), (33, 1024)])
+def test_matmul_computes_the_w8a8_math(n, k):
+    g = torch.Generator().manual_seed(n)
+    x, w = torch.randn(5, k, generator=g), torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scale, bias = torch.rand(n, generator=g) / 100, torch.randn(n, generator=g)
+    y = kernels.w8a8_matmul(x, w, scale)
+    ref = reference(x, w, scale)
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    assert torch.equal(kernels.w8a8_matmul(x, w, scale, bias), y + bias)  # bias added after the scale, no fma
+
+
+@needs_kernel
+def test_every_row_is_the_same_alone_in_any_batch_and_thread_count():
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(16, 576, generator=g), torch.randint(-127, 128, (300, 576), generator=g, dtype=torch.int8)
+    scale = torch.rand(300, generator=g)
+    alone = torch.cat([kernels.w8a8_matmul(x[i : i + 1], w, scale) for i in range(16)])
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for m in (2, 3, 5, 16):  # tiles of 4 rows: full and ragged
+                assert torch.equal(kernels.w8a8_matmul(x[:m], w, scale), alone[:m])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_without_the_kernel_w8a8_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(kernels, "w8a8", lambda: None)
+    monkeypatch.setattr(kernels, "why_unavailable", lambda: "no C compiler (cc) found; install gcc")
+    with pytest.raises(ValueError, match="--weights w8a8 needs specdec's W8A8 kernel.*no C compiler.*--weights int8"):
+        QLinear(torch.randn(8, 64), None, "w8a8")
+    assert QLinear(torch.randn(8, 48), None, "w8a8").fmt == "int8"  # rows not in blocks of 32: int8
