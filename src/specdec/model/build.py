@@ -1,4 +1,8 @@
-"""Turn a checkpoint (GGUF file or HF folder) into a Transformer in a chosen weight format."""
+"""Turn a checkpoint (GGUF file or HF folder) into a Transformer in a chosen weight format.
+
+`transformer_tensors` / `transformer_from_tensors` take a built Transformer apart into named
+tensors and put it back together without converting anything (model/weight_cache.py stores them).
+"""
 
 from __future__ import annotations
 
@@ -43,6 +47,76 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
     embed = get("model.embed_tokens.weight")
     head = embed if c.tie_embeddings else get("lm_head.weight")
     lm_head = QLinear(head, None, weights_format)
-    if weights_format != "fp32":
+    if weights_format == "fp32" and c.tie_embeddings:
+        embed = lm_head.weight  # the same values (QLinear may have copied them to aligned memory): held once
+    elif weights_format != "fp32":
         embed = embed.to(torch.bfloat16)  # rows are looked up one at a time; half the memory
     return Transformer(c, embed.contiguous(), layers, get("model.norm.weight"), lm_head, weights_format)
+
+
+def _linear_shapes(c: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out_features, in_features) of each QLinear of a layer, by Layer field name."""
+    return {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size), "o": (c.hidden_size, c.q_size),
+            "gate_up": (2 * c.intermediate_size, c.hidden_size), "down": (c.hidden_size, c.intermediate_size)}
+
+
+def transformer_tensors(tr: Transformer) -> dict[str, torch.Tensor]:
+    """Every tensor a built Transformer holds, by name: layers.{i}.qkv.weight, layers.{i}.attn_norm, ...,
+    embed, norm, lm_head.weight (the RoPE tables are recomputed from the config). A tensor held twice
+    (fp32's tied lm_head is the embedding itself) appears under both names."""
+    out = {"embed": tr.embed, "norm": tr.norm}
+    out.update({f"lm_head.{k}": t for k, t in tr.lm_head.tensors().items()})
+    for i, layer in enumerate(tr.layers):
+        for part in ("qkv", "o", "gate_up", "down"):
+            out.update({f"layers.{i}.{part}.{k}": t for k, t in getattr(layer, part).tensors().items()})
+        for norm in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
+            if getattr(layer, norm) is not None:
+                out[f"layers.{i}.{norm}"] = getattr(layer, norm)
+    return out
+
+
+def transformer_from_tensors(c: ModelConfig, weights_format: str, tensors: dict[str, torch.Tensor]) -> Transformer:
+    """The Transformer whose `transformer_tensors` these are. Raises ValueError when a tensor is missing or
+    extra, or has another dtype or shape than the config and format imply."""
+    if weights_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weights_format!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+    left = dict(tensors)
+
+    def take(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        t = left.pop(name, None)
+        if t is None:
+            raise ValueError(f"tensor {name} is missing")
+        if t.dtype != dtype or tuple(t.shape) != shape:
+            raise ValueError(f"tensor {name} is {t.dtype} {tuple(t.shape)}; expected {dtype} {shape}")
+        return t
+
+    def linear(prefix: str, n: int, k: int) -> QLinear:
+        parts = {name[len(prefix):]: left.pop(name) for name in [m for m in left if m.startswith(prefix)]}
+        try:
+            return QLinear.from_tensors(parts, weights_format, n, k)
+        except ValueError as exc:
+            raise ValueError(f"{prefix[:-1]}: {exc}") from None
+
+    h, f32 = c.hidden_size, torch.float32
+    layers = []
+    for i in range(c.num_layers):
+        p = f"layers.{i}."
+        qlinears = {part: linear(f"{p}{part}.", n, k) for part, (n, k) in _linear_shapes(c).items()}
+        qkv_bias = qlinears["qkv"].bias is not None
+        if qkv_bias != c.qkv_bias:
+            raise ValueError(f"{p}qkv has {'a' if qkv_bias else 'no'} bias; the config says qkv_bias={c.qkv_bias}")
+        layers.append(Layer(
+            **qlinears,
+            attn_norm=take(p + "attn_norm", f32, (h,)),
+            mlp_norm=take(p + "mlp_norm", f32, (h,)),
+            q_norm=take(p + "q_norm", f32, (c.head_dim,)) if c.qk_norm else None,
+            k_norm=take(p + "k_norm", f32, (c.head_dim,)) if c.qk_norm else None,
+        ))
+    embed = take("embed", f32 if weights_format == "fp32" else torch.bfloat16, (c.vocab_size, h))
+    norm = take("norm", f32, (h,))
+    lm_head = linear("lm_head.", c.vocab_size, h)
+    if lm_head.bias is not None:
+        raise ValueError("lm_head has a bias; specdec's lm_head has none")
+    if left:
+        raise ValueError(f"unexpected tensors {', '.join(sorted(left)[:5])}")
+    return Transformer(c, embed, layers, norm, lm_head, weights_format)

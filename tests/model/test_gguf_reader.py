@@ -1,0 +1,38 @@
+"""gguf_loader's fast GGUF reader gives exactly what the gguf package's reader gives, and refuses a cut file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+
+from helpers.tiny import make_gguf_model
+from specdec.model.errors import ModelFileError
+from specdec.model.gguf_loader import _reader_class, read_gguf
+
+
+def test_fields_and_tensors_equal_the_stock_reader(tmp_path):
+    path = make_gguf_model(tmp_path / "m.gguf", tensor_type="Q8_0")
+    fast, stock = _reader_class()(path), GGUFReader(path)
+    assert list(fast.fields) == list(stock.fields)
+    for key, want in stock.fields.items():
+        got = fast.fields[key]
+        assert (got.offset, got.data, got.types) == (want.offset, want.data, want.types), key
+        assert len(got.parts) == len(want.parts), key
+        assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got.parts, want.parts)), key
+        assert got.contents() == want.contents(), key
+    assert len(stock.fields["tokenizer.ggml.tokens"].contents()) == 512  # the arrays took the fast path
+    assert fast.data_offset == stock.data_offset
+    assert [(t.name, t.tensor_type, t.data_offset) for t in fast.tensors] == \
+           [(t.name, t.tensor_type, t.data_offset) for t in stock.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(fast.tensors, stock.tensors))
+
+
+@pytest.mark.parametrize("keep", [0.2, 0.5])
+def test_a_file_cut_inside_the_token_arrays_is_refused(tmp_path, keep):
+    path = make_gguf_model(tmp_path / "m.gguf")
+    data = path.read_bytes()
+    header_end = GGUFReader(path).data_offset
+    path.write_bytes(data[: int(header_end * keep)])
+    with pytest.raises(ModelFileError, match="m.gguf"):
+        read_gguf(path)
