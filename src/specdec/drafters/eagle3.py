@@ -159,8 +159,9 @@ def load_eagle3_head(path, target) -> Eagle3Head:
         raise Eagle3Error(f"EAGLE-3 head {path} was trained for a vocabulary of {cfg.vocab_size} tokens; the target "
                           f"{target.info.name} has {c.vocab_size}: it belongs to another model")
     if (cfg.target_hidden_size or cfg.hidden_size) != c.hidden_size:
-        raise Eagle3Error(f"EAGLE-3 head {path} expects target hidden size {cfg.target_hidden_size or cfg.hidden_size}; "
-                          f"the target {target.info.name} has {c.hidden_size}: it belongs to another model")
+        expects = cfg.target_hidden_size or cfg.hidden_size
+        raise Eagle3Error(f"EAGLE-3 head {path} expects target hidden size {expects}; the target {target.info.name} "
+                          f"has {c.hidden_size}: it belongs to another model")
     bad = [t for t in cfg.taps if not 0 <= t <= c.num_layers]
     if bad:
         raise Eagle3Error(f"EAGLE-3 head {path} taps layers {cfg.taps}, beyond the target's {c.num_layers} layers")
