@@ -120,19 +120,17 @@ def test_prefill_and_exact_paths_agree_closely(tiny_model):
     assert torch.allclose(fused, exact, atol=1e-4)
 
 
-def test_cache_is_bounded_and_rollback_checked(tiny_model):
+def test_forward_past_the_cache_end_is_an_error(tiny_model):
+    """The cache is bounded (rollback and slots: tests/cache/test_kv.py)."""
     tr = tiny_model.transformer
     cache = tr.new_cache(8)
     slot = cache.allocate()
     with pytest.raises(ValueError, match="exceed the cache length 8"):
         tr.forward(torch.tensor([list(range(9))]), cache, [slot])
     tr.forward(torch.tensor([[1, 2, 3]]), cache, [slot])
-    with pytest.raises(ValueError, match="cannot truncate"):
-        cache.truncate(slot, 4)
-    cache.truncate(slot, 1)
-    assert cache.lengths[slot] == 1
-    with pytest.raises(RuntimeError, match="slots are in use"):
-        cache.allocate()
+    assert cache.lengths[slot] == 3
+    with pytest.raises(ValueError, match="exceed the cache length 8"):
+        tr.forward(torch.tensor([list(range(6))]), cache, [slot])
 
 
 def test_int4_and_int8_weights_stay_close_to_fp32(tiny_hf_dir):

@@ -1,0 +1,144 @@
+"""draft-eagle3: the head's config and file format, its draft vocabulary, load errors, and
+greedy exactness with the engine, on the tiny random target and a random head.
+
+The shipped smollm2 head (real weights, sampled trees): test_shipped_heads.py; heads that
+`specdec train eagle3` writes: tests/train/test_train.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from specdec.drafters.eagle3 import (Eagle3Config, Eagle3Error, Eagle3Head, default_taps, load_eagle3_head,
+                                     make_eagle3_drafter, save_eagle3_head)
+from specdec.engine.config import SpecConfig
+from specdec.engine.engine import Engine
+
+DRAFT_IDS = torch.arange(3, 512, 3)  # a reduced draft vocabulary: every third target id from 3
+
+
+def random_head(model, draft_ids: torch.Tensor = DRAFT_IDS, seed: int = 0) -> Eagle3Head:
+    """An EAGLE-3 head for `model` with random weights, tapping its layers 0, 1 and 2."""
+    c = model.config
+    cfg = Eagle3Config(hidden_size=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+                       head_dim=c.head_dim, intermediate_size=c.intermediate_size, vocab_size=c.vocab_size,
+                       draft_vocab_size=len(draft_ids), rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+                       max_positions=c.context_length, taps=(0, 1, 2))
+    torch.manual_seed(seed)
+    head = Eagle3Head(cfg, model.transformer.embed)
+    head.set_vocab_map(draft_ids)
+    return head.eval()
+
+
+@pytest.fixture
+def head_dir(tiny_model, tmp_path):
+    return save_eagle3_head(random_head(tiny_model), tmp_path / "eagle3")
+
+
+def test_taps_default_to_eagle3s_layers_unless_the_config_names_them():
+    raw = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512}
+    assert default_taps(30) == (2, 15, 27)
+    assert Eagle3Config.from_json(raw, 30).taps == (2, 15, 27)
+    raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 5, 9]}
+    assert Eagle3Config.from_json(raw, 30).taps == (1, 5, 9)
+    cfg = Eagle3Config.from_json(raw, 30)
+    assert (cfg.num_kv_heads, cfg.head_dim, cfg.draft_vocab_size) == (4, 16, 512)  # what an absent key means
+
+
+def test_config_round_trips_through_json(tiny_model):
+    cfg = random_head(tiny_model).cfg
+    raw = cfg.to_json()
+    assert raw["architectures"] == ["LlamaForCausalLMEagle3"] and raw["draft_vocab_size"] == len(DRAFT_IDS)
+    assert Eagle3Config.from_json(json.loads(json.dumps(raw)), tiny_model.config.num_layers) == cfg
+
+
+def test_saved_head_loads_back_as_saved(tiny_model, head_dir):
+    """Weights are stored in bf16 (d2t and t2d exactly); loading gives the same tensors back."""
+    original = random_head(tiny_model)
+    loaded = load_eagle3_head(head_dir, tiny_model)
+    assert loaded.cfg == original.cfg
+    theirs = loaded.state_dict()
+    for name, tensor in original.state_dict().items():
+        if name.startswith("rope_"):
+            continue
+        want = tensor if name in ("d2t", "t2d") else tensor.to(torch.bfloat16).float()
+        assert torch.equal(theirs[name], want), name
+    assert torch.equal(loaded.draft_to_target(), DRAFT_IDS)
+    assert torch.equal(loaded.t2d.nonzero().flatten(), DRAFT_IDS)
+
+
+def test_logits_outside_the_draft_vocabulary_are_minus_infinity(tiny_model):
+    head = random_head(tiny_model)
+    H = tiny_model.config.hidden_size
+    feats = torch.randn(1, 3, H, generator=torch.Generator().manual_seed(1))  # (B, T, H)
+    mask = torch.ones(1, 3, 3, dtype=torch.bool).tril()
+    with torch.no_grad():
+        logits, out, _, _ = head.step(0, feats, torch.tensor([[11, 12, 13]]), torch.tensor([[3, 4, 5]]), None, None,
+                                      mask)
+    assert logits.shape == (1, 3, tiny_model.config.vocab_size) and out.shape == (1, 3, H)
+    for row in logits[0]:  # (V,) per position: finite exactly at the draft vocabulary's target ids
+        assert torch.equal(torch.isfinite(row).nonzero().flatten(), DRAFT_IDS)
+        assert torch.isneginf(row[~torch.isfinite(row)]).all()
+
+
+def _edit(folder, config=None, drop=(), tensors=None):
+    if config is not None:
+        raw = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**raw, **config}))
+    weights = load_file(str(folder / "model.safetensors"))
+    weights = {k: v for k, v in {**weights, **(tensors or {})}.items() if k not in drop}
+    save_file(weights, str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda f: (f / "config.json").unlink(), r"not an EAGLE-3 head folder \(no config.json\)"),
+    (lambda f: _edit(f, {"vocab_size": 100_000}),
+     r"was trained for a vocabulary of 100000 tokens; the target .* has 512: it belongs to another model"),
+    (lambda f: _edit(f, {"hidden_size": 32, "head_dim": 8}),
+     r"expects target hidden size 32; the target .* has 64: it belongs to another model"),
+    (lambda f: _edit(f, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 9]}}),
+     r"taps layers \(0, 1, 9\), beyond the target's 2 layers"),
+    (lambda f: (f / "model.safetensors").unlink(), r"no .safetensors weights \(pickled .bin files are never loaded"),
+    (lambda f: _edit(f, drop=("d2t",)), r"has a reduced vocabulary but no d2t tensor"),
+    (lambda f: _edit(f, drop=("fc.weight",)), r"missing tensors \['fc.weight'\], unexpected \[\]"),
+    (lambda f: _edit(f, tensors={"d2t": torch.full((len(DRAFT_IDS),), 600)}),
+     r"d2t maps draft ids outside the target vocabulary"),
+])
+def test_a_bad_head_folder_is_one_clear_error(tiny_model, head_dir, edit, message):
+    edit(head_dir)
+    with pytest.raises(Eagle3Error, match=message):
+        load_eagle3_head(head_dir, tiny_model)
+
+
+def test_no_head_for_this_target_says_what_to_do(tiny_model):
+    with pytest.raises(Eagle3Error, match="needs an EAGLE-3 head for .*: pass its folder with --model-draft, or train "
+                                          "one with `specdec train eagle3`"):
+        make_eagle3_drafter(tiny_model)
+
+
+@pytest.mark.parametrize("topk, budget", [(1, 3), (3, 8)], ids=["chain", "tree"])
+def test_greedy_equals_plain_decoding(tiny_model, head_dir, topk, budget):
+    """A random head's drafts are (almost) all rejected; the output must still be plain greedy,
+    and every drafted token comes from the draft vocabulary."""
+    drafter = make_eagle3_drafter(tiny_model, str(head_dir), max_len=256, topk=topk, budget=budget)
+    drafted = []
+    propose = drafter.propose
+
+    def recording(context, k):
+        draft = propose(context, k)
+        drafted.extend(draft.tokens)
+        return draft
+
+    drafter.propose = recording
+    engine = Engine(tiny_model, SpecConfig(drafters=("draft-eagle3",), draft_n_max=3), max_len=256,
+                    drafter_factory=lambda name, spec: drafter)
+    prompt = list(range(5, 40))
+    plain = Engine(tiny_model, SpecConfig(), max_len=256).generate(prompt, max_tokens=30).token_ids
+    result = engine.generate(prompt, max_tokens=30)
+    assert result.token_ids == plain
+    assert result.stats.drafted > 0 and len(drafted) >= result.stats.drafted
+    assert set(drafted) <= set(DRAFT_IDS.tolist())
