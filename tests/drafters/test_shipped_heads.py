@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers.distribution import engine_law, fit_pvalue, sample_continuations
+from helpers.distribution import engine_law, fit_pvalue, generate_law, law_gap, sample_continuations
 from specdec.drafters.eagle3 import make_eagle3_drafter
 from specdec.drafters.mtp import HEADS_DIR, make_mtp_drafter, shipped_head
 from specdec.engine.config import SpecConfig
@@ -50,7 +50,7 @@ def test_heads_are_shipped_small_and_recorded(smollm):
 def test_shipped_heads_keep_greedy_output_identical(smollm, kind, topk, budget):
     plain = Engine(smollm, SpecConfig(), max_len=1024)
     drafter = drafter_for(smollm, kind, topk, budget)
-    engine = Engine(smollm, SpecConfig(types=(drafter.name,), draft_n_max=3), max_len=1024,
+    engine = Engine(smollm, SpecConfig(drafters=(drafter.name,), draft_n_max=3), max_len=1024,
                     drafter_factory=lambda name, spec: drafter)
     accepted = 0
     for text in PROMPTS:
@@ -63,9 +63,9 @@ def test_shipped_heads_keep_greedy_output_identical(smollm, kind, topk, budget):
 
 def test_shipped_heads_through_the_cli_flags(smollm):
     """--spec-type draft-eagle3 with a tree shape, built by the engine's own drafter factory."""
-    from specdec.engine.config import spec_config_from_flags
+    from specdec.engine.config import SpecFlags, spec_config_from_flags
 
-    spec, _ = spec_config_from_flags("draft-eagle3", tree_topk=2, tree_budget=4)
+    spec, _ = spec_config_from_flags(SpecFlags("draft-eagle3", tree_topk=2, tree_budget=4))
     engine = Engine(smollm, spec, max_len=1024)
     prompt = chat_ids(smollm, PROMPTS[0])
     result = engine.generate(prompt, max_tokens=24)
@@ -73,17 +73,72 @@ def test_shipped_heads_through_the_cli_flags(smollm):
     assert result.stats.drafted > 0
 
 
-@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
-def test_sampled_tree_keeps_the_target_distribution(smollm, kind):
-    """Seeded chi-square: (t1, t2, t3) sampled with a shipped head's trees vs the exact target law."""
-    sampling = dict(temperature=1.0, top_k=3)
+# ---- sampled trees: (t1, t2, t3) after a chat prompt, top-k 3, two children per tree node ----
+
+SAMPLING = dict(temperature=1.0, top_k=3)
+SAMPLES = 800
+MIN_ACCEPTED = 60  # accepted tree tokens in SAMPLES generations, below which trees were not tested
+
+
+@pytest.fixture(scope="module")
+def tree_case(smollm):
+    """(prompt, the target's exact law of (t1, t2, t3)): a chat prompt and the 4 tokens the target
+    writes after it, a context like the heads' training data, so tree nodes do get accepted."""
     prompt = chat_ids(smollm, "Write a poem about the sea.")
     prompt += Engine(smollm, SpecConfig(), max_len=256).generate(prompt, max_tokens=4).token_ids
+    return prompt, engine_law(smollm, prompt, SamplingParams(**SAMPLING))
 
-    law = engine_law(smollm, prompt, SamplingParams(**sampling))
-    drafter = drafter_for(smollm, kind, topk=2, budget=4, max_len=256)
-    engine = Engine(smollm, SpecConfig(types=(drafter.name,), draft_n_max=2), max_len=256,
-                    drafter_factory=lambda name, spec: drafter)
-    counts, _, accepted = sample_continuations(engine, prompt, 800, **sampling)
-    assert accepted > 60, "tree drafts were (almost) never accepted: the test would not exercise tree verification"
+
+def tree_engine(model, kind: str) -> Engine:
+    """An engine drafting with a shipped head's sampled trees (2 children per node, 4 nodes at most)."""
+    drafter = drafter_for(model, kind, topk=2, budget=4, max_len=256)
+    return Engine(model, SpecConfig(drafters=(drafter.name,), draft_n_max=2), max_len=256,
+                  drafter_factory=lambda name, spec: drafter)
+
+
+@pytest.fixture(scope="module")
+def tree_samples(smollm, tree_case):
+    """kind -> (counts, accepted) of seeds 0..SAMPLES-1 through Engine.generate, drawn once for the module."""
+    prompt, _ = tree_case
+    drawn = {}
+
+    def get(kind: str):
+        if kind not in drawn:
+            counts, _, accepted = sample_continuations(tree_engine(smollm, kind), prompt, SAMPLES, **SAMPLING)
+            drawn[kind] = counts, accepted
+        return drawn[kind]
+
+    return get
+
+
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+def test_sampled_tree_keeps_the_target_distribution(tree_case, tree_samples, kind):
+    """Seeded chi-square: (t1, t2, t3) sampled with a shipped head's trees vs the exact target law."""
+    _, law = tree_case
+    counts, accepted = tree_samples(kind)
+    assert accepted > MIN_ACCEPTED, "tree drafts were (almost) never accepted: the test would not exercise trees"
     assert fit_pvalue(counts, law) > 1e-3, f"sampled continuations do not follow the target's law: {counts}"
+
+
+@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
+def test_sampled_tree_law_is_exactly_the_target(smollm, tree_case, monkeypatch, kind):
+    """Every random draw of Engine.generate enumerated (the first token, the head's tree, each accept
+    and recovery): the law of (t1, t2, t3) it produces is the target's, up to float rounding."""
+    prompt, law = tree_case
+    emitted, accepted = generate_law(monkeypatch, tree_engine(smollm, kind), prompt, **SAMPLING)
+    assert accepted > MIN_ACCEPTED / SAMPLES, "tree drafts are (almost) never accepted: trees would not be tested"
+    assert law_gap(emitted, law) < 1e-6
+
+
+def test_both_tree_checks_reject_a_wrong_law(smollm, tree_case, tree_samples, monkeypatch):
+    """A verifier that forgets earlier siblings were drawn without replacement (it reads the parent's
+    row unchanged for every sibling) writes a law about 0.01 off the target's with the EAGLE-3 head:
+    the enumeration sees it, and the seeded samples that fit the target's law reject this one."""
+    from specdec.verify import tree as tree_verifier
+
+    prompt, law = tree_case
+    counts, _ = tree_samples("eagle3")  # drawn by the real verifier
+    monkeypatch.setattr(tree_verifier, "without_tokens", lambda probs, tokens: probs)
+    wrong, _ = generate_law(monkeypatch, tree_engine(smollm, "eagle3"), prompt, **SAMPLING)
+    assert law_gap(wrong, law) > 1e-3
+    assert fit_pvalue(counts, wrong) < 1e-3
