@@ -13,7 +13,6 @@ engine/auto.decide_spec that generate runs.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from specdec.drafters import registry

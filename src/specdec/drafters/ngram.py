@@ -20,13 +20,9 @@ passes prompt + committed output, which only grows within a request; begin() sta
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 
 from specdec.drafters.base import Draft, DrafterBase
 
