@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-
 from specdec.drafters.base import Draft, DrafterBase
 
 NgramKey = tuple[int, ...]
