@@ -10,6 +10,7 @@ from specdec.drafters.base import TokenTree
 from specdec.model import kernels
 from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.load import load_model
+from specdec.model.transformer import Segment
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 9, 3, 12]
 NEW = [40, 41, 300, 301, 7, 8]
@@ -103,6 +104,64 @@ def test_batch_of_sequences_with_different_lengths(tiny_model):
     alone_a = tr.forward(torch.tensor([NEW[:3]]), cache, [a]).logits[0]
     alone_b = tr.forward(torch.tensor([NEW[3:]]), cache, [b]).logits[0]
     assert torch.equal(both[0], alone_a) and torch.equal(both[1], alone_b)
+
+
+@pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.skipif(
+    f == "w8a8" and kernels.w8a8() is None, reason="no W8A8 kernel here (no cc or no AVX2)")) for f in WEIGHT_FORMATS])
+def test_ragged_batch_gives_each_sequence_its_solo_outputs_bitwise(tiny_hf_dir, fmt):
+    """forward_batch over a prefill chunk, a chain verify and a tree verify of different lengths
+    gives each sequence bitwise the logits, hidden rows and cache entries of a forward of it alone."""
+    tr = load_model(str(tiny_hf_dir), fmt, progress=False).transformer
+    tree = TokenTree((40, 99, 300, 12, 7), (-1, -1, 0, 0, 2))
+
+    def run(cache, slots, which):
+        starts = [cache.lengths[s] for s in slots]
+        segments = [
+            Segment(torch.tensor(PROMPT[5:]), slots[0], exact=False, last_only=True),  # second prefill chunk
+            Segment(torch.tensor(NEW[:4]), slots[1]),  # [last token] + a 3-token chain draft
+            Segment(torch.tensor([8, *tree.tokens]), slots[2],
+                    positions=torch.tensor([starts[2]] + [starts[2] + d for d in tree.depths()]),
+                    tree_mask=_root_and_tree_mask(tree)),
+        ]
+        return tr.forward_batch([segments[i] for i in which], cache, hidden_layers=(0, 1, 2))
+
+    def fresh():
+        cache = tr.new_cache(64, num_slots=3)
+        slots = [cache.allocate() for _ in range(3)]
+        _prefill(tr, cache, slots[0], PROMPT[:5])
+        _prefill(tr, cache, slots[1], PROMPT)
+        _prefill(tr, cache, slots[2], PROMPT[:7])
+        return cache, slots
+
+    cache, slots = fresh()
+    together = run(cache, slots, [0, 1, 2])
+    for i in range(3):
+        solo_cache, solo_slots = fresh()
+        (alone,) = run(solo_cache, solo_slots, [i])
+        assert torch.equal(together[i].logits, alone.logits), f"sequence {i} logits differ in {fmt}"
+        assert all(torch.equal(together[i].hidden[h], alone.hidden[h]) for h in (0, 1, 2))
+        s = slots[i]
+        n = cache.lengths[s]
+        assert n == solo_cache.lengths[s]
+        assert torch.equal(cache.k[:, s, :, :n], solo_cache.k[:, s, :, :n])
+    assert together[0].logits.shape[1] == 1 and together[1].logits.shape[1] == 4
+    assert together[2].logits.shape[1] == len(tree) + 1
+
+
+def _root_and_tree_mask(tree: TokenTree) -> torch.Tensor:
+    n = len(tree) + 1
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[1:, 1:] = tree.attention_mask()
+    return mask
+
+
+def test_batched_forward_refuses_a_slot_twice(tiny_model):
+    tr = tiny_model.transformer
+    cache = tr.new_cache(32)
+    slot = cache.allocate()
+    with pytest.raises(ValueError, match="same cache slot twice"):
+        tr.forward_batch([Segment(torch.tensor([1]), slot), Segment(torch.tensor([2]), slot)], cache)
 
 
 def test_hidden_states_of_chosen_layers(tiny_model):

@@ -45,29 +45,63 @@ class Layer:
 
 
 class _QuantWeights:
-    """A Layer as model.layers.LayerWeights for one forward: its QLinears called with that forward's `exact`."""
+    """A Layer as model.layers.LayerWeights for one forward over the rows of one or more sequences.
 
-    __slots__ = ("layer", "exact", "heads", "kv_heads", "head_dim", "eps", "attn_norm", "mlp_norm", "q_norm",
+    spans: (rows, exact) per sequence, in row order. Every format but fp32 is row-invariant, so
+    one matmul serves all rows; fp32 runs each sequence's rows as that sequence alone would
+    (row by row when exact), so a sequence's numerics never depend on what else is in the batch.
+    """
+
+    __slots__ = ("layer", "spans", "heads", "kv_heads", "head_dim", "eps", "attn_norm", "mlp_norm", "q_norm",
                  "k_norm")
 
-    def __init__(self, layer: Layer, config: ModelConfig, exact: bool):
-        self.layer, self.exact = layer, exact
+    def __init__(self, layer: Layer, config: ModelConfig, spans: list[tuple[slice, bool]]):
+        self.layer, self.spans = layer, spans
         self.heads, self.kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         self.eps = config.rms_norm_eps
         self.attn_norm, self.mlp_norm = layer.attn_norm, layer.mlp_norm
         self.q_norm, self.k_norm = layer.q_norm, layer.k_norm
 
     def qkv(self, h: torch.Tensor) -> torch.Tensor:
-        return self.layer.qkv(h, self.exact)
+        return _linear_by_spans(self.layer.qkv, h, self.spans)
 
     def o(self, attn: torch.Tensor) -> torch.Tensor:
-        return self.layer.o(attn, self.exact)
+        return _linear_by_spans(self.layer.o, attn, self.spans)
 
     def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.layer.gate_up(h, self.exact).chunk(2, dim=-1)
+        return _linear_by_spans(self.layer.gate_up, h, self.spans).chunk(2, dim=-1)
 
     def down(self, a: torch.Tensor) -> torch.Tensor:
-        return self.layer.down(a, self.exact)
+        return _linear_by_spans(self.layer.down, a, self.spans)
+
+
+def _linear_by_spans(linear: QLinear, x: torch.Tensor, spans: list[tuple[slice, bool]]) -> torch.Tensor:
+    """linear(x) where x's rows belong to the sequences in spans: (N, K) -> (N, N_out)."""
+    if len(spans) == 1:
+        return linear(x, spans[0][1])
+    if linear.fmt != "fp32":  # row-invariant: `exact` changes nothing
+        return linear(x, True)
+    return torch.cat([linear(x[rows], exact) for rows, exact in spans])
+
+
+@dataclass
+class Segment:
+    """One sequence's new tokens in a batched forward (Transformer.forward_batch).
+
+    tokens:    (T,) ids, appended to cache slot `slot` from its current length.
+    positions: (T,) RoPE positions; default start + arange(T). A tree passes start + depth - 1.
+    tree_mask: (T, T) bool, [i, j] True when new token i attends new token j; default causal.
+               Every row always attends the slot's whole committed prefix.
+    exact:     decode-identical numerics (decode and verify); False: fused attention (prefill).
+    last_only: logits for the last row only (prefill).
+    """
+
+    tokens: torch.Tensor
+    slot: int
+    positions: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
+    exact: bool = True
+    last_only: bool = False
 
 
 @dataclass
@@ -128,51 +162,82 @@ class Transformer:
         last_only: compute logits for the last row of each sequence only (prefill).
         The cache length of each slot grows by T; the caller truncates what it rejects.
         """
+        segments = [Segment(tokens[b], slot, None if positions is None else positions[b],
+                            None if tree_mask is None else tree_mask[b], exact, last_only)
+                    for b, slot in enumerate(slots)]
+        outs = self.forward_batch(segments, cache, hidden_layers)
+        return ForwardOutput(torch.cat([o.logits for o in outs]),
+                             {layer: torch.cat([o.hidden[layer] for o in outs]) for layer in outs[0].hidden})
+
+    @torch.inference_mode()
+    def forward_batch(self, segments: list[Segment], cache: KVCache,
+                      hidden_layers: tuple[int, ...] = ()) -> list[ForwardOutput]:
+        """One forward over several sequences' new tokens, each T_b long (continuous batching).
+
+        All rows go through each matmul together; attention runs per sequence over its own slot.
+        A sequence's outputs are bitwise what a forward of that sequence alone gives (the
+        formats are row-invariant; see _QuantWeights), so batching never changes an answer.
+        Returns one ForwardOutput per segment: logits (1, T_b or 1, V), hidden {layer: (1, T_b, H)}.
+        """
         c = self.config
-        B, T = tokens.shape
+        if not segments:
+            return []
+        slots = [seg.slot for seg in segments]
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"a batched forward got the same cache slot twice: {slots}")
         starts = [cache.lengths[s] for s in slots]
-        for b, s in enumerate(slots):
-            if starts[b] + T > cache.max_len:
-                raise ValueError(f"sequence in slot {s} would exceed the cache length {cache.max_len}")
-        if positions is None:
-            positions = torch.tensor(starts)[:, None] + torch.arange(T)[None, :]
+        sizes = [len(seg.tokens) for seg in segments]
+        spans, positions, row = [], [], 0
+        for seg, start, size in zip(segments, starts, sizes):
+            if size < 1:
+                raise ValueError(f"slot {seg.slot}: a segment of a batched forward needs at least one token")
+            if start + size > cache.max_len:
+                raise ValueError(f"sequence in slot {seg.slot} would exceed the cache length {cache.max_len}")
+            spans.append((slice(row, row + size), seg.exact))
+            positions.append(start + torch.arange(size) if seg.positions is None else seg.positions.reshape(-1))
+            row += size
+        positions = torch.cat(positions)
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} is beyond the context length {self.max_positions}")
-        cos, sin = rope_rows(self.cos, self.sin, positions)  # (B*T, 1, hd)
+        cos, sin = rope_rows(self.cos, self.sin, positions)  # (N, 1, hd)
 
-        x = self.embed[tokens.reshape(-1)].float()  # (B*T, H)
+        tokens = torch.cat([torch.as_tensor(seg.tokens).reshape(-1) for seg in segments])
+        x = self.embed[tokens].float()  # (N, H)
         hidden = {}
         if 0 in hidden_layers:
-            hidden[0] = x.reshape(B, T, -1)
+            hidden[0] = x
         for li, layer in enumerate(self.layers):
-            attend = partial(self._attend_slots, cache, li, slots, starts, tree_mask, exact)
-            x = decoder_layer(x, _QuantWeights(layer, c, exact), attend, cos, sin)
+            attend = partial(self._attend_segments, cache, li, segments, starts, spans)
+            x = decoder_layer(x, _QuantWeights(layer, c, spans), attend, cos, sin)
             if li + 1 in hidden_layers:
-                hidden[li + 1] = x.reshape(B, T, -1)
-        for b, slot in enumerate(slots):
-            cache.lengths[slot] = starts[b] + T
-        x = x.reshape(B, T, -1)
-        if last_only:
-            x = x[:, -1:]
-        x = rms_norm(x, self.norm, c.rms_norm_eps)
-        logits = self.lm_head(x.reshape(-1, c.hidden_size), exact).reshape(B, x.shape[1], -1)
-        return ForwardOutput(logits, hidden)
+                hidden[li + 1] = x
+        for seg, start, size in zip(segments, starts, sizes):
+            cache.lengths[seg.slot] = start + size
 
-    def _attend_slots(self, cache: KVCache, li: int, slots: list[int], starts: list[int],
-                      tree_mask: torch.Tensor | None, exact: bool, q: torch.Tensor, k: torch.Tensor,
-                      v: torch.Tensor) -> torch.Tensor:
-        """Layer li's attention: q (B*T, nh, hd), k, v (B*T, nkv, hd) -> (B*T, nh, hd).
+        head_spans, picked, row = [], [], 0  # the rows that get logits, and each sequence's span among them
+        for seg, (rows, exact) in zip(segments, spans):
+            take = slice(rows.stop - 1, rows.stop) if seg.last_only else rows
+            picked.append(x[take])
+            head_spans.append((slice(row, row + take.stop - take.start), exact))
+            row += take.stop - take.start
+        h = rms_norm(torch.cat(picked), self.norm, c.rms_norm_eps)
+        logits = _linear_by_spans(self.lm_head, h, head_spans)
+        return [ForwardOutput(logits[hs][None], {layer: t[rows][None] for layer, t in hidden.items()})
+                for (hs, _), (rows, _) in zip(head_spans, spans)]
 
-        Writes each sequence's new K/V into its cache slot, then attends slot by slot."""
-        T = q.shape[0] // len(slots)
+    def _attend_segments(self, cache: KVCache, li: int, segments: list[Segment], starts: list[int],
+                         spans: list[tuple[slice, bool]], q: torch.Tensor, k: torch.Tensor,
+                         v: torch.Tensor) -> torch.Tensor:
+        """Layer li's attention: q (N, nh, hd), k, v (N, nkv, hd) -> (N, nh, hd).
+
+        Writes each sequence's new K/V into its cache slot, then attends sequence by sequence."""
         parts = []
-        for b, slot in enumerate(slots):
-            rows = slice(b * T, (b + 1) * T)
-            cache.k[li, slot, :, starts[b] : starts[b] + T] = k[rows].transpose(0, 1)
-            cache.v[li, slot, :, starts[b] : starts[b] + T] = v[rows].transpose(0, 1)
-            mask = None if tree_mask is None else tree_mask[b]
-            parts.append(self._attend(q[rows], cache, li, slot, starts[b], mask, exact))
-        return parts[0] if len(slots) == 1 else torch.cat(parts)
+        for seg, start, (rows, exact) in zip(segments, starts, spans):
+            size = rows.stop - rows.start
+            cache.k[li, seg.slot, :, start : start + size] = k[rows].transpose(0, 1)
+            cache.v[li, seg.slot, :, start : start + size] = v[rows].transpose(0, 1)
+            parts.append(self._attend(q[rows], cache, li, seg.slot, start, seg.tree_mask, exact))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _attend(self, q: torch.Tensor, cache: KVCache, li: int, slot: int, start: int,
                 tree_mask: torch.Tensor | None, exact: bool) -> torch.Tensor:
