@@ -210,6 +210,17 @@ def _eagle3(ctx: BuildContext) -> Drafter:
     return make_eagle3_drafter(ctx.target, ctx.draft_model, ctx.p_min, ctx.max_len, ctx.tree_topk, ctx.tree_budget)
 
 
+def _block(kind: str) -> Callable[..., Drafter]:
+    """build(ctx) for a block drafter kind: the folder is -md/--model-draft (else one shipped for the target)."""
+
+    def build(ctx: BuildContext) -> Drafter:
+        from specdec.drafters.dflash import make_block_drafter
+
+        return make_block_drafter(ctx.target, ctx.draft_model, kind, ctx.p_min, ctx.max_len)
+
+    return build
+
+
 for _entry in (
     Entry("ngram-simple", _model_free(NgramSimple), vllm="ngram", sglang="NGRAM",
           summary="copy what followed the last earlier occurrence of the context's tail"),
@@ -227,9 +238,9 @@ for _entry in (
           summary="the model's own multi-token-prediction layers (or a trained MTP head)"),
     Entry("draft-eagle3", _eagle3, model=True, trees=True, vllm="eagle3", sglang="EAGLE3",
           summary="an EAGLE-3 head on three of the target's hidden layers"),
-    Entry("draft-dflash", None, model=True, vllm="dflash", sglang="DFLASH",
+    Entry("draft-dflash", _block("draft-dflash"), model=True, vllm="dflash", sglang="DFLASH",
           summary="a block drafter conditioned on the target's hidden states"),
-    Entry("draft-dspark", None, model=True, vllm="dspark", sglang=None,
+    Entry("draft-dspark", _block("draft-dspark"), model=True, vllm="dspark", sglang=None,
           summary="DFlash plus a Markov correction and a confidence head"),
 ):
     register(_entry)
