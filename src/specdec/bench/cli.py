@@ -6,12 +6,19 @@
         --peers hf-plain,hf-prompt-lookup --out bench-out
 
 Writes results.json, report.md and PNG plots to --out.
+
+Server-load mode (bench/load.py): an OpenAI-compatible server under 1, 4, 16 concurrent streaming
+clients; without --url the bench starts `specdec serve` (same --model/--weights/--spec-type) itself.
+
+    specdec bench --concurrency 1,4,16 --requests 16 --max-tokens 32 --spec-type ngram-simple
+    specdec bench --concurrency 1,8 --url http://127.0.0.1:8080/v1 --peer-model my-model
 """
 
 from __future__ import annotations
 
 import os
 import platform
+import shlex
 import sys
 from pathlib import Path
 
@@ -129,7 +136,80 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
     return results
 
 
+def cmd_load(args) -> int:
+    """`specdec bench --concurrency ...`: the server-load mode."""
+    from dataclasses import replace
+
+    from specdec.bench.load import LoadSettings, LocalServer, base_url, choose_model, run_load
+    from specdec.bench.prompts import load_prompts
+    from specdec.bench.report import load_table, write_load
+
+    temperatures = _floats(args.temperature)
+    if len(temperatures) != 1:
+        raise ValueError(f"--concurrency takes one --temperature, got {args.temperature!r}")
+    prompts = load_prompts(args.prompts, args.per_category)
+    settings = LoadSettings(url=args.url or "http://127.0.0.1", levels=tuple(_ints(args.concurrency)),
+                            requests=args.requests, max_tokens=args.max_tokens, temperature=temperatures[0],
+                            endpoint=args.endpoint, request_timeout_s=args.request_timeout,
+                            level_timeout_s=args.level_timeout, seed=args.seed, api_key=args.api_key,
+                            warmup=not args.no_warmup)
+    progress = not args.no_progress
+    if args.url:
+        base_url(args.url)  # a malformed URL is a one-line error before anything runs
+        model, note = choose_model(settings, args.peer_model, args.model)
+        if note and progress:
+            print(f"load: {note}", file=sys.stderr)
+        section = run_load(replace(settings, model=model), prompts, progress)
+    else:
+        serve_args = ["--model", args.model, "--weights", args.weights, "--ctx-size", str(args.ctx_size),
+                      "--spec-draft-n-max", str(args.spec_draft_n_max)]
+        serve_args += ["--spec-type", args.spec_type] if args.spec_type else []
+        serve_args += ["-md", args.draft_model] if args.draft_model else []
+        env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
+        server = LocalServer(serve_args, Path(args.out) / "server.log", args.server_start_timeout, env)
+        if progress:
+            print(f"load: starting specdec serve {' '.join(serve_args)} (log: {server.log_path})", file=sys.stderr)
+        with server:
+            info = {"started_by_bench": True, "command_line": shlex.join(server.command),
+                    "log": str(server.log_path), "weights": args.weights,
+                    "spec_type": args.spec_type or "auto (the server decides)", **_artifact_of(args.model),
+                    "threads": args.threads or "torch default"}
+            section = run_load(replace(settings, url=server.url, model=args.model), prompts, progress,
+                               server=info)
+    files = write_load(section, args.out, client_runtime())
+    print("\n".join(load_table(section)))
+    print(f"wrote {files['markdown']}", file=sys.stderr)
+    if not any(row["completed"] for row in section["levels"]):
+        first = next((m for row in section["levels"] for m in row["error_examples"].values()), "no request sent")
+        print(f"specdec: error: no request completed ({first})", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _artifact_of(model: str) -> dict:
+    """The file the started server loads and its sha256, when it resolves without a download."""
+    from specdec.model.registry import cached_sha256, resolve
+
+    try:
+        path = resolve(model, auto_pull=False)
+    except Exception:  # the server reports what is wrong with it; this is only for the report
+        return {}
+    return {"artifact": str(path), "sha256": cached_sha256(path) if Path(path).is_file() else None}
+
+
+def client_runtime() -> dict:
+    import specdec
+
+    info = {"specdec_version": specdec.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count()}
+    if hasattr(os, "sched_getaffinity"):
+        info["cpus_allowed"] = len(os.sched_getaffinity(0))
+    return info
+
+
 def cmd_bench(args) -> int:
+    if args.concurrency:
+        return cmd_load(args)
     import torch
 
     from specdec.bench.prompts import load_prompts
@@ -186,7 +266,9 @@ def add_parser(sub) -> None:
     p.add_argument("--peers", default=None, help="comma list: hf-plain, hf-assisted, hf-prompt-lookup")
     p.add_argument("--peer-url", action="append", default=[],
                    help="an OpenAI-compatible server to measure too (repeatable), e.g. http://127.0.0.1:8080")
-    p.add_argument("--peer-model", default=None, help="model name sent to --peer-url servers")
+    p.add_argument("--peer-model", default=None,
+                   help="model name sent to --peer-url and --url servers (--url default: --model when served "
+                        "there, else the server's first model)")
     p.add_argument("--hf-dtype", default="bf16", choices=["bf16", "fp32"],
                    help="format transformers holds the dequantized weights in (default bf16)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -196,4 +278,21 @@ def add_parser(sub) -> None:
                    help="let drafters remember earlier runs (inflates acceptance on repeated prompts)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
+    g = p.add_argument_group("server load (--concurrency): an OpenAI-compatible server under concurrent streams")
+    g.add_argument("--concurrency", default=None,
+                   help="comma list of concurrent clients, e.g. 1,4,16: measure a server instead of the methods")
+    g.add_argument("--url", default=None,
+                   help="the server, e.g. http://127.0.0.1:8080/v1 (default: start specdec serve on 127.0.0.1 with "
+                        "--model, --weights, --ctx-size, --spec-type, -md, --spec-draft-n-max)")
+    g.add_argument("--requests", type=int, default=32, help="requests per concurrency level (default 32)")
+    g.add_argument("--endpoint", default="completions", choices=["completions", "chat"],
+                   help="stream /v1/completions (chat prompts as a plain transcript) or /v1/chat/completions")
+    g.add_argument("--spec-type", default=None, help="speculation of the started server (default: its auto)")
+    g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="sent as 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY)")
+    g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (default 300)")
+    g.add_argument("--level-timeout", type=float, default=1800.0,
+                   help="no new request starts after this many seconds of a level (default 1800)")
+    g.add_argument("--server-start-timeout", type=float, default=600.0,
+                   help="seconds to wait for the started server's /health (default 600)")
     p.set_defaults(func=cmd_bench)

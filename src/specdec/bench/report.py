@@ -3,11 +3,14 @@
 Every report names the artifact, the runtime and the settings first; then one table per
 temperature; then per-position acceptance, the draft-length sweep, peers, auto's check, and
 the caveats (methods never engaged, greedy outputs that differed from the baseline).
+`specdec bench --concurrency` adds a "load" section (bench/load.py): write_load puts it into
+results.json and report.md, as a table per concurrency level.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 PLOTS = {
@@ -148,6 +151,8 @@ def markdown(r: dict, plots: dict[str, str] | None = None) -> str:
     notes = caveats(r)
     if notes:
         lines += ["## Caveats", ""] + [f"- {n}" for n in notes] + [""]
+    if r.get("load"):
+        lines += load_markdown(r["load"])
     return "\n".join(lines)
 
 
@@ -184,6 +189,111 @@ def caveats(r: dict) -> list[str]:
     if any(run["timing_source"].startswith("client wall clock") for run in r["runs"]):
         notes.append("an endpoint reported no timings: its tokens/s is wall clock including prefill and HTTP.")
     return notes
+
+
+# -- server load (bench/load.py) ---------------------------------------------------------------
+def write_load(load: dict, out_dir, runtime: dict | None = None) -> dict[str, Path]:
+    """Put the load section into out_dir/results.json and report.md; returns their paths.
+
+    A results.json of a normal bench already there keeps its contents and gains a "load" key (its
+    report.md is rewritten with the load section at the end); otherwise both files hold the load run alone.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "markdown": out / "report.md"}
+    existing = None
+    if paths["json"].is_file():
+        try:
+            existing = json.loads(paths["json"].read_text())
+        except ValueError:
+            existing = None
+    if isinstance(existing, dict) and existing.get("schema") == "specdec-bench/1" and "summary" in existing:
+        existing["load"] = load
+        paths["json"].write_text(json.dumps(existing, indent=1))
+        plots = {k: name for k, name in PLOTS.items() if (out / name).is_file()}
+        paths["markdown"].write_text(markdown(existing, plots))
+        return paths
+    results = {"schema": load["schema"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runtime": runtime or {},
+               "load": load}
+    paths["json"].write_text(json.dumps(results, indent=1))
+    lines = ["# specdec bench: server load", "", f"Created {results['created']}.", ""]
+    if runtime:
+        lines += ["## Client runtime", ""] + [f"- {k.replace('_', ' ')}: {v}" for k, v in runtime.items()] + [""]
+    paths["markdown"].write_text("\n".join(lines + load_markdown(load)) + "\n")
+    return paths
+
+
+def _ms(d: dict, keys) -> str:
+    return " / ".join(_f(None if d.get(k) is None else d[k] * 1000, "{:.0f}") for k in keys)
+
+
+def load_table(load: dict) -> list[str]:
+    """The per-level table (markdown), also what `specdec bench --concurrency` prints."""
+    lines = ["| concurrency | completed / sent | errors | output tok/s | req/s | TTFT p50 / p90 / p99 ms | "
+             "ITL p50 / p99 ms | TPOT p50 / p99 ms | latency p50 / p99 s | greedy mismatches | acceptance |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in load["levels"]:
+        errors = ", ".join(f"{k} {v}" for k, v in row["errors"].items()) or "0"
+        if row["not_sent"]:
+            errors += f" (+{row['not_sent']} not sent: level timeout)"
+        g = row["greedy"]
+        greedy = "–" if g is None else f"{g['mismatches']} of {g['compared']}"
+        sp = row["spec"]
+        acc = "–" if sp is None else ("not engaged" if sp["engaged"] == "no" else _f(sp["acceptance_rate"]))
+        lat = row["latency_s"]
+        lines.append(f"| {row['concurrency']} | {row['completed']} / {row['sent']} | {errors} | "
+                     f"{_f(row['output_tokens_per_s'], '{:.1f}')} | {_f(row['requests_per_s'])} | "
+                     f"{_ms(row['ttft_s'], ('p50', 'p90', 'p99'))} | {_ms(row['itl_s'], ('p50', 'p99'))} | "
+                     f"{_ms(row['tpot_s'], ('p50', 'p99'))} | {_f(lat['p50'])} / {_f(lat['p99'])} | {greedy} | "
+                     f"{acc} |")
+    return lines
+
+
+def load_markdown(load: dict) -> list[str]:
+    s, srv = load["settings"], load["server"]
+    lines = ["## Server load", ""]
+    if srv.get("started_by_bench"):
+        lines.append(f"- server: specdec's own, started by the bench at {s['base_url']}: `{srv.get('command_line')}`")
+    else:
+        lines.append(f"- server: {s['base_url']} (given by --url)")
+    models = (srv.get("probe") or {}).get("models")
+    if models:
+        lines.append("- served models (/v1/models): " + ", ".join(
+            f"{m.get('id')}" + (f" (speculative: {m['speculative']})" if m.get("speculative") else "") for m in models))
+    if (srv.get("probe") or {}).get("error"):
+        lines.append(f"- probe: {srv['probe']['error']}")
+    for key in ("artifact", "sha256", "weights", "spec_type"):
+        if srv.get(key):
+            lines.append(f"- {key.replace('_', ' ')}: {srv[key]}")
+    lines.append(f"- requests: streaming /v1/{'chat/completions' if s['endpoint'] == 'chat' else 'completions'}, "
+                 f"model {s['model'] or '(not sent)'}, max_tokens {s['max_tokens']}, temperature {s['temperature']:g}, "
+                 f"{s['requests']} per level over {len(s['prompts_used'])} prompts, per-request timeout "
+                 f"{s['request_timeout_s']:g} s, level timeout {s['level_timeout_s']:g} s")
+    sources = sorted({row["token_count_source"] for row in load["levels"] if row["token_count_source"]})
+    how = {"usage": "the stream's final usage (include_usage)", "chunks": "one per text chunk (no usage sent)",
+           "mixed": "usage where sent, else chunks"}
+    lines.append("- output tokens counted from: " + ("; ".join(how[x] for x in sources) if sources else "–"))
+    lines += ["", "Throughput is over the level's wall clock. TTFT: send to the first chunk with text. ITL: gaps "
+              "between text chunks (a chunk may carry several tokens). TPOT: (latency - TTFT) / (tokens - 1) per "
+              "request. Greedy mismatches: outputs (as text) that differ from the same prompt sent alone.", ""]
+    lines += load_table(load) + [""]
+    notes = []
+    for row in load["levels"]:
+        for kind, message in row["error_examples"].items():
+            notes.append(f"concurrency {row['concurrency']}: {row['errors'][kind]} x {kind}: {message}")
+        g = row["greedy"]
+        if g and g["mismatches"]:
+            notes.append(f"concurrency {row['concurrency']}: {g['mismatches']} of {g['compared']} greedy outputs "
+                         "differ from the same prompt sent alone (batched numerics, or a bug: see runs in "
+                         "results.json).")
+        if g and g["compared"] < row["completed"]:
+            notes.append(f"concurrency {row['concurrency']}: {row['completed'] - g['compared']} outputs had no "
+                         "reference (the prompt failed when sent alone).")
+    if load["settings"]["temperature"] != 0:
+        notes.append("temperature > 0: no greedy comparison.")
+    if notes:
+        lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
+    return lines
 
 
 # -- plots -------------------------------------------------------------------------------------
