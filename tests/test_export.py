@@ -122,3 +122,26 @@ def test_auto_sees_an_mtp_head_saved_beside_the_model(tmp_path, capsys):
                  "hello hello hello"]) == 0
     assert json.loads(capsys.readouterr().out)["spec"]["method"] == "suffix,draft-mtp"
 
+
+
+def test_dflash_goes_to_sglang_as_one_block_and_the_block_length_is_noted(tmp_path):
+    folder = tmp_path / "dflash"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "intermediate_size": 96, "vocab_size": 512, "block_size": 16,
+        "dflash_config": {"mask_token_id": 300, "target_layer_ids": [0, 1]}}))
+    out = export(SpecConfig(drafters=("draft-dflash",), draft_model=str(folder), draft_n_max=15), "t")
+    args = out["sglang"]["args"]  # as z-lab's README runs it: the block size is the draft tokens verified
+    assert _flag(args, "--speculative-algorithm") == "DFLASH" and _flag(args, "--speculative-num-draft-tokens") == "16"
+    assert _flag(args, "--speculative-draft-model-path") == str(folder)
+    assert "--speculative-num-steps" not in args and "--speculative-eagle-topk" not in args
+    assert out["vllm"]["speculative_config"] == {"method": "dflash", "num_speculative_tokens": 15, "model": str(folder)}
+    assert not any("block" in n for n in out["vllm"]["notes"] + out["sglang"]["notes"])
+    short = export(SpecConfig(drafters=("draft-dflash",), draft_model=str(folder), draft_n_max=3), "t")
+    note = "the drafter's block of 16 drafts 15 tokens a step; the draft length 3 uses only part of it"
+    assert any(note in n for n in short["vllm"]["notes"]) and any(note in n for n in short["sglang"]["notes"])
+    spark = export(SpecConfig(drafters=("draft-dspark",), draft_model="/m/dspark"), "t")
+    assert any("no DSpark method upstream" in n for n in spark["vllm"]["notes"])
+    assert any("SGLang has no draft-dspark; nearest: DFLASH" in n for n in spark["sglang"]["notes"])
+    assert _flag(spark["sglang"]["args"], "--speculative-algorithm") == "DFLASH"

@@ -241,3 +241,35 @@ def test_real_mismatched_draft_names_the_difference():
     r = inspect_model("smollm2-135m", draft="qwen2.5-coder-0.5b")
     assert not r["drafter"]["compatible"]
     assert "BOS/EOS" in r["drafter"]["reason"] and "qwen2.5-coder-0.5b" in r["drafter"]["reason"]
+
+
+def test_dflash_and_dspark_folders_are_recognised_and_checked_against_the_target(tmp_path, tiny_hf_dir):
+    from dataclasses import replace
+
+    from specdec.drafters.dflash import BlockConfig
+
+    def write(name, cfg):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg.to_json()))
+        return str(folder)
+
+    cfg = BlockConfig(layout="dflash", hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, head_dim=16,
+                      intermediate_size=96, vocab_size=512, target_layer_ids=(0, 1), mask_token_id=300, block_size=4,
+                      num_target_layers=2)
+    r = inspect_model(str(tiny_hf_dir), draft=write("dflash", cfg))
+    assert r["drafter"]["kind"] == "draft-dflash" and r["drafter"]["compatible"]
+    assert r["drafter"]["block"]["drafts_per_block"] == 3
+    assert next(m for m in r["methods"] if m["method"] == "draft-dflash")["runs"]
+    assert "dflash block of 4 (3 drafts a step: --spec-draft-n-max 3), 1 layers on target layers [0, 1]" \
+        in format_report(r)
+    r = inspect_model(str(tiny_hf_dir), draft=write("other", replace(cfg, num_target_layers=36)))
+    assert not r["drafter"]["compatible"] and "was trained on a target with 36 layers" in r["drafter"]["reason"]
+    assert not next(m for m in r["methods"] if m["method"] == "draft-dflash")["runs"]
+    r = inspect_model(str(tiny_hf_dir), draft=write("nomask", replace(cfg, mask_token_id=None)))
+    assert not r["drafter"]["compatible"] and "has no mask_token_id" in r["drafter"]["reason"]
+    spark = replace(cfg, layout="dspark", markov_rank=8, markov_head_type="vanilla", confidence_head=True)
+    r = inspect_model(str(tiny_hf_dir), draft=write("dspark", spark))
+    assert r["drafter"]["kind"] == "draft-dspark" and r["drafter"]["compatible"]
+    assert "dspark block of 4 (4 drafts a step" in format_report(r)
+    assert "Markov rank 8 (vanilla), confidence head (--spec-draft-p-min)" in format_report(r)

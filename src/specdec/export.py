@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
 
 from specdec.drafters import registry
+from specdec.drafters.describe import BLOCK_KINDS, block_facts
 from specdec.drafters.ngram import NgramSimple
 from specdec.engine.config import SpecConfig
 
@@ -83,6 +85,10 @@ def _vllm(spec: SpecConfig, model: str) -> dict:
             config.update(_prompt_lookup(spec))
         if spec.draft_p_min and registry.entry(chosen).model:
             notes.append("vLLM has no draft probability floor (--spec-draft-p-min); dropped")
+        if chosen == "draft-dspark":
+            notes.append("vLLM has no DSpark method upstream (DFlash only: method 'dflash'); this config runs in "
+                         "specdec")
+        notes += _block_notes(spec, chosen)
         args += ["--speculative-config", json.dumps(config)]
     return {"args": args, "command": shlex.join(args), "notes": notes, "speculative_config": config}
 
@@ -105,6 +111,23 @@ def _one_method(spec: SpecConfig, notes: list[str], what: str) -> str:
     return chosen
 
 
+def _block_notes(spec: SpecConfig, chosen: str) -> list[str]:
+    """A DFlash / DSpark folder's block drafts a fixed number of tokens; say so when the draft length differs."""
+    folder = Path(spec.draft_model or "")
+    if chosen not in BLOCK_KINDS or not (folder / "config.json").is_file():
+        return []
+    try:
+        facts = block_facts(json.loads((folder / "config.json").read_text()))
+    except (OSError, json.JSONDecodeError):
+        return []
+    if facts is None or facts["drafts_per_block"] == spec.draft_n_max:
+        return []
+    n = facts["drafts_per_block"]
+    return [f"the drafter's block of {facts['block_size']} drafts {n} tokens a step; the draft length "
+            f"{spec.draft_n_max} {'uses only part of it' if spec.draft_n_max < n else 'is cut to it'} "
+            f"(--spec-draft-n-max {n} for the whole block)"]
+
+
 def _sglang(spec: SpecConfig, model: str) -> dict:
     args = ["python", "-m", "sglang.launch_server", "--model-path", model]
     notes = _common_notes(spec, "SGLang")
@@ -112,13 +135,21 @@ def _sglang(spec: SpecConfig, model: str) -> dict:
         chosen = _one_method(spec, notes, "SGLang runs one algorithm")
         algorithm = registry.entry(chosen).sglang
         if algorithm is None:
-            notes.append(f"SGLang has no {chosen}; nearest: DFLASH")
+            notes.append(f"SGLang has no {chosen}; nearest: DFLASH, which runs a DFlash checkpoint (not DSpark's "
+                         "Markov and confidence heads)")
             algorithm = "DFLASH"
         if algorithm == "NGRAM":
             if chosen != "ngram-simple":
                 notes.append(f"SGLang has no {chosen}; nearest: NGRAM")
             notes.append("SGLang's NGRAM runs on CUDA only")
             args += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(spec.draft_n_max + 1)]
+        elif algorithm == "DFLASH":
+            # one block a step: the verified tokens are the block (the last token + its drafts)
+            args += ["--speculative-algorithm", "DFLASH"]
+            if spec.draft_model:
+                args += ["--speculative-draft-model-path", spec.draft_model]
+            args += ["--speculative-num-draft-tokens", str(spec.draft_n_max + 1)]
+            notes += _block_notes(spec, chosen)
         else:
             args += ["--speculative-algorithm", algorithm]
             if spec.draft_model and chosen != "draft-mtp":

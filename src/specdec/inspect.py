@@ -83,6 +83,8 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
             d = describe_drafter(resolve(draft), checkpoint, tokenizer, name_or_path, draft)
             drafter = {k: d[k] for k in ("kind", "compatible", "reason")}
             drafter["path"] = draft
+            if d.get("block"):
+                drafter["block"] = d["block"]
             dc = getattr(d["checkpoint"], "config", None)
             if dc is not None:
                 drafter["parameters"] = param_count(d["checkpoint"])
@@ -173,6 +175,13 @@ def format_report(r: dict) -> str:
     if d is not None:
         state = "compatible" if d["compatible"] else f"NOT compatible: {d['reason']}"
         lines.append(f"drafter       {d['path']}: {d['kind']}, {state}")
+        b = d.get("block")
+        if b:
+            extra = "".join([f", Markov rank {b['markov_rank']} ({b['markov_head']})" if b["markov_rank"] else "",
+                             ", confidence head (--spec-draft-p-min)" if b["confidence_head"] else ""])
+            lines.append(f"              {b['layout']} block of {b['block_size']} ({b['drafts_per_block']} drafts a step: "
+                         f"--spec-draft-n-max {b['drafts_per_block']}), {b['drafter_layers']} layers on target layers "
+                         f"{b['target_layer_ids']}, mask token {b['mask_token_id']}{extra}")
     else:
         lines.append("drafter       none given (no draft model, EAGLE-3, DFlash or DSpark drafter; see --draft-model)")
     lines.append("methods")

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 from specdec.model.errors import ModelFileError
 
+BLOCK_KINDS = ("draft-dflash", "draft-dspark")
 _HEAD_KINDS = (("eagle3", "draft-eagle3"), ("eagle", "draft-eagle3"), ("dflash", "draft-dflash"),
                ("dspark", "draft-dspark"))
 
@@ -52,10 +53,18 @@ def _kind_from_config(raw: dict) -> str | None:
     return None
 
 
-def _head_mismatch(raw: dict, target_config, target_name, draft_name) -> str | None:
+def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str | None = None) -> str | None:
     """Why a drafter head trained on some target's hidden states cannot serve this target (None: it can)."""
     if target_config is None:
         return None
+    if kind in BLOCK_KINDS:
+        from specdec.drafters.dflash import BlockConfig, DFlashError, fit_problem
+
+        try:
+            cfg = BlockConfig.from_json(raw, str(draft_name))
+        except DFlashError as exc:
+            return str(exc)
+        return fit_problem(cfg, target_config, f"the target {target_name}", str(draft_name))
     from specdec.drafters.draft_model import MAX_VOCAB_PADDING
 
     vocab = raw.get("vocab_size")
@@ -69,11 +78,26 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name) -> str | N
     return None
 
 
+def block_facts(raw: dict) -> dict | None:
+    """What a DFlash / DSpark config.json says about its block (None when specdec cannot read it)."""
+    from specdec.drafters.dflash import BlockConfig, DFlashError
+
+    try:
+        cfg = BlockConfig.from_json(raw)
+    except DFlashError:
+        return None
+    return {"layout": cfg.layout, "block_size": cfg.block_size, "drafts_per_block": cfg.drafts_per_block,
+            "target_layer_ids": list(cfg.target_layer_ids), "drafter_layers": cfg.num_layers,
+            "mask_token_id": cfg.mask_token_id, "markov_rank": cfg.markov_rank, "markov_head": cfg.markov_head_type,
+            "confidence_head": cfg.confidence_head}
+
+
 def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str = "target",
                      draft_name: str | None = None) -> dict:
     """{"path", "kind", "compatible", "reason", "checkpoint", "tokenizer"} for a drafter given by the user.
 
-    checkpoint/tokenizer are the draft model's (draft-simple only), for callers that report its size.
+    checkpoint/tokenizer are the draft model's (draft-simple only), for callers that report its size;
+    a DFlash / DSpark folder adds "block" (block_facts).
     """
     from specdec.model.facts import raw_checkpoint
     from specdec.model.load import open_checkpoint
@@ -83,9 +107,10 @@ def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str
         raw = json.loads((path / "config.json").read_text())
         kind = _kind_from_config(raw)
         if kind is not None:
-            reason = _head_mismatch(raw, getattr(target_checkpoint, "config", None), target_name, draft_name or path)
+            reason = _head_mismatch(raw, getattr(target_checkpoint, "config", None), target_name, draft_name or path,
+                                    kind)
             return {"path": str(path), "kind": kind, "compatible": reason is None, "reason": reason,
-                    "checkpoint": None, "tokenizer": None}
+                    "checkpoint": None, "tokenizer": None, "block": block_facts(raw) if kind in BLOCK_KINDS else None}
     try:
         checkpoint, tokenizer = open_checkpoint(path)
     except ModelFileError as exc:
