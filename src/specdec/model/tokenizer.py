@@ -2,7 +2,9 @@
 
 Byte-level BPE (the `gpt2` tokenizer model of GGUF, used by SmolLM2, Qwen2.5, Qwen3,
 Llama 3) is built with the `tokenizers` library from the file's vocabulary and
-merges, with the pre-tokenizer split that `tokenizer.ggml.pre` names.
+merges, with the pre-tokenizer split that `tokenizer.ggml.pre` names. SentencePiece
+(the `llama` tokenizer model: Llama 2, Mistral, Gemma) is built from the vocabulary's
+scores and token types by specdec.model.spm.
 """
 
 from __future__ import annotations
@@ -92,9 +94,11 @@ def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     from tokenizers import Tokenizer as Backend
 
     kind = metadata.get("tokenizer.ggml.model")
+    if kind == "llama":
+        return _spm_from_gguf(reader, metadata)
     if kind != "gpt2":
         raise ModelFileError(path, f"tokenizer model {kind!r} is not supported yet (specdec builds byte-level BPE, "
-                             "'gpt2'); use an HF folder with tokenizer.json instead")
+                             "'gpt2', and SentencePiece, 'llama'); use an HF folder with tokenizer.json instead")
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     merges = reader.fields["tokenizer.ggml.merges"].contents() if "tokenizer.ggml.merges" in reader.fields else []
     types = reader.fields["tokenizer.ggml.token_type"].contents() if "tokenizer.ggml.token_type" in reader.fields else []
@@ -125,6 +129,59 @@ def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     return Tokenizer(backend, None if bos is None else int(bos), list(dict.fromkeys(eos_ids)),
                      bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
                      metadata.get("tokenizer.chat_template"), "gguf")
+
+
+def read_gguf_tokenizer(path) -> Tokenizer:
+    """The tokenizer of a GGUF file alone, without checking that its model can run here."""
+    from specdec.model.gguf_loader import _reader_class
+
+    reader = _reader_class()(path)
+    big = ("tokens", "scores", "token_type", "merges")
+    metadata = {key: field.contents() for key, field in reader.fields.items()
+                if key.startswith(("general.", "tokenizer.")) and key.split(".")[-1] not in big}
+    return tokenizer_from_gguf(path, reader, metadata)
+
+
+def _spm_from_gguf(reader, metadata: dict) -> Tokenizer:
+    from specdec.model.spm import CONTROL, spm_backend
+
+    def array(key):
+        return reader.fields[key].contents() if key in reader.fields else []
+
+    tokens, types = array("tokenizer.ggml.tokens"), array("tokenizer.ggml.token_type")
+    scores = array("tokenizer.ggml.scores") or [0.0] * len(tokens)
+    unk = metadata.get("tokenizer.ggml.unknown_token_id")
+    # llama.cpp's default: a SentencePiece vocabulary prefixes a space unless the file says not to (Gemma does).
+    add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+    backend = spm_backend(tokens, scores, types, add_space_prefix, None if unk is None else int(unk))
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    eos_ids = [int(metadata[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+               if metadata.get(k) is not None]
+    # A chat turn ends with its own control token, which files often leave out of eot_token_id; llama.cpp
+    # recognizes these spellings as end-of-generation tokens too.
+    eos_ids += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == CONTROL and t in _END_OF_TURN]
+    template = metadata.get("tokenizer.chat_template")
+    if template is None and str(metadata.get("general.architecture", "")).startswith("gemma") \
+            and backend.token_to_id("<start_of_turn>") is not None:
+        template = GEMMA_TEMPLATE
+    # Without the flag llama.cpp adds BOS to a SentencePiece vocabulary.
+    return Tokenizer(backend, None if bos is None else int(bos), list(dict.fromkeys(eos_ids)),
+                     bool(metadata.get("tokenizer.ggml.add_bos_token", True)), template, "gguf")
+
+
+_END_OF_TURN = {"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>"}
+# Gemma's turn format, for Gemma GGUF files written without `tokenizer.chat_template` (as some
+# conversions are): a system message opens the first user turn, the assistant speaks as "model",
+# every other message is trimmed. It is Gemma's published format, written here, not read from the file.
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% set system = '' %}{% if messages and messages[0]['role'] == 'system' %}"
+    "{% set system = messages[0]['content'] + '\n\n' %}{% set messages = messages[1:] %}{% endif %}"
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('conversation roles must alternate user/assistant/user/...') }}{% endif %}"
+    "<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{{ system if loop.first else '' }}{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 
 
 def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
