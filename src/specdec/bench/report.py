@@ -289,6 +289,12 @@ def load_markdown(load: dict) -> list[str]:
         if g and g["compared"] < row["completed"]:
             notes.append(f"concurrency {row['concurrency']}: {row['completed'] - g['compared']} outputs had no "
                          "reference (the prompt failed when sent alone).")
+    rates = [(row["concurrency"], row["spec"]["acceptance_rate"]) for row in load["levels"]
+             if row["spec"] and row["spec"]["acceptance_rate"] is not None]
+    if rates and max(r for _, r in rates) - min(r for _, r in rates) > 0.1:
+        notes.append("acceptance moved between levels (" + ", ".join(f"C={c}: {r:.2f}" for c, r in rates) + "): "
+                     "every level sends the same prompts, and a drafter that remembers earlier responses (suffix, "
+                     "ngram-cache) accepts more on a repeat; compare levels with that in mind.")
     if load["settings"]["temperature"] != 0:
         notes.append("temperature > 0: no greedy comparison.")
     if notes:
