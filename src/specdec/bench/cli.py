@@ -156,6 +156,9 @@ def cmd_load(args) -> int:
     progress = not args.no_progress
     if args.url:
         base_url(args.url)  # a malformed URL is a one-line error before anything runs
+        if args.spec_type or args.draft_model:
+            print("load: --spec-type and -md only configure the server the bench starts; ignored with --url",
+                  file=sys.stderr)
         model, note = choose_model(settings, args.peer_model, args.model)
         if note and progress:
             print(f"load: {note}", file=sys.stderr)
