@@ -9,6 +9,7 @@ SentencePiece sees it (SentencePiece itself never matches them; llama.cpp and tr
 from __future__ import annotations
 
 import os
+import random
 import re
 import struct
 
@@ -26,7 +27,7 @@ MERGED = ["ab", "▁t", "he", "▁the", "ll", "▁he", "llo", "▁hello", "or", 
           "in", "ing", "abc"]
 
 
-def tiny_vocab():
+def tiny_vocab(with_unused: bool = True):
     tokens, scores, types = [], [], []
     for t, ty in SPECIALS:
         tokens.append(t), scores.append(0.0), types.append(ty)
@@ -35,7 +36,7 @@ def tiny_vocab():
     for k, c in enumerate(CHARS):
         tokens.append(c), scores.append(-100.0 - k), types.append(NORMAL)
     for k, piece in enumerate(MERGED):
-        tokens.append(piece), scores.append(-1.0 - k), types.append(UNUSED if piece == "ab" else NORMAL)
+        tokens.append(piece), scores.append(-1.0 - k), types.append(UNUSED if piece == "ab" and with_unused else NORMAL)
     return tokens, scores, types
 
 
@@ -137,10 +138,32 @@ def pieces(tok, ids):
     return [tok.token_text(i) for i in ids]
 
 
-def test_tiny_ids_match_sentencepiece(tiny):
+def test_tiny_ids_match_sentencepiece(tiny, tmp_path):
     reference = reference_encoder(*tiny_vocab())
     for text in TINY_TEXTS:
         assert tiny.encode(text, add_bos=False) == reference(text), text
+    # without unused pieces the merge loop runs chunk by chunk, with a cache
+    vocab = tiny_vocab(with_unused=False)
+    tok, reference = read_gguf_tokenizer(write_spm_gguf(tmp_path / "c.gguf", *vocab)), reference_encoder(*vocab)
+    for text in TINY_TEXTS + [" ".join(TINY_TEXTS)]:
+        assert tok.encode(text, add_bos=False) == reference(text), text
+
+
+def test_merge_loop_matches_sentencepiece_on_random_vocabularies():
+    rng = random.Random(0)
+    for _ in range(40):
+        chars = "ab▁c"
+        merged = sorted({"".join(rng.choice(chars) for _ in range(rng.randint(2, 4))) for _ in range(12)})
+        tokens = ["<unk>"] + [f"<0x{b:02X}>" for b in range(256)] + list(chars) + merged
+        scores = [0.0] * 257 + [-100.0] * len(chars) + [-float(s) for s in rng.sample(range(1, 99), len(merged))]
+        types = [UNK] + [BYTE] * 256 + [NORMAL] * (len(chars) + len(merged))
+        sp = sentencepiece_model(tokens, scores, types, 0, add_dummy_prefix=False)
+        merger = SpmMerger({t: s for t, s, ty in zip(tokens, scores, types) if ty == NORMAL})
+        for _ in range(30):
+            text = "".join(rng.choice(chars + "d") for _ in range(rng.randint(1, 16)))
+            expected = [tokens[i] for i in sp.encode(text.replace("▁", " "))]
+            ours = [p if p in tokens else f"<0x{ord(p):02X}>" for p in merger.pieces(text)]
+            assert ours == expected, (text, merged)
 
 
 def test_tiny_hand_computed_pieces(tiny):
@@ -201,8 +224,8 @@ def test_chat_template_from_file_and_gemma_fallback(tmp_path):
 
 
 def test_merge_loop_prefers_best_score_then_leftmost():
-    merger = SpmMerger({"ab": -1.0, "bc": -1.0, "abc": -5.0, "cab": -0.5})
-    assert merger.pieces("abc") == ["abc"]  # ab and bc tie: the leftmost merges first, then abc
+    merger = SpmMerger({"ab": -1.0, "bc": -1.0, "cab": -0.5})
+    assert merger.pieces("abc") == ["ab", "c"]  # ab and bc tie: the leftmost wins
     assert merger.pieces("abcab") == ["ab", "cab"]  # cab (best) takes c first
     assert merger.pieces("") == [] and merger.pieces("x") == ["x"]
 

@@ -41,9 +41,17 @@ class SpmMerger:
     into the two pieces they were made of (its "resegment").
     """
 
+    CACHE_SIZE = 1 << 16  # chunks remembered (a chunk is mostly one word)
+
     def __init__(self, scores: dict[str, float], unused: frozenset[str] = frozenset()):
         self.scores = scores
         self.unused = unused
+        # Two adjacent characters can end up in one piece only if some piece contains them side by side.
+        # Where none does, no merge ever crosses, so the text splits there into chunks that merge alone
+        # (in the same order as together) and can be cached. Unused pieces keep the whole text together:
+        # SentencePiece remembers their splits across it.
+        self.crossable = {p[i : i + 2] for p in scores for i in range(len(p) - 1)}
+        self.cache: dict[str, list[str]] = {}
 
     def pieces(self, text: str) -> list[str]:
         """The final pieces of one stretch of (already "▁"-escaped) text.
@@ -51,6 +59,25 @@ class SpmMerger:
         >>> SpmMerger({"▁t": -1.0, "he": -2.0, "▁the": -3.0}).pieces("▁the▁he")
         ['▁the', '▁', 'he']
         """
+        if self.unused:
+            return self._merge(text)
+        out: list[str] = []
+        start, crossable = 0, self.crossable
+        for i in range(1, len(text)):
+            if text[i - 1 : i + 1] not in crossable:
+                out += self._cached(text[start:i])
+                start = i
+        return out + self._cached(text[start:]) if text else out
+
+    def _cached(self, chunk: str) -> list[str]:
+        found = self.cache.get(chunk)
+        if found is None:
+            if len(self.cache) >= self.CACHE_SIZE:
+                self.cache.clear()
+            found = self.cache[chunk] = self._merge(chunk)
+        return found
+
+    def _merge(self, text: str) -> list[str]:
         n = len(text)
         if n < 2:
             return [text] if text else []
