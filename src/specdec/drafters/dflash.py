@@ -543,11 +543,11 @@ def save_block_drafter(model: BlockDraftModel, folder, target_info: dict | None 
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
     if model.cfg.layout == "dspark":
         for key, t in (("embed_tokens.weight", embed_tokens), ("lm_head.weight", lm_head)):
             if t is not None:
-                tensors[key] = t.detach().to(dtype).contiguous()
+                tensors[key] = t.detach().to("cpu", dtype).contiguous()
     save_file(tensors, str(folder / "model.safetensors"))
     raw = model.cfg.to_json()
     if target_info:

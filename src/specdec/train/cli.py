@@ -1,4 +1,4 @@
-"""`specdec train mtp|eagle3`: train a drafter head for a target by self-distillation.
+"""`specdec train mtp|eagle3|dflash|dspark`: train a drafter for a target by self-distillation.
 
     specdec train mtp --model smollm2-135m --out DIR            (CPU, one process)
     torchrun --nproc-per-node 8 -m specdec.train.cli eagle3 --model M --out DIR   (data parallel)
@@ -10,7 +10,8 @@ text; --sequences FILE trains on a saved set instead (the shipped heads' data is
 specdec/heads/<model>/train_data.npz).
 Heads are written in the formats the loaders read: MTP as config.json + model.safetensors in
 the DeepSeek-V3 layout (default DIR: beside the model, `<model>.mtp/`, where auto finds it),
-EAGLE-3 in the published format (fc, midlayer.*, norm, lm_head, d2t, t2d).
+EAGLE-3 in the published format (fc, midlayer.*, norm, lm_head, d2t, t2d), DFlash / DSpark in
+theirs (drafters/dflash.py: config.json with dflash_config / DSpark's keys, model.safetensors).
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ import torch
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train", help="train an MTP or EAGLE-3 drafter head for a model (self-distillation)")
+    p = sub.add_parser("train", help="train an MTP, EAGLE-3, DFlash or DSpark drafter for a model (self-distillation)")
     add_arguments(p)
     p.set_defaults(func=cmd_train)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("kind", choices=["mtp", "eagle3"])
+    p.add_argument("kind", choices=["mtp", "eagle3", "dflash", "dspark"])
     p.add_argument("--model", "-m", default="smollm2-135m", help="target: model name, GGUF file or HF folder")
     p.add_argument("--name", default=None, help="the target's registry name recorded in the head (default --model)")
     p.add_argument("--out", default=None, help="output folder (mtp default: <model path>.mtp beside the model)")
@@ -50,6 +51,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=int, default=6144, help="EAGLE-3 draft vocabulary size")
     p.add_argument("--val", type=int, default=32,
                    help="validation sequences (continuations of prompts held out of training)")
+    block = p.add_argument_group("dflash / dspark")
+    block.add_argument("--block-size", type=int, default=4, help="block: the last token + MASK x (B-1) (default 4)")
+    block.add_argument("--draft-layers", type=int, default=1, help="decoder layers of the drafter (default 1)")
+    block.add_argument("--target-layers", default=None,
+                       help="target layer ids it reads, comma-separated, counted from 0 (default: spread from 1 to N-3)")
+    block.add_argument("--mask-token-id", type=int, default=None, help="the MASK token (default: the last id)")
+    block.add_argument("--anchors", type=int, default=16, help="blocks per training sequence (default 16)")
+    block.add_argument("--loss-decay", type=float, default=4.0, help="position weight exp(-d / decay) (default 4)")
+    block.add_argument("--markov-rank", type=int, default=32, help="dspark: rank of the Markov bias (0 = none)")
+    block.add_argument("--markov-head", default="vanilla", choices=["vanilla", "gated", "rnn"], help="dspark")
     p.add_argument("--save-every", type=int, default=200)
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads")
@@ -115,6 +126,54 @@ def build_eagle3_head(target, draft_ids: torch.Tensor, seed: int = 0):
     return head
 
 
+def default_target_layers(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """DFlash's choice (SGLang's build_target_layer_ids; DeepSpec's Qwen3-4B configs give the same
+    [1, 9, 17, 25, 33]): one layer id per drafter layer, spread from 1 to N - 3; one layer: N // 2."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, max(1, num_target_layers - 3)
+    return tuple(round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+def build_block_model(target, layout: str, block_size: int, num_layers: int, layer_ids, mask_token_id: int,
+                      markov_rank: int = 0, markov_head: str = "vanilla", seed: int = 0):
+    """A fresh DFlash / DSpark BlockDraftModel on a DenseTarget: its layers start as copies of the target's
+    last ones, fc as the identity on the last tapped layer, the Markov bias at zero."""
+    import torch.nn.functional as F
+
+    from specdec.drafters.dflash import BlockConfig, BlockDraftModel, TargetParts
+
+    c = target.config
+    if c.rope_freq_factors is not None:
+        raise ValueError("specdec train dflash/dspark: targets with scaled RoPE (Llama 3.x) are not supported yet")
+    spark = layout == "dspark"
+    cfg = BlockConfig(layout=layout, hidden_size=c.hidden_size, num_layers=num_layers, num_heads=c.num_heads,
+                      num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, intermediate_size=c.intermediate_size,
+                      vocab_size=c.vocab_size, target_layer_ids=tuple(layer_ids), mask_token_id=mask_token_id,
+                      block_size=block_size, num_target_layers=c.num_layers, rms_norm_eps=c.rms_norm_eps,
+                      rope_theta=c.rope_theta, max_positions=c.context_length,
+                      markov_rank=markov_rank if spark else 0, markov_head_type=markov_head if spark and markov_rank
+                      else None, confidence_head=spark, confidence_with_markov=spark and markov_rank > 0)
+    W = target.lm_head
+    parts = TargetParts(target.embed, lambda x: F.linear(x.to(W.dtype), W).float(), target.norm, c.rms_norm_eps,
+                        c.num_layers)
+    torch.manual_seed(seed)
+    model = BlockDraftModel(cfg, parts, c.context_length + block_size + 1)
+    H, k = c.hidden_size, len(cfg.target_layer_ids)
+    with torch.no_grad():
+        for mine, theirs in zip(model.layers, target.layers[-num_layers:]):
+            mine.load_state_dict({n: t.float() for n, t in theirs.state_dict().items() if "bias" not in n}, strict=False)
+        fc = torch.randn(H, k * H) * 0.01
+        fc[:, (k - 1) * H:] += torch.eye(H)
+        model.fc.weight.copy_(fc)
+        if cfg.markov_rank:
+            model.markov_head.markov_w2.weight.zero_()
+        if cfg.confidence_head:
+            model.confidence_head.proj.weight.zero_()
+            model.confidence_head.proj.bias.zero_()
+    return model
+
+
 def frequent_tokens(seqs: list[list[int]], size: int, vocab: int, device="cpu", world: int = 1) -> torch.Tensor:
     """The `size` most frequent token ids in seqs (ties by id), ascending: the EAGLE-3 draft vocabulary.
 
@@ -160,7 +219,7 @@ def cmd_train(args) -> int:
     checkpoint, tokenizer = open_checkpoint(path)
     if args.out is None:
         if args.kind != "mtp":
-            raise ValueError("specdec train eagle3 needs --out DIR")
+            raise ValueError(f"specdec train {args.kind} needs --out DIR")
         from specdec.model.facts import sidecar_path
 
         args.out = str(sidecar_path(path))
@@ -198,6 +257,7 @@ def cmd_train(args) -> int:
         raise ValueError(f"{len(seqs)} training sequences and --val {args.val} held out: none left to train on "
                          "(lower --val or generate more)")
     info = target_info(args.name or args.model, path, checkpoint)
+    loss_module = None  # the TTT loss of MTP / EAGLE-3 heads
     if args.kind == "mtp":
         from specdec.drafters.mtp import save_mtp_head
 
@@ -206,6 +266,30 @@ def cmd_train(args) -> int:
 
         def save(h, folder):
             save_mtp_head(h, folder, info)
+    elif args.kind in ("dflash", "dspark"):
+        from specdec.drafters.dflash import save_block_drafter
+        from specdec.train.loop import BlockLoss
+
+        c = target.config
+        ids = ([int(i) for i in args.target_layers.split(",")] if args.target_layers
+               else default_target_layers(c.num_layers, args.draft_layers))
+        if not all(-1 <= i < c.num_layers for i in ids):
+            raise ValueError(f"--target-layers {ids}: the target has layers 0..{c.num_layers - 1} (-1: the embeddings)")
+        mask = c.vocab_size - 1 if args.mask_token_id is None else args.mask_token_id
+        if not 0 <= mask < c.vocab_size:
+            raise ValueError(f"--mask-token-id {mask} is outside the vocabulary (0..{c.vocab_size - 1})")
+        if args.block_size < 2:
+            raise ValueError(f"--block-size must be at least 2, got {args.block_size}")
+        head = build_block_model(target, args.kind, args.block_size, args.draft_layers, ids, mask, args.markov_rank,
+                                 args.markov_head, args.seed).to(device)
+        draft_ids = None
+        spark = args.kind == "dspark"
+        loss_module = BlockLoss(head, target, args.anchors, args.loss_decay, 0.1 if spark else 1.0,
+                                0.9 if spark else 0.0, 1.0, args.seed + rank)
+
+        def save(h, folder):
+            extra = dict(embed_tokens=target.embed, lm_head=target.lm_head) if spark else {}
+            save_block_drafter(h, folder, info, **extra)
     else:
         from specdec.drafters.eagle3 import save_eagle3_head
 
@@ -216,7 +300,7 @@ def cmd_train(args) -> int:
         def save(h, folder):
             save_eagle3_head(h, folder, info)
     trainer = Trainer(head, args.kind, target, out, save, args.steps, args.batch, args.lr, args.ttt, draft_ids,
-                      args.save_every, log, rank, world)
+                      args.save_every, log, rank, world, loss=loss_module)
     if args.resume and trainer.resume():
         log(f"resumed at step {trainer.step}")
     accs = trainer.run(train, val, device, args.seed, args.max_minutes * 60 if args.max_minutes else None)
