@@ -37,6 +37,10 @@ def test_every_drafter_kind_is_registered_under_its_llama_cpp_name():
         drafter = create(name)
         assert type(drafter) is cls and drafter.name == name and drafter.hidden_layers == ()
     assert {e.kind for e in registry.entries() if e.trees} == {"draft-mtp", "draft-eagle3"}
+    # every model kind runs in this build; DFlash / DSpark draft one block (a chain), their folder from -md
+    assert {e.kind for e in registry.entries() if e.model and e.runnable} == {"draft-simple", "draft-mtp",
+                                                                             "draft-eagle3", "draft-dflash",
+                                                                             "draft-dspark"}
 
 
 def test_options_reach_the_constructor():
@@ -54,6 +58,8 @@ def test_unknown_option_names_the_valid_ones():
         create("ngram-simple", size=3)
     with pytest.raises(ValueError, match="'draft-mtp' takes no option 'topk'; it takes: none"):
         create("draft-mtp", topk=2)
+    with pytest.raises(ValueError, match="'draft-dflash' takes no option 'block_size'; it takes: none"):
+        create("draft-dflash", block_size=8)
 
 
 def test_a_kind_this_build_cannot_run_says_so(monkeypatch):
