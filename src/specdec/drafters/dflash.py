@@ -462,14 +462,16 @@ class BlockDrafter(DrafterBase):
         logits = model.logits(rows)[:, : self.target_vocab]  # (n, V)
         markov = getattr(model, "markov_head", None)
         tokens, probs, prev, state = [], [], anchor, None
+        last_id = model.cfg.vocab_size - 1
         for i in range(rows.shape[0]):
-            prev_t = torch.tensor([prev])
+            prev_t = torch.tensor([min(prev, last_id)])  # a padding id past the drafter's rows: its last row
             if self.p_min > 0 and float(torch.sigmoid(model.confidence(rows[i : i + 1], prev_t))[0]) < self.p_min:
                 break
             row = logits[i]
             if markov is not None:
                 bias, state = markov.step(prev_t, rows[i : i + 1], state)
-                row = row + bias[0, : self.target_vocab]
+                k = min(row.shape[0], bias.shape[1])  # vocabularies may differ by padding rows
+                row = torch.cat([row[:k] + bias[0, :k], row[k:]])
             if self.sampling.greedy:
                 token = int(row.argmax())
             else:
