@@ -179,8 +179,9 @@ def format_report(r: dict) -> str:
         if b:
             extra = "".join([f", Markov rank {b['markov_rank']} ({b['markov_head']})" if b["markov_rank"] else "",
                              ", confidence head (--spec-draft-p-min)" if b["confidence_head"] else ""])
-            lines.append(f"              {b['layout']} block of {b['block_size']} ({b['drafts_per_block']} drafts a step: "
-                         f"--spec-draft-n-max {b['drafts_per_block']}), {b['drafter_layers']} layers on target layers "
+            n = b["drafts_per_block"]
+            lines.append(f"              {b['layout']} block of {b['block_size']} ({n} drafts a step: "
+                         f"--spec-draft-n-max {n}), {b['drafter_layers']} layers on target layers "
                          f"{b['target_layer_ids']}, mask token {b['mask_token_id']}{extra}")
     else:
         lines.append("drafter       none given (no draft model, EAGLE-3, DFlash or DSpark drafter; see --draft-model)")

@@ -101,6 +101,10 @@ def test_a_z_lab_style_config_reads_block_size_from_either_place():
     assert (cfg.block_size, cfg.mask_token_id, cfg.target_layer_ids, cfg.rope_theta) == (16, 300, (0, 1), 5e5)
     raw = {**raw, "block_size": None, "dflash_config": {**raw["dflash_config"], "block_size": 8}}
     assert BlockConfig.from_json(raw).block_size == 8
+    # no layer ids: z-lab and SGLang derive them from num_target_layers (36 target layers, 5 drafter layers)
+    raw = {**raw, "num_hidden_layers": 5, "num_target_layers": 36, "block_size": 16,
+           "dflash_config": {"mask_token_id": 300}}
+    assert BlockConfig.from_json(raw).target_layer_ids == (1, 9, 17, 25, 33)
 
 
 def test_saved_drafter_loads_back_with_identical_tensors_and_config(tiny_model, tmp_path, layout):
@@ -233,7 +237,8 @@ def test_cache_fed_in_steps_equals_one_fed_at_once(tiny_model, layout):
     m = len(text)
     for c1, c2 in zip(whole.caches, steps.caches):
         assert c1.length == c2.length == m
-        assert torch.allclose(c1.k[:, :m], c2.k[:, :m], atol=1e-5) and torch.allclose(c1.v[:, :m], c2.v[:, :m], atol=1e-5)
+        assert torch.allclose(c1.k[:, :m], c2.k[:, :m], atol=1e-5)
+        assert torch.allclose(c1.v[:, :m], c2.v[:, :m], atol=1e-5)
 
 
 def test_proposal_shapes(tiny_model, layout):
@@ -355,7 +360,7 @@ def _edit(folder, config=None, drop=(), tensors=None, remove=()):
     (lambda f: _edit(f, remove=("mask_token_id",)), r"has no mask_token_id .*add the id the drafter was trained with"),
     (lambda f: _edit(f, {"mask_token_id": 9999, "dflash_config": None, "target_layer_ids": [0, 1], "block_size": 4}),
      r"mask_token_id 9999 is outside the target .*tiny-llama's embedding \(512 rows\)"),
-    (lambda f: _edit(f, remove=("target_layer_ids",)), r"names no target_layer_ids"),
+    (lambda f: _edit(f, remove=("target_layer_ids", "num_target_layers")), r"names no target_layer_ids"),
     (lambda f: _edit(f, {"architectures": ["DFlash2DraftModel"]}), r"is a DFlash2 drafter"),
     (lambda f: _edit(f, {"layer_types": ["sliding_attention"] * 2}), r"causal or sliding-window drafter layers"),
     (lambda f: _edit(f, {"architectures": ["LlamaForCausalLM"], "dflash_config": None}),

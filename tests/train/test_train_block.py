@@ -35,7 +35,7 @@ def trained(tmp_path_factory):
 
 
 def test_default_target_layers_are_dflash_s():
-    from specdec.train.cli import default_target_layers
+    from specdec.drafters.dflash import default_target_layers
 
     assert default_target_layers(36, 5) == (1, 9, 17, 25, 33)  # DeepSpec's Qwen3-4B configs
     assert default_target_layers(6, 1) == (3,) and default_target_layers(6, 2) == (1, 3)

@@ -72,6 +72,16 @@ class DFlashError(SpecdecError):
     pass
 
 
+def default_target_layers(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """DFlash's choice when a config names none (z-lab's build_target_layer_ids, SGLang's too; DeepSpec's
+    Qwen3-4B configs give the same [1, 9, 17, 25, 33]): one id per drafter layer, spread from 1 to N - 3;
+    a single layer reads N // 2."""
+    if num_draft_layers == 1:
+        return (num_target_layers // 2,)
+    start, end = 1, max(1, num_target_layers - 3)
+    return tuple(round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
 @dataclass(frozen=True)
 class BlockConfig:
     """A DFlash / DSpark drafter's settings, as its config.json gives them."""
@@ -135,16 +145,19 @@ class BlockConfig:
         elif "DFlash" in arch or raw.get("dflash_config"):
             layout, extra = "dflash", {**raw, **(raw.get("dflash_config") or {})}  # dflash_config wins
         else:
-            raise DFlashError(f"{where} is not a DFlash or DSpark drafter (config.json architectures: {arch or 'none'})")
+            raise DFlashError(f"{where} is not a DFlash or DSpark drafter "
+                              f"(config.json architectures: {arch or 'none'})")
         if raw.get("attention_bias"):
             raise DFlashError(f"{where} has attention biases; specdec runs bias-free (Qwen3-style) drafter layers only")
         if raw.get("is_causal") or "sliding_attention" in (raw.get("layer_types") or []):
             raise DFlashError(f"{where} has causal or sliding-window drafter layers; specdec runs the published "
                               "full-attention block drafter only")
         ids = extra.get("target_layer_ids")
+        if not ids and layout == "dflash" and extra.get("num_target_layers"):  # z-lab's and SGLang's default
+            ids = default_target_layers(int(extra["num_target_layers"]), int(raw["num_hidden_layers"]))
         if not ids:
-            raise DFlashError(f"{where} names no target_layer_ids (dflash_config.target_layer_ids): the target "
-                              "layers it reads are unknown")
+            raise DFlashError(f"{where} names no target_layer_ids (dflash_config.target_layer_ids) and no "
+                              "num_target_layers to derive them from: the target layers it reads are unknown")
         mask = extra.get("mask_token_id")
         if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
             raise DFlashError(f"{where}: mask_token_id must be a token id, got {mask!r}")
@@ -579,5 +592,6 @@ def make_block_drafter(target, path=None, kind: str = "draft-dflash", p_min: flo
 
 
 __all__ = ["BlockConfig", "BlockDraftModel", "BlockDrafter", "ConfidenceHead", "DFlashError", "MarkovHead",
+           "default_target_layers",
            "TargetParts", "fit_problem", "load_block_drafter", "make_block_drafter", "read_config",
            "save_block_drafter"]

@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     block.add_argument("--block-size", type=int, default=4, help="block: the last token + MASK x (B-1) (default 4)")
     block.add_argument("--draft-layers", type=int, default=1, help="decoder layers of the drafter (default 1)")
     block.add_argument("--target-layers", default=None,
-                       help="target layer ids it reads, comma-separated, counted from 0 (default: spread from 1 to N-3)")
+                       help="target layer ids it reads, comma-separated, counted from 0 "
+                            "(default: spread from 1 to N-3)")
     block.add_argument("--mask-token-id", type=int, default=None, help="the MASK token (default: the last id)")
     block.add_argument("--anchors", type=int, default=16, help="blocks per training sequence (default 16)")
     block.add_argument("--loss-decay", type=float, default=4.0, help="position weight exp(-d / decay) (default 4)")
@@ -126,15 +127,6 @@ def build_eagle3_head(target, draft_ids: torch.Tensor, seed: int = 0):
     return head
 
 
-def default_target_layers(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
-    """DFlash's choice (SGLang's build_target_layer_ids; DeepSpec's Qwen3-4B configs give the same
-    [1, 9, 17, 25, 33]): one layer id per drafter layer, spread from 1 to N - 3; one layer: N // 2."""
-    if num_draft_layers == 1:
-        return (num_target_layers // 2,)
-    start, end = 1, max(1, num_target_layers - 3)
-    return tuple(round(start + i * (end - start) / (num_draft_layers - 1)) for i in range(num_draft_layers))
-
-
 def build_block_model(target, layout: str, block_size: int, num_layers: int, layer_ids, mask_token_id: int,
                       markov_rank: int = 0, markov_head: str = "vanilla", seed: int = 0):
     """A fresh DFlash / DSpark BlockDraftModel on a DenseTarget: its layers start as copies of the target's
@@ -162,7 +154,8 @@ def build_block_model(target, layout: str, block_size: int, num_layers: int, lay
     H, k = c.hidden_size, len(cfg.target_layer_ids)
     with torch.no_grad():
         for mine, theirs in zip(model.layers, target.layers[-num_layers:]):
-            mine.load_state_dict({n: t.float() for n, t in theirs.state_dict().items() if "bias" not in n}, strict=False)
+            weights = {n: t.float() for n, t in theirs.state_dict().items() if "bias" not in n}
+            mine.load_state_dict(weights, strict=False)
         fc = torch.randn(H, k * H) * 0.01
         fc[:, (k - 1) * H:] += torch.eye(H)
         model.fc.weight.copy_(fc)
@@ -269,6 +262,8 @@ def cmd_train(args) -> int:
     elif args.kind in ("dflash", "dspark"):
         from specdec.drafters.dflash import save_block_drafter
         from specdec.train.loop import BlockLoss
+
+        from specdec.drafters.dflash import default_target_layers
 
         c = target.config
         ids = ([int(i) for i in args.target_layers.split(",")] if args.target_layers
