@@ -22,7 +22,7 @@ LAYERS = [
     {"specdec.train.target", "specdec.train.data", "specdec.train.loop", "specdec.bench.methods",
      "specdec.bench.memory", "specdec.bench.prompts", "specdec.bench.runner", "specdec.bench.peers",
      "specdec.bench.report", "specdec.server.app", "specdec.server.worker", "specdec.server.metrics",
-     "specdec.server.schemas", "specdec.server.overrides", "specdec.options",
+     "specdec.server.schemas", "specdec.server.overrides", "specdec.server.scheduler", "specdec.options",
      "specdec.bench.load"},
     {"specdec.cli", "specdec.demo", "specdec.export", "specdec.inspect", "specdec.bench.cli", "specdec.server.cli",
      "specdec.train.cli"},

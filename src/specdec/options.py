@@ -99,6 +99,6 @@ def build_engine(args: argparse.Namespace):
     spec, notes = decide_spec_for_model(flags, model)
     for note in notes:
         print(note if note.startswith("auto: ") else f"note: {note}", file=sys.stderr)
-    engine = Engine(model, spec, max_len=args.ctx_size)
+    engine = Engine(model, spec, max_len=args.ctx_size, max_sequences=getattr(args, "max_batch", 1))
     engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
     return engine, sampling

@@ -56,7 +56,7 @@ def test_the_cache_of_drafter_sets_is_bounded(tiny_model):
     first = engine.drafters_for(SpecConfig(drafters=("suffix",), draft_n_max=1))
     for k in range(2, MAX_CACHED_CONFIGS + 3):
         engine.drafters_for(SpecConfig(drafters=("suffix",), draft_n_max=k))
-    assert len(engine._drafters) == MAX_CACHED_CONFIGS
+    assert len(engine._pool) == MAX_CACHED_CONFIGS
     assert engine.drafters_for(SpecConfig(drafters=("suffix",), draft_n_max=1)) is not first  # evicted, rebuilt
 
 
@@ -90,3 +90,27 @@ def test_feedback_reaches_the_drafter_that_proposed(tiny_model):
     engine = Engine(tiny_model, max_len=64, drafter_factory=lambda d, spec: next(drafters))
     engine.generate([3, 4, 5], SamplingParams(), max_tokens=4, spec=SpecConfig(drafters=("suffix", "ngram-simple")))
     assert silent.heard == [] and len(talker.heard) >= 1
+
+
+def test_sequences_running_together_get_their_own_drafter_sets(tiny_model):
+    """A drafter keeps per-sequence state between begin() and end(): two sequences with the same
+    settings that run at once must not share one; a finished sequence's set serves the next."""
+    engine = Engine(tiny_model, SpecConfig(drafters=("suffix",)), max_len=64, max_sequences=3)
+    a, b = engine.admit([1, 2, 3]), engine.admit([4, 5, 6])
+    assert a.drafters[0] is not b.drafters[0]
+    engine.finish(a)
+    c = engine.admit([7, 8, 9])
+    assert c.drafters[0] is a.drafters[0] and engine._pool.sets(engine.spec) == 2
+    for k in range(2, MAX_CACHED_CONFIGS + 3):  # other configs come and go; the running one's stays
+        engine.drafters_for(SpecConfig(drafters=("suffix",), draft_n_max=k))
+    assert engine._pool.sets(engine.spec) == 2
+    engine.finish(b), engine.finish(c)
+
+
+def test_admit_refuses_when_every_slot_is_taken_and_loses_nothing(tiny_model):
+    engine = Engine(tiny_model, max_len=64, max_sequences=1)
+    a = engine.admit([1, 2, 3])
+    with pytest.raises(RuntimeError, match="slots are in use"):
+        engine.admit([4, 5])
+    engine.finish(a)
+    assert engine.generate([4, 5], max_tokens=3).token_ids

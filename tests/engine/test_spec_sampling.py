@@ -63,3 +63,31 @@ def test_the_fit_test_can_fail(engine, target_dist, plain_counts):
     ids, _ = target_dist
     hot = engine_law(engine.model, ids, SamplingParams(temperature=3.0, top_k=2))
     assert fit_pvalue(plain_counts, hot) < 1e-3
+
+
+def test_batched_sampling_fits_the_target_distribution(engine, target_dist):
+    """The same law through Engine.step_batch: seeded requests ten at a time in one forward per
+    step, beside a greedy request of another length whose answer must stay its solo answer."""
+    ids, dist = target_dist
+    batched = Engine(engine.model, max_len=256, max_sequences=11)
+    spec = SpecConfig(drafters=("ngram-simple",), draft_n_max=2)
+    neighbour = engine.model.tokenizer.encode("One, two, three, four,")
+    alone = batched.generate(neighbour, SamplingParams(), 6).token_ids
+    counts, drafted = {}, 0
+    for first in range(0, SAMPLES, 10):
+        reqs = [batched.admit(ids, SamplingParams(**PARAMS, seed=seed), 3, spec=spec)
+                for seed in range(first, first + 10)]
+        reqs.append(batched.admit(neighbour, SamplingParams(), 6))
+        for _ in range(20):
+            if all(r.finished for r in reqs):
+                break
+            batched.step_batch(reqs)
+        for r in reqs:
+            batched.finish(r)
+        assert reqs[-1].output == alone
+        for r in reqs[:-1]:
+            counts[tuple(r.output)] = counts.get(tuple(r.output), 0) + 1
+            drafted += r.stats.drafted
+    assert drafted > 0, "the drafter never drafted: this test would prove nothing"
+    p = fit_pvalue(counts, dist)
+    assert p > 1e-3, f"batched: chi-square p = {p:.2e}; counts {counts}"

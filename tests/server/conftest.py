@@ -80,7 +80,7 @@ def smollm_server(smollm):
     from specdec.engine.engine import Engine
     from specdec.sampling import SamplingParams
 
-    engine = Engine(smollm, SpecConfig(drafters=("ngram-simple",)), max_len=SMOLLM_CONTEXT)
+    engine = Engine(smollm, SpecConfig(drafters=("ngram-simple",)), max_len=SMOLLM_CONTEXT, max_sequences=16)
     engine.generate(smollm.tokenizer.encode("Warm up"), SamplingParams(), max_tokens=2)  # before serving
     thread, served = _serve(engine, "smollm2-135m", None)
     yield served
@@ -153,7 +153,7 @@ def tiny_server(tiny_model):
     from specdec.engine.config import SpecConfig
     from specdec.engine.engine import Engine
 
-    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",)), max_len=256)
+    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",)), max_len=256, max_sequences=4)
     thread, served = _serve(engine, "tiny", API_KEY)
     yield served
     thread.stop()

@@ -108,11 +108,11 @@ def test_disconnect_mid_stream_stops_generation_and_frees_the_slot(smollm_server
         thread.join(30)
 
     wait_for(lambda: cancelled(scrape(smollm_server)) - cancelled(before) >= 2, what="both requests cancelled")
-    wait_for(lambda: smollm_server.app.state.worker.current is None, what="the worker to go idle")
+    wait_for(lambda: smollm_server.app.state.worker.running == 0, what="the scheduler to go idle")
     after = scrape(smollm_server)
     generated = after.get_value("specdec_completion_tokens_total") - before.get_value("specdec_completion_tokens_total")
     assert generated < 400  # both stopped early (400 tokens for one of them alone would take far longer)
-    assert engine.cache.free_slots == list(range(engine.cache.num_slots))  # engine.finish released the slot
+    assert sorted(engine.cache.free_slots) == list(range(engine.cache.num_slots))  # engine.finish released them
     # and the next request is served normally
     resp = smollm_server.client().completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=3,
                                                      temperature=0)

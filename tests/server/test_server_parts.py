@@ -1,5 +1,5 @@
 """Fast checks of the server's parts, on the tiny random model: API keys, overrides, text deltas,
-the worker's order and cancel flag, and the `specdec serve` wiring."""
+the scheduler's batching, queue limit, timeout and cancel flag, and the `specdec serve` wiring."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
 from specdec.server.overrides import resolve_spec
 from specdec.server.schemas import APIError, SpeculativeOverride
-from specdec.server.worker import Delta, Done, GenerationWorker, Job, TextStream
+from specdec.server.scheduler import QueueFull, Scheduler
+from specdec.server.worker import Delta, Done, Failed, Job, TextStream
 
 CHAT = [{"role": "user", "content": "Hi"}]
 
@@ -114,18 +115,18 @@ def test_text_stream_never_takes_back_what_it_sent():
     assert plain.finish("xyz") == "z"
 
 
-# -- the worker -----------------------------------------------------------------------------------
-def run_jobs(worker, jobs_spec, cancel=()):
-    """Submit jobs at once; returns [(job index, Done)] in the order they finished."""
+# -- the scheduler --------------------------------------------------------------------------------
+def run_jobs(scheduler, jobs_spec, cancel=(), spec=SpecConfig()):
+    """Submit jobs at once; returns [(job index, Done, streamed text)] in the order they finished."""
 
     async def main():
         loop = asyncio.get_running_loop()
-        jobs = [Job(prompt, SamplingParams(), n, (), SpecConfig(), stream=True, endpoint="completions", loop=loop)
+        jobs = [Job(prompt, SamplingParams(), n, (), spec, stream=True, endpoint="completions", loop=loop)
                 for prompt, n in jobs_spec]
         for i in cancel:
             jobs[i].cancel()
         for job in jobs:
-            worker.submit(job)
+            scheduler.submit(job)
         finished = []
 
         async def drain(i, job):
@@ -144,33 +145,37 @@ def run_jobs(worker, jobs_spec, cancel=()):
     return asyncio.run(main())
 
 
-def test_worker_serves_in_arrival_order_and_skips_cancelled(tiny_model):
-    engine = Engine(tiny_model, max_len=128)
-    worker = GenerationWorker(engine)
+@pytest.mark.parametrize("spec", [SpecConfig(), SpecConfig(drafters=("suffix",))], ids=["plain", "suffix"])
+def test_batched_jobs_give_their_solo_answers_and_a_cancelled_one_is_skipped(tiny_model, spec):
+    """Five jobs through a batch of 3 (so they join as others finish), prompts longer than the
+    prefill chunk: each streams exactly what it gives alone; the cancelled one runs no step."""
+    engine = Engine(tiny_model, spec, max_len=128, max_sequences=3)
+    scheduler = Scheduler(engine, prefill_chunk=4)
+    work = [([5, 6, 7, 8, 9, 10, 11], 6), ([8, 9], 3), ([10], 4), ([11, 12, 13, 14, 15], 9), ([3, 4, 5], 12)]
     try:
-        finished = run_jobs(worker, [([5, 6, 7], 6), ([8, 9], 3), ([10], 4), ([11, 12], 5)], cancel=[2])
+        finished = run_jobs(scheduler, work, cancel=[2], spec=spec)
     finally:
-        worker.stop()
-    assert [i for i, _, _ in finished] == [0, 1, 2, 3]  # FIFO: a LIFO queue would give 0, 3, 2, 1
+        scheduler.stop()
     by_index = {i: (done, text) for i, done, text in finished}
     assert by_index[2][0].finish_reason == "cancelled" and by_index[2][0].completion_tokens == 0
-    for i, (prompt, n) in enumerate([([5, 6, 7], 6), ([8, 9], 3), ([11, 12], 5)]):
-        index = [0, 1, 3][i]
-        done, streamed = by_index[index]
-        expected = Engine(tiny_model, max_len=128).generate(prompt, SamplingParams(), n)
+    for i, (prompt, n) in enumerate(work):
+        if i == 2:
+            continue
+        done, streamed = by_index[i]
+        expected = Engine(tiny_model, spec, max_len=128).generate(prompt, SamplingParams(), n)
         assert streamed + done.text == expected.text
         assert done.completion_tokens == len(expected.token_ids)
-    assert engine.cache.free_slots == [0]  # every slot released
+    assert sorted(engine.cache.free_slots) == [0, 1, 2]  # every slot released
 
 
-def test_worker_stops_a_cancelled_job_between_steps(tiny_model):
-    engine = Engine(tiny_model, max_len=256)
-    worker = GenerationWorker(engine)
+def test_scheduler_stops_a_cancelled_job_between_steps(tiny_model):
+    engine = Engine(tiny_model, max_len=256, max_sequences=2)
+    scheduler = Scheduler(engine)
 
     async def main():
         job = Job([5, 6, 7], SamplingParams(), 200, (), SpecConfig(), stream=True, endpoint="completions",
                   loop=asyncio.get_running_loop())
-        worker.submit(job)
+        scheduler.submit(job)
         first = await asyncio.wait_for(job.events.get(), 60)
         assert isinstance(first, Delta)
         job.cancel()
@@ -182,9 +187,73 @@ def test_worker_stops_a_cancelled_job_between_steps(tiny_model):
     try:
         done = asyncio.run(main())
     finally:
-        worker.stop()
+        scheduler.stop()
     assert done.finish_reason == "cancelled" and done.completion_tokens < 200
+    assert sorted(engine.cache.free_slots) == [0, 1]
+
+
+def test_a_full_queue_refuses_and_loses_nothing(tiny_model):
+    """max_batch 1 + max_queue 1: a third request is refused at once; the two taken are answered."""
+    engine = Engine(tiny_model, max_len=256)
+    scheduler = Scheduler(engine, max_batch=1, max_queue=1)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = [Job([5, 6, 7], SamplingParams(), n, (), SpecConfig(), stream=False, endpoint="completions",
+                    loop=loop) for n in (40, 3, 3)]
+        scheduler.submit(jobs[0])
+        scheduler.submit(jobs[1])
+        with pytest.raises(QueueFull, match="busy"):
+            scheduler.submit(jobs[2])
+        return [await asyncio.wait_for(_last_event(j), 60) for j in jobs[:2]]
+
+    try:
+        done = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert [d.finish_reason for d in done] == ["length", "length"]
+    assert scheduler.metrics.rejected._value.get() == 1
+
+
+def test_a_request_past_the_timeout_fails_and_frees_its_slot(tiny_model):
+    engine = Engine(tiny_model, max_len=256)
+    scheduler = Scheduler(engine, request_timeout=1e-6)
+
+    async def main():
+        job = Job([5, 6, 7], SamplingParams(), 100, (), SpecConfig(), stream=False, endpoint="completions",
+                  loop=asyncio.get_running_loop())
+        scheduler.submit(job)
+        return await asyncio.wait_for(_last_event(job), 60)
+
+    try:
+        event = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert isinstance(event, Failed) and isinstance(event.error, TimeoutError)
     assert engine.cache.free_slots == [0]
+
+
+async def _last_event(job):
+    while True:
+        event = await job.events.get()
+        if isinstance(event, (Done, Failed)):
+            return event
+
+
+def test_draft_budget_shrinks_drafts_when_rows_cost_more_than_they_return(tiny_model):
+    """With a flat forward cost every row pays and each sequence keeps its draft length; with a
+    cost growing faster than acceptance returns, drafts go first to the sequences that accept more."""
+    engine = Engine(tiny_model, SpecConfig(drafters=("suffix",), draft_n_max=4), max_len=64, max_sequences=2)
+    scheduler = Scheduler(engine)
+    a, b = engine.admit([1, 2, 3]), engine.admit([4, 5, 6])
+    a.prefilled, b.prefilled = 3, 3  # as if prefilled: the budget only reads the counters
+    a.acceptance_ema, b.acceptance_ema = 0.9, 0.3
+    engine._forward_cost = [0.0] + [1.0] * 12  # flat
+    assert scheduler.draft_caps([a, b]) == [4, 4]
+    engine._forward_cost = [0.0] + [1.0 + 0.5 * t for t in range(12)]  # each row costs half a forward
+    caps = scheduler.draft_caps([a, b])
+    assert caps[0] > caps[1] and sum(caps) < 8
+    engine.finish(a), engine.finish(b)
 
 
 # -- specdec serve --------------------------------------------------------------------------------
@@ -218,9 +287,9 @@ def test_cmd_serve_builds_the_app_and_binds_localhost(tiny_hf_dir, monkeypatch):
     calls["app"].state.worker.stop()
 
 
-def test_worker_stop_is_prompt(tiny_model):
-    worker = GenerationWorker(Engine(tiny_model, max_len=64))
-    worker.start()
+def test_scheduler_stop_is_prompt(tiny_model):
+    scheduler = Scheduler(Engine(tiny_model, max_len=64))
+    scheduler.start()
     t0 = time.perf_counter()
-    worker.stop()
+    scheduler.stop()
     assert time.perf_counter() - t0 < 5

@@ -16,8 +16,10 @@ class KVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, num_slots: int = 1,
                  dtype: torch.dtype = torch.float32):
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        # empty, not zeros: nothing reads a position before it is written, and the OS commits the
+        # pages of a large buffer only when touched, so slots that never run cost no memory
+        self.k = torch.empty(shape, dtype=dtype)
+        self.v = torch.empty(shape, dtype=dtype)
         self.max_len = max_len
         self.lengths = [0] * num_slots
         self.free_slots = list(range(num_slots - 1, -1, -1))

@@ -7,12 +7,20 @@ output token for token (see model/transformer.py, Numerics).
     engine = Engine(model, SpecConfig(drafters=("ngram-simple",)))
     result = engine.generate(prompt_ids, SamplingParams(), max_tokens=64)
     result.token_ids, result.stats.summary()
+
+Several sequences share one forward per step (continuous batching, server/scheduler.py):
+
+    engine = Engine(model, spec, max_sequences=16)
+    a, b = engine.admit(prompt_a), engine.admit(prompt_b)   # slots and drafters, no forward yet
+    engine.step_batch([a, b], prefill_chunk=256)            # prompts prefilled in chunks, then drafts
+
+Each sequence's rows are computed bitwise as they would be alone (Transformer.forward_batch),
+so batching never changes an answer.
 """
 
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -23,8 +31,10 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.registry import BuildContext, DrafterSpec
 from specdec.engine.config import SpecConfig
 from specdec.engine.cost import best_draft_length, measure_forward_cost
+from specdec.engine.pool import DrafterPool
 from specdec.engine.stats import SpecStats
 from specdec.model.load import Model, load_model
+from specdec.model.transformer import Segment
 from specdec.sampling import SamplingParams, process_logits
 from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
 
@@ -46,12 +56,13 @@ class Request:
     drafters: list[Drafter]
     generator: torch.Generator
     output: list[int] = field(default_factory=list)  # emitted tokens; the last one is not in the cache yet
+    prefilled: int = 0  # prompt tokens in the cache; the first token is emitted when all are
     stop_text: str | None = None  # the decoded output cut before the stop string that ended it
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
     stats: SpecStats = field(default_factory=SpecStats)
     draft_length: int = 0  # current draft length (adaptive mode moves it)
-    acceptance_ema: float = 0.6  # recent per-token acceptance (adaptive mode)
+    acceptance_ema: float = 0.6  # recent per-token acceptance of drafted tokens
     hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -78,35 +89,32 @@ class Engine:
     """Runs requests on one target model with the drafters a SpecConfig names."""
 
     def __init__(self, model: Model, spec: SpecConfig = SpecConfig(), max_len: int = 4096,
-                 drafter_factory: DrafterBuilder | None = None):
-        """drafter_factory(drafter_spec, spec) -> Drafter; default: the registry (`build_drafter`)."""
+                 drafter_factory: DrafterBuilder | None = None, max_sequences: int = 1):
+        """max_len: context per sequence; max_sequences: sequences that can run at once (cache slots).
+        drafter_factory(drafter_spec, spec) -> Drafter; default: the registry (`build_drafter`)."""
         self.model = model
         self.spec = spec
-        self.cache = model.transformer.new_cache(max_len)
+        self.cache = model.transformer.new_cache(max_len, num_slots=max_sequences)
         self.eos = set(model.tokenizer.eos_ids)
         self.drafter_factory = drafter_factory or self.build_drafter
-        self._drafters: OrderedDict[SpecConfig, list[Drafter]] = OrderedDict()
+        self._pool = DrafterPool(lambda s: [self.drafter_factory(d, s) for d in s.drafters], MAX_CACHED_CONFIGS)
         self._draft_models: dict[str, Model] = {}
         self._forward_cost: list[float] | None = None  # measured on first adaptive request
 
     def forward_cost(self, max_tokens: int) -> list[float]:
         """Measured seconds of one exact forward of t tokens, t = 0..max_tokens (cached)."""
         if self._forward_cost is None or len(self._forward_cost) < max_tokens + 1:
-            self._forward_cost = measure_forward_cost(self.model.transformer, self.cache, max_tokens)
+            # a cache of its own: every slot of the engine's may be running a sequence
+            scratch = self.model.transformer.new_cache(self.cache.max_len)
+            self._forward_cost = measure_forward_cost(self.model.transformer, scratch, max_tokens)
         return self._forward_cost
 
     # -- drafters ----------------------------------------------------------------------------
     def drafters_for(self, spec: SpecConfig) -> list[Drafter]:
-        """The drafters `spec` runs, built once per distinct SpecConfig (the whole frozen
-        settings object is the key: another draft length or tree shape is another set)."""
-        if spec in self._drafters:
-            self._drafters.move_to_end(spec)
-            return self._drafters[spec]
-        built = [self.drafter_factory(d, spec) for d in spec.drafters]
-        self._drafters[spec] = built
-        while len(self._drafters) > MAX_CACHED_CONFIGS:
-            self._drafters.popitem(last=False)
-        return built
+        """The first drafter set `spec` runs (built now if needed), for checks and reports. Sets are
+        kept per distinct SpecConfig (the whole frozen settings object is the key: another draft
+        length or tree shape is another set), one per sequence running at the same time."""
+        return self._pool.first(spec)
 
     def build_drafter(self, drafter: DrafterSpec, spec: SpecConfig) -> Drafter:
         """A drafter from the registry, with the settings of `spec` a model drafter reads."""
@@ -122,9 +130,12 @@ class Engine:
         return self._draft_models[name_or_path]
 
     # -- request lifecycle -------------------------------------------------------------------
-    def start(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
+    def admit(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
               stop: Sequence[str] = (), spec: SpecConfig | None = None) -> Request:
-        """Prefill the prompt and emit the first token."""
+        """Check a request and give it a cache slot and a drafter set; step_batch prefills it.
+
+        Raises ValueError for a bad request and RuntimeError when every cache slot is in use.
+        """
         spec = self.spec if spec is None else spec
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -137,66 +148,84 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        drafters = self.drafters_for(spec)
         if spec.adaptive and spec.enabled:
             self.forward_cost(spec.draft_n_max + 1)
         slot = self.cache.allocate()
-        req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, sampling.generator(),
-                      stats=SpecStats(method=spec.method), draft_length=spec.draft_n_max,
-                      hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
-        for d in drafters:
-            d.begin(prompt, sampling, req.generator)
-        t0 = time.perf_counter()
         try:
-            out = self.model.transformer.forward(torch.tensor([prompt]), self.cache, [slot], exact=False,
-                                                 last_only=True, hidden_layers=req.hidden_layers)
-            first = self._verify(req, out.logits[0], Draft())
-            self._feed_hidden(req, out.hidden, list(range(len(prompt))), prompt)
+            drafters = self._pool.acquire(spec)
         except BaseException:
             self.cache.release(slot)
             raise
-        req.prefill_s = time.perf_counter() - t0
-        self._emit(req, first.tokens)
+        req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, sampling.generator(),
+                      stats=SpecStats(method=spec.method), draft_length=spec.draft_n_max,
+                      hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
+        try:
+            for d in drafters:
+                d.begin(prompt, sampling, req.generator)
+        except BaseException:
+            self.finish(req)
+            raise
+        return req
+
+    def start(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
+              stop: Sequence[str] = (), spec: SpecConfig | None = None) -> Request:
+        """Admit a request, prefill its whole prompt in one forward and emit the first token."""
+        req = self.admit(prompt, sampling, max_tokens, stop, spec)
+        try:
+            self.step_batch([req])
+        except BaseException:
+            self.finish(req)
+            raise
         return req
 
     def step(self, req: Request) -> list[int]:
         """One draft -> verify -> commit round; returns the newly emitted tokens."""
-        if req.finished:
-            return []
+        return self.step_batch([req])[0]
+
+    def step_batch(self, reqs: Sequence[Request], prefill_chunk: int | None = None,
+                   draft_caps: Sequence[int] | None = None) -> list[list[int]]:
+        """One target forward for all of `reqs`; returns each request's newly emitted tokens.
+
+        A request still prefilling brings its next `prefill_chunk` prompt tokens (None: the rest of
+        the prompt) and emits its first token with the last chunk. The others bring their last token
+        plus a draft of at most draft_caps[i] tokens (default: the request's own draft length),
+        verified, accepted and rolled back each on its own. Finished requests bring nothing.
+        """
         t0 = time.perf_counter()
-        start = self.cache.lengths[req.slot]
-        room = min(req.max_tokens - len(req.output) - 1, self.cache.max_len - start - 2)
-        drafter, draft = self._propose(req, max(0, min(req.draft_length, room)))
-        if start + 1 + len(draft) > self.cache.max_len:
-            draft = Draft()  # the tree does not fit in the context left
+        plans = []
+        for i, req in enumerate(reqs):
+            if req.finished:
+                plans.append(None)
+            elif req.prefilled < len(req.prompt):
+                plans.append(self._plan_prefill(req, prefill_chunk))
+            else:
+                cap = req.draft_length if draft_caps is None else min(req.draft_length, draft_caps[i])
+                plans.append(self._plan_step(req, cap))
+        live = [p for p in plans if p is not None]
         t1 = time.perf_counter()
-        ids = [req.output[-1], *draft.tokens]  # the last committed token, then the tree's nodes
-        positions, mask = _tree_layout(draft.tree, start)
-        out = self.model.transformer.forward(torch.tensor([ids]), self.cache, [req.slot], positions=positions,
-                                             tree_mask=mask, hidden_layers=req.hidden_layers)
-        result = self._verify(req, out.logits[0], draft)
-        kept = [0] + [1 + i for i in result.accepted_path]  # rows of the forward that stay in the cache
-        self.cache.keep(req.slot, start, kept)
-        self._feed_hidden(req, out.hidden, kept, [ids[i] for i in kept])
-        t2 = time.perf_counter()
-        if drafter is not None:
-            drafter.on_accept(result.num_accepted)
-        req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted)
-        req.stats.draft_s += t1 - t0
-        req.stats.verify_s += t2 - t1
-        req.stats.lossy |= result.lossy
-        self._adapt(req, len(draft), result.num_accepted)
-        new = self._emit(req, result.tokens)
-        req.decode_s += time.perf_counter() - t0
-        return new
+        layers = tuple(sorted({h for p in live for h in p.req.hidden_layers}))
+        outs = self.model.transformer.forward_batch([p.segment for p in live], self.cache, hidden_layers=layers)
+        for plan, out in zip(live, outs):
+            plan.new = self._commit(plan, out)
+        t3 = time.perf_counter()
+        for plan in live:  # every request in the step waited for all of it
+            if plan.draft is None:
+                plan.req.prefill_s += t3 - t0
+            else:
+                plan.req.stats.verify_s += t3 - t1
+                plan.req.decode_s += t3 - t0
+        return [[] if p is None else p.new for p in plans]
 
     def finish(self, req: Request) -> None:
-        """Free the request's cache slot and let drafters learn from its output."""
+        """Free the request's cache slot, let its drafters learn from its output and give them back."""
         if req.slot >= 0:
             self.cache.release(req.slot)
             req.slot = -1
-            for d in req.drafters:
-                d.end(req.output)
+            try:
+                for d in req.drafters:
+                    d.end(req.output)
+            finally:
+                self._pool.release(req.spec, req.drafters)
 
     def stream(self, prompt, sampling=SamplingParams(), max_tokens=128, stop=(), spec=None) -> Iterator[list[int]]:
         """Yields lists of new token ids as they are committed; the last value of `req` holds the stats."""
@@ -226,6 +255,48 @@ class Engine:
                                 req.prefill_s, req.decode_s)
 
     # -- internals ---------------------------------------------------------------------------
+    def _plan_prefill(self, req: Request, chunk: int | None) -> _Plan:
+        end = len(req.prompt) if chunk is None else min(len(req.prompt), req.prefilled + chunk)
+        tokens = req.prompt[req.prefilled : end]
+        return _Plan(req, Segment(torch.tensor(tokens), req.slot, exact=False, last_only=True), tokens)
+
+    def _plan_step(self, req: Request, cap: int) -> _Plan:
+        t0 = time.perf_counter()
+        start = self.cache.lengths[req.slot]
+        room = min(req.max_tokens - len(req.output) - 1, self.cache.max_len - start - 2)
+        drafter, draft = self._propose(req, max(0, min(cap, room)))
+        if start + 1 + len(draft) > self.cache.max_len:
+            draft = Draft()  # the tree does not fit in the context left
+        ids = [req.output[-1], *draft.tokens]  # the last committed token, then the tree's nodes
+        positions, mask = _tree_layout(draft.tree, start)
+        segment = Segment(torch.tensor(ids), req.slot, positions, mask)
+        return _Plan(req, segment, ids, draft, drafter, start, time.perf_counter() - t0)
+
+    def _commit(self, plan: _Plan, out) -> list[int]:
+        """Verify, roll back and emit after the forward: out.logits (1, T, V), out.hidden {layer: (1, T, H)}."""
+        req = plan.req
+        if plan.draft is None:  # a prefill chunk
+            rows = list(range(len(plan.tokens)))
+            req.prefilled += len(plan.tokens)
+            if req.prefilled < len(req.prompt):
+                self._feed_hidden(req, out.hidden, rows, plan.tokens)
+                return []
+            first = self._verify(req, out.logits[0], Draft())
+            self._feed_hidden(req, out.hidden, rows, plan.tokens)
+            return self._emit(req, first.tokens)
+        draft, drafter = plan.draft, plan.drafter
+        result = self._verify(req, out.logits[0], draft)
+        kept = [0] + [1 + i for i in result.accepted_path]  # rows of the forward that stay in the cache
+        self.cache.keep(req.slot, plan.start, kept)
+        self._feed_hidden(req, out.hidden, kept, [plan.tokens[i] for i in kept])
+        if drafter is not None:
+            drafter.on_accept(result.num_accepted)
+        req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted)
+        req.stats.lossy |= result.lossy
+        req.stats.draft_s += plan.draft_s
+        self._adapt(req, len(draft), result.num_accepted)
+        return self._emit(req, result.tokens)
+
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
         """The first non-empty draft of the request's drafters (n-gram kinds first), and its drafter."""
         if k <= 0 or not req.drafters:
@@ -261,11 +332,14 @@ class Engine:
                 d.on_target_hidden({layer: picked[layer] for layer in d.hidden_layers}, tokens)
 
     def _adapt(self, req: Request, drafted: int, accepted: int) -> None:
-        """Adaptive mode: pick the draft length with the most expected tokens per second,
-        from recent acceptance and the measured cost of verifying k tokens."""
-        if not req.spec.adaptive or drafted == 0:
+        """Track recent acceptance (the server's batch budget reads it too); in adaptive mode pick the
+        draft length with the most expected tokens per second, from it and the measured cost of
+        verifying k tokens."""
+        if drafted == 0:
             return
         req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / drafted)
+        if not req.spec.adaptive:
+            return
         draft_cost = req.stats.draft_s / max(req.stats.drafted, 1)
         req.draft_length = best_draft_length(req.acceptance_ema, self.forward_cost(req.spec.draft_n_max + 1),
                                           draft_cost, req.spec.draft_n_max)
@@ -300,8 +374,22 @@ class Engine:
         return False
 
 
+@dataclass
+class _Plan:
+    """One request's part of a step: the rows it adds to the forward and what to do with them after."""
+
+    req: Request
+    segment: Segment
+    tokens: list[int]  # the rows' token ids
+    draft: Draft | None = None  # None: a prefill chunk
+    drafter: Drafter | None = None
+    start: int = 0  # cache length before the forward
+    draft_s: float = 0.0
+    new: list[int] = field(default_factory=list)  # tokens emitted by this step
+
+
 def _tree_layout(tree: TokenTree, start: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(positions (1, 1+n), tree_mask (1, 1+n, 1+n)) for the verify forward of [last committed
+    """(positions (1+n,), tree_mask (1+n, 1+n)) for the verify forward of [last committed
     token] + the tree's n nodes from cache offset `start`.
 
     A chain needs neither: the transformer's causal default is the same mask, and its
@@ -313,5 +401,4 @@ def _tree_layout(tree: TokenTree, start: int) -> tuple[torch.Tensor | None, torc
     mask = torch.zeros(n, n, dtype=torch.bool)
     mask[:, 0] = True
     mask[1:, 1:] = tree.attention_mask()
-    positions = torch.tensor([[start] + [start + d for d in tree.depths()]])
-    return positions, mask[None]
+    return torch.tensor([start] + [start + d for d in tree.depths()]), mask

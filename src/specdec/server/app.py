@@ -14,16 +14,17 @@ speculative settings for that request (see overrides.py); every response carries
 both on its last chunk (the one with finish_reason), and, when the client asks for
 stream_options.include_usage, once more on OpenAI's usage-only chunk (choices: []).
 
-Concurrency: all generation runs on ONE worker thread fed by a FIFO queue (worker.py):
-the Engine's drafters are shared stateful objects and its KV cache is one slot-set, so
-requests are generated one at a time, in arrival order, each to its end. Handlers only
-validate, tokenize and wait; a client that disconnects cancels its request (between
-engine.step calls), which frees its cache slot.
+Concurrency: handlers only validate, tokenize and wait; generation runs on one scheduler
+thread (scheduler.py) that batches up to max_batch sequences into one target forward per
+step (continuous batching), each with its own draft, and queues at most max_queue more
+(beyond that: 503 with Retry-After). A client that disconnects cancels its request, which
+frees its sequence's place at the next step.
 
 Errors are OpenAI's {"error": {"message", "type", "param", "code"}}: malformed JSON and
 wrong field types are 400 (FastAPI's 422 is replaced), an unknown model is 404
 (model_not_found), a missing or wrong API key is 401, a prompt longer than the context is
-400 (context_length_exceeded).
+400 (context_length_exceeded), a full queue is 503 (server_busy, with Retry-After), a
+request past the server's --request-timeout is 504 (timeout).
 """
 
 from __future__ import annotations
@@ -48,8 +49,9 @@ from specdec.model.errors import SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.server.metrics import CONTENT_TYPE, ServerMetrics
 from specdec.server.overrides import resolve_spec
+from specdec.server.scheduler import DEFAULT_PREFILL_CHUNK, QueueFull, Scheduler
 from specdec.server.schemas import APIError, ChatCompletionRequest, CompletionRequest, GenerationRequest
-from specdec.server.worker import Delta, Done, Failed, GenerationWorker, Job
+from specdec.server.worker import Delta, Done, Failed, Job
 
 log = logging.getLogger("specdec.server")
 
@@ -58,10 +60,16 @@ _DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks that its client 
 
 
 def create_app(engine: Engine, model_name: str, api_key: str | None = None,
-               default_max_tokens: int = DEFAULT_MAX_TOKENS) -> FastAPI:
-    """A FastAPI app serving `engine` as model `model_name`. One app per engine: the app owns its worker."""
+               default_max_tokens: int = DEFAULT_MAX_TOKENS, max_batch: int | None = None, max_queue: int = 64,
+               request_timeout: float | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> FastAPI:
+    """A FastAPI app serving `engine` as model `model_name`. One app per engine: the app owns its scheduler.
+
+    max_batch: sequences generated together (default: every cache slot of the engine, see
+    Engine(max_sequences=...)); max_queue: requests that may wait beyond those; request_timeout:
+    seconds from arrival after which a request fails (None: no limit).
+    """
     metrics = ServerMetrics()
-    worker = GenerationWorker(engine, metrics)
+    worker = Scheduler(engine, metrics, max_batch, max_queue, prefill_chunk, request_timeout)
     created = int(time.time())
 
     @asynccontextmanager
@@ -93,7 +101,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "model": model_name, "waiting": worker.waiting, "running": worker.current is not None}
+        return {"status": "ok", "model": model_name, "waiting": worker.waiting, "running": worker.running,
+                "max_batch": worker.max_batch}
 
     @app.get("/metrics")
     async def prometheus():
@@ -230,6 +239,8 @@ async def _next_event(job: Job, request: Request):
 def _worker_error(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, TimeoutError):
+        return APIError(504, str(exc), type="server_error", code="timeout")
     if isinstance(exc, ValueError):
         return APIError(400, str(exc), code="invalid_value")
     if isinstance(exc, SpecdecError):
@@ -244,11 +255,15 @@ def _usage(done: Done) -> dict:
             "total_tokens": done.prompt_tokens + done.completion_tokens}
 
 
-async def _answer(worker: GenerationWorker, job: Job, body: GenerationRequest, request: Request, model_name: str,
+async def _answer(worker: Scheduler, job: Job, body: GenerationRequest, request: Request, model_name: str,
                   chat: bool):
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
-    worker.submit(job)
+    try:
+        worker.submit(job)
+    except QueueFull as full:
+        raise APIError(503, str(full), type="server_error", code="server_busy",
+                       headers={"Retry-After": str(full.retry_after_s)}) from None
     streaming = False
     try:
         event = await _next_event(job, request)

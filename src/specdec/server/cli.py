@@ -13,6 +13,7 @@ import sys
 
 from specdec.options import add_model_args, add_spec_args, build_engine
 from specdec.server.app import DEFAULT_MAX_TOKENS
+from specdec.server.scheduler import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 
 
 def add_parser(sub) -> None:
@@ -26,6 +27,17 @@ def add_parser(sub) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
                    help=f"completion length when a request names none (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--max-batch", "--parallel", "-np", type=int, default=DEFAULT_MAX_BATCH,
+                   help="sequences generated together, one target forward per step (continuous batching; "
+                        f"llama.cpp's -np); each gets a --ctx-size context (default {DEFAULT_MAX_BATCH})")
+    p.add_argument("--max-queue", type=int, default=64,
+                   help="requests that may wait for a place in the batch; beyond that 503 + Retry-After "
+                        "(default 64)")
+    p.add_argument("--request-timeout", type=float, default=None,
+                   help="seconds from arrival after which a request fails with 504 (default: no limit)")
+    p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                   help=f"prompt tokens a sequence prefills per step, so running streams keep flowing "
+                        f"(default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     # build_engine also reads the sampling flags of `generate`; a server takes sampling per request
     p.set_defaults(func=cmd_serve, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=None)
@@ -38,14 +50,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if not 1 <= args.max_batch <= 256:
+        raise ValueError(f"--max-batch must be between 1 and 256, got {args.max_batch}")
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
+    if args.request_timeout is not None and args.request_timeout <= 0:
+        raise ValueError(f"--request-timeout must be positive, got {args.request_timeout}")
+    if args.prefill_chunk < 1:
+        raise ValueError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
     engine, _server_sampling = build_engine(args)  # the same target + drafters `generate` would run
     name = args.served_model_name or args.model
-    app = create_app(engine, name, api_key=args.api_key, default_max_tokens=args.max_tokens)
+    app = create_app(engine, name, api_key=args.api_key, default_max_tokens=args.max_tokens,
+                     max_batch=args.max_batch, max_queue=args.max_queue, request_timeout=args.request_timeout,
+                     prefill_chunk=args.prefill_chunk)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)
     print(f"specdec: serving {name} on http://{args.host}:{args.port}/v1 (speculation: {engine.spec.method}; "
-          "one generation at a time, requests queue in arrival order)", file=sys.stderr)
+          f"up to {args.max_batch} sequences per step, {args.max_queue} more may wait)", file=sys.stderr)
     # on shutdown, streams still open get 5 s; then their handlers are cancelled, which cancels their generation
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0

@@ -16,6 +16,8 @@ from specdec.engine.stats import SpecStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+_STEP_TOKEN_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -46,9 +48,14 @@ class ServerMetrics:
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.queue_wait = Histogram("specdec_queue_wait_seconds", "From request arrival until the worker took it",
                                     buckets=_LATENCY_BUCKETS, registry=r)
-        self.queued = Gauge("specdec_requests_waiting", "Requests waiting for the generation worker", registry=r)
-        self.running = Gauge("specdec_requests_running", "Requests being generated (0 or 1: one worker)",
-                             registry=r)
+        self.queued = Gauge("specdec_requests_waiting", "Requests waiting for a place in the batch", registry=r)
+        self.running = Gauge("specdec_requests_running", "Sequences in the running batch", registry=r)
+        self.rejected = Counter("specdec_queue_rejections", "Requests refused with 503 because the waiting "
+                                "queue was full", registry=r)
+        self.batch_size = Histogram("specdec_batch_size", "Sequences in one batched target forward",
+                                    buckets=_BATCH_BUCKETS, registry=r)
+        self.tokens_per_step = Histogram("specdec_tokens_per_step", "Tokens emitted by one batched target forward "
+                                         "(all sequences together)", buckets=_STEP_TOKEN_BUCKETS, registry=r)
 
     def record_generation(self, endpoint: str, finish_reason: str, prompt_tokens: int, completion_tokens: int,
                           stats: SpecStats | None) -> None:

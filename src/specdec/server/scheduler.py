@@ -1,0 +1,258 @@
+"""Continuous batching: the thread that runs the Engine for the server.
+
+Every running sequence takes part in ONE target forward per step (Engine.step_batch):
+its next prompt chunk while it prefills, else its last token plus its own draft. New
+requests join between steps, up to `max_batch` running at once; a long prompt is
+prefilled `prefill_chunk` tokens per step, so the streams already running keep flowing.
+Each sequence's rows are computed bitwise as they would be alone (model/transformer.py,
+forward_batch), so at T=0 an answer is the same beside 63 others as alone; at T>0 each
+request samples with its own seeded generator.
+
+Speculation and batching share one forward's budget: with several sequences running, each
+extra draft row is kept only while it raises the expected tokens per second of the whole
+step, from each sequence's recent acceptance and the measured cost of a forward of R rows
+(draft_caps). A lone sequence drafts as it would alone.
+
+Backpressure: at most `max_queue` requests wait beyond the `max_batch` running (a request
+counts as waiting until the thread admits it); beyond that submit() raises QueueFull
+(the app answers 503 with Retry-After). A request whose client went away is dropped at the
+next step, freeing its slot; one older than `request_timeout` seconds fails with TimeoutError.
+
+    scheduler = Scheduler(engine, metrics, max_batch=16, max_queue=64)
+    scheduler.submit(job)            # job: worker.Job; events arrive on job.events
+    event = await job.events.get()   # Delta(...) per step with new text, then Done(...) or Failed(...)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from specdec.engine.cost import expected_tokens
+from specdec.engine.engine import Engine, Request
+from specdec.engine.stats import SpecStats
+from specdec.server.metrics import ServerMetrics
+from specdec.server.worker import Delta, Done, Failed, Job, TextStream
+
+log = logging.getLogger("specdec.server")
+
+DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per sequence per step (fixed: an answer never depends on load)
+DEFAULT_MAX_BATCH = 16  # `specdec serve --max-batch`; see DESIGN.md for the measurement behind it
+
+
+class QueueFull(Exception):
+    """max_batch requests run and max_queue wait already."""
+
+    def __init__(self, max_queue: int, retry_after_s: int):
+        super().__init__(f"the server is busy: its batch is full and {max_queue} requests are waiting "
+                         f"already; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class _Running:
+    job: Job
+    req: Request
+    text: TextStream
+    started_at: float = field(default_factory=time.perf_counter)
+    first_at: float | None = None  # when the first token was emitted
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, metrics: ServerMetrics | None = None, max_batch: int | None = None,
+                 max_queue: int = 64, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 request_timeout: float | None = None):
+        """max_batch: sequences running at once (default: the engine's cache slots, never more)."""
+        slots = engine.cache.num_slots
+        max_batch = slots if max_batch is None else max_batch
+        if not 1 <= max_batch <= slots:
+            raise ValueError(f"max_batch must be between 1 and the engine's {slots} cache slots, got {max_batch}")
+        if max_queue < 0:
+            raise ValueError(f"max_queue must be 0 or more, got {max_queue}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        self.engine = engine
+        self.metrics = metrics or ServerMetrics()
+        self.max_batch, self.max_queue, self.prefill_chunk = max_batch, max_queue, prefill_chunk
+        self.request_timeout = request_timeout
+        self._waiting: deque[Job] = deque()
+        self._running: list[_Running] = []
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._recent_latency = 0.0  # seconds from arrival to the end, averaged over recent requests
+
+    # -- the asyncio side ----------------------------------------------------------------------
+    def start(self) -> None:
+        with self._cv:
+            if self._thread is None or not self._thread.is_alive():
+                self._stopping = False
+                self._thread = threading.Thread(target=self._run, name="specdec-scheduler", daemon=True)
+                self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Cancel every running and waiting request and end the thread."""
+        with self._cv:
+            thread, self._thread = self._thread, None
+            self._stopping = True
+            self._cv.notify_all()
+        if thread is not None:
+            thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; raises QueueFull when max_queue jobs wait already."""
+        self.start()
+        with self._cv:
+            if len(self._waiting) + len(self._running) >= self.max_batch + self.max_queue:
+                self.metrics.rejected.inc()
+                raise QueueFull(self.max_queue, self._retry_after())
+            self._waiting.append(job)
+            self.metrics.queued.set(len(self._waiting))
+            self._cv.notify()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    def _retry_after(self) -> int:
+        """Seconds a client should wait: the mean time of the recent requests, at least 1."""
+        return max(1, math.ceil(self._recent_latency))
+
+    # -- the scheduler thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._waiting and not self._running and not self._stopping:
+                    self._cv.wait()
+                if self._stopping:
+                    break
+                joining = []
+                while self._waiting and len(self._running) + len(joining) < self.max_batch:
+                    joining.append(self._waiting.popleft())
+                self.metrics.queued.set(len(self._waiting))
+            for job in joining:
+                self._admit(job)
+            self._drop_gone()
+            if self._running:
+                try:
+                    self._step()
+                except BaseException as exc:  # never let one step end the server: fail what ran in it
+                    log.exception("scheduler: a batched step failed")
+                    for r in list(self._running):
+                        self._end(r, error=exc)
+            self.metrics.running.set(len(self._running))
+        self._shutdown()
+
+    def _admit(self, job: Job) -> None:
+        self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
+        if job.cancelled.is_set():  # the client went away while waiting
+            self.metrics.record_generation(job.endpoint, "cancelled", 0, 0, None)
+            job.put(Done("", "cancelled", len(job.prompt), 0, SpecStats(method=job.spec.method)))
+            return
+        try:
+            req = self.engine.admit(job.prompt, job.sampling, job.max_tokens, job.stop, job.spec)
+        except Exception as exc:
+            self.metrics.record_generation(job.endpoint, "error", len(job.prompt), 0, None)
+            job.put(Failed(exc))
+            return
+        self._running.append(_Running(job, req, TextStream(self.engine.model.tokenizer, job.stop)))
+
+    def _drop_gone(self) -> None:
+        now = time.perf_counter()
+        for r in list(self._running):
+            if r.job.cancelled.is_set():
+                self._end(r, cancelled=True)
+            elif self.request_timeout is not None and now - r.job.arrived > self.request_timeout:
+                self._end(r, error=TimeoutError(f"the request ran longer than the server's request timeout "
+                                                f"({self.request_timeout:g} s)"))
+
+    def _step(self) -> None:
+        running = self._running
+        reqs = [r.req for r in running]
+        caps = self.draft_caps(reqs) if len(reqs) > 1 else None
+        news = self.engine.step_batch(reqs, self.prefill_chunk, caps)
+        m = self.metrics
+        m.batch_size.observe(len(reqs))
+        m.tokens_per_step.observe(sum(len(n) for n in news))
+        for r, new in zip(list(running), news):
+            if r.first_at is None and r.req.output:
+                r.first_at = time.perf_counter()
+                m.ttft.observe(r.first_at - r.job.arrived)
+                if r.job.stream and not r.req.finished:
+                    r.job.put(Delta(r.text.advance(r.req.output)))
+            elif new and r.job.stream and not r.req.finished:
+                piece = r.text.advance(r.req.output)
+                if piece:
+                    r.job.put(Delta(piece))
+            if r.req.finished:
+                self._end(r)
+
+    def draft_caps(self, reqs: list[Request]) -> list[int]:
+        """Draft tokens each sequence may bring to this step: rows are added one at a time where
+        they raise the step's expected tokens per second, from each sequence's acceptance and the
+        measured forward cost (linear in the rows beyond those it measured)."""
+        spec_on = [r.spec.enabled and r.prefilled == len(r.prompt) and r.drafters for r in reqs]
+        if not any(spec_on):
+            return [0] * len(reqs)
+        cost = self.engine.forward_cost(max(r.spec.draft_n_max for r in reqs) + 1)
+        per_row = max((cost[-1] - cost[1]) / max(len(cost) - 2, 1), 1e-9)
+
+        def cost_of(rows: int) -> float:
+            return cost[rows] if rows < len(cost) else cost[-1] + (rows - len(cost) + 1) * per_row
+
+        caps = [0] * len(reqs)
+        rows = len(reqs)
+        tokens = float(len(reqs))  # each sequence's last token yields one token for sure
+        while True:
+            best, gain = -1, 0.0
+            for i, r in enumerate(reqs):
+                if spec_on[i] and caps[i] < r.draft_length:
+                    g = expected_tokens(caps[i] + 1, r.acceptance_ema) - expected_tokens(caps[i], r.acceptance_ema)
+                    if g > gain:
+                        best, gain = i, g
+            if best < 0 or (tokens + gain) / cost_of(rows + 1) <= tokens / cost_of(rows):
+                return caps
+            caps[best] += 1
+            rows += 1
+            tokens += gain
+
+    def _end(self, r: _Running, cancelled: bool = False, error: BaseException | None = None) -> None:
+        """Take a sequence out of the batch, free its slot and send its last event."""
+        self._running.remove(r)
+        req, job, m = r.req, r.job, self.metrics
+        self.engine.finish(req)
+        if error is not None:
+            m.record_generation(job.endpoint, "error", len(req.prompt), len(req.output), req.stats)
+            job.put(Failed(error))
+            return
+        result = self.engine.result(req)
+        reason = "cancelled" if cancelled else result.finish_reason
+        n = len(result.token_ids)
+        now = time.perf_counter()
+        if n > 1 and r.first_at is not None:
+            m.tpot.observe((now - r.first_at) / (n - 1))
+        m.latency.observe(now - job.arrived)
+        self._recent_latency = 0.8 * self._recent_latency + 0.2 * (now - job.arrived)
+        m.record_generation(job.endpoint, reason, result.prompt_tokens, n, result.stats)
+        piece = r.text.finish(result.text) if job.stream else result.text
+        job.put(Done(piece, reason, result.prompt_tokens, n, result.stats))
+
+    def _shutdown(self) -> None:
+        with self._cv:
+            waiting, self._waiting = list(self._waiting), deque()
+        for job in waiting:
+            job.cancel()
+            job.put(Done("", "cancelled", len(job.prompt), 0, SpecStats(method=job.spec.method)))
+        for r in list(self._running):
+            r.job.cancel()
+            self._end(r, cancelled=True)
+        self.metrics.queued.set(0)
+        self.metrics.running.set(0)
