@@ -163,3 +163,128 @@ def make_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", extra_w
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+# -- Gemma 3 ------------------------------------------------------------------------------------
+def gemma3_config(vocab: int = 512, hidden: int = 64, layers: int = 6, heads: int = 4, kv_heads: int = 2,
+                  head_dim: int = 16, intermediate: int = 128, window: int = 5, **extra) -> dict:
+    """A tiny gemma3_text config.json as transformers 5 writes it. Default layer_types: every 6th layer
+    global (Gemma 3's pattern, the one llama.cpp assumes for gemma3 GGUF files)."""
+    cfg = {
+        "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"], "vocab_size": vocab,
+        "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "intermediate_size": intermediate,
+        "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+        "sliding_window": window, "query_pre_attn_scalar": head_dim, "tie_word_embeddings": True,
+        "layer_types": ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)],
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
+        "final_logit_softcapping": None, "attn_logit_softcapping": None, "attention_bias": False,
+        "bos_token_id": None, "eos_token_id": 2, "pad_token_id": 0,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def gemma3_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random Gemma 3 weights under transformers' names; norm weights are Gemma's w (multiplier 1 + w)."""
+    g = torch.Generator().manual_seed(seed)
+    h, v, i, hd = cfg["hidden_size"], cfg["vocab_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+
+    def w(*shape, scale=0.08):
+        return torch.randn(*shape, generator=g) * scale
+
+    out = {"model.embed_tokens.weight": w(v, h, scale=0.2), "model.norm.weight": w(h, scale=0.1)}
+    if not cfg.get("tie_word_embeddings", True):
+        out["lm_head.weight"] = w(v, h)
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        out.update({
+            p + "self_attn.q_proj.weight": w(q, h), p + "self_attn.k_proj.weight": w(kv, h),
+            p + "self_attn.v_proj.weight": w(kv, h), p + "self_attn.o_proj.weight": w(h, q),
+            p + "self_attn.q_norm.weight": w(hd, scale=0.1), p + "self_attn.k_norm.weight": w(hd, scale=0.1),
+            p + "mlp.gate_proj.weight": w(i, h), p + "mlp.up_proj.weight": w(i, h), p + "mlp.down_proj.weight": w(h, i),
+        })
+        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            out[p + norm + ".weight"] = w(h, scale=0.1)
+    return out
+
+
+def make_gemma3_hf_model(folder: Path, seed: int = 0, **config) -> Path:
+    """A tiny random gemma3_text folder (config.json, model.safetensors, a byte-level tokenizer)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = gemma3_config(**config)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file({k: t.contiguous() for k, t in gemma3_weights(cfg, seed).items()}, str(folder / "model.safetensors"))
+    write_tokenizer_json(folder, cfg["vocab_size"])
+    return folder
+
+
+# llama.cpp's gemma3 tensor names (convert_hf_to_gguf.py, gguf constants MODEL_ARCH.GEMMA3)
+GEMMA3_GGUF_NAMES = {
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def make_gemma3_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", **config) -> Path:
+    """The tiny Gemma 3 of make_gemma3_hf_model (same config and seed, same weights) as llama.cpp's converter
+    writes it: gemma3 names, no q/k permutation, 1 added to every norm weight, no output.weight (tied).
+    llama.cpp knows no layer_types: every 6th layer is global, so keep the default pattern."""
+    import gguf
+
+    cfg = gemma3_config(**config)
+    weights = gemma3_weights(cfg, seed)
+    w = gguf.GGUFWriter(str(path), "gemma3")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["full_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_sliding_window(cfg["sliding_window"])
+    tokens, merges = _byte_vocab()
+    tokens = tokens + [f"<unused{i}>" for i in range(cfg["vocab_size"] - len(tokens))]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_merges([" ".join(m) for m in merges])
+    w.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML)
+    qtype = getattr(gguf.GGMLQuantizationType, tensor_type)
+    for name, t in weights.items():
+        if name.startswith("model.layers."):
+            _, _, idx, rest = name.split(".", 3)
+            gname = f"blk.{idx}.{GEMMA3_GGUF_NAMES[rest]}"
+        else:
+            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+                     "lm_head.weight": "output.weight"}[name]
+        if name.endswith("norm.weight"):
+            t = t + 1  # the converter's norm_shift: Gemma3RMSNorm multiplies by 1 + w
+        array = t.numpy().astype(np.float32)
+        if t.dim() == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            w.add_tensor(gname, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gname, array)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)

@@ -54,7 +54,8 @@ def test_gguf_rope_freqs_equal_the_config_scaling(tmp_path):
 
 @pytest.mark.parametrize("extra, message", [
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn' is not supported"),
-    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope scaling 'linear' is not supported"),
+    ({"rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope scaling 'longrope' is not supported"),
+    ({"rope_scaling": {"type": "linear"}}, "linear rope scaling needs a positive factor"),
     ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}},
      "rope scaling 'dynamic' is not supported"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3 rope_scaling lacks 'low_freq_factor'"),

@@ -24,6 +24,9 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
     def opt(name):
         return get(name) if name in names else None
 
+    # the norm before the MLP: Llama's post_attention_layernorm; Gemma's post_attention_layernorm norms the
+    # attention output instead, and its pre_feedforward_layernorm comes before the MLP
+    mlp_norm = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"
     layers = []
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
@@ -38,9 +41,11 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
                             weights_format),
             down=QLinear(get(p + "mlp.down_proj.weight"), None, weights_format),
             attn_norm=get(p + "input_layernorm.weight"),
-            mlp_norm=get(p + "post_attention_layernorm.weight"),
+            mlp_norm=get(p + mlp_norm + ".weight"),
             q_norm=opt(p + "self_attn.q_norm.weight") if c.qk_norm else None,
             k_norm=opt(p + "self_attn.k_norm.weight") if c.qk_norm else None,
+            attn_out_norm=get(p + "post_attention_layernorm.weight") if c.sandwich_norms else None,
+            mlp_out_norm=get(p + "post_feedforward_layernorm.weight") if c.sandwich_norms else None,
         ))
         if progress is not None:
             progress(1)
@@ -69,7 +74,7 @@ def transformer_tensors(tr: Transformer) -> dict[str, torch.Tensor]:
     for i, layer in enumerate(tr.layers):
         for part in ("qkv", "o", "gate_up", "down"):
             out.update({f"layers.{i}.{part}.{k}": t for k, t in getattr(layer, part).tensors().items()})
-        for norm in ("attn_norm", "mlp_norm", "q_norm", "k_norm"):
+        for norm in ("attn_norm", "mlp_norm", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm"):
             if getattr(layer, norm) is not None:
                 out[f"layers.{i}.{norm}"] = getattr(layer, norm)
     return out
@@ -111,6 +116,8 @@ def transformer_from_tensors(c: ModelConfig, weights_format: str, tensors: dict[
             mlp_norm=take(p + "mlp_norm", f32, (h,)),
             q_norm=take(p + "q_norm", f32, (c.head_dim,)) if c.qk_norm else None,
             k_norm=take(p + "k_norm", f32, (c.head_dim,)) if c.qk_norm else None,
+            attn_out_norm=take(p + "attn_out_norm", f32, (h,)) if c.sandwich_norms else None,
+            mlp_out_norm=take(p + "mlp_out_norm", f32, (h,)) if c.sandwich_norms else None,
         ))
     embed = take("embed", f32 if weights_format == "fp32" else torch.bfloat16, (c.vocab_size, h))
     norm = take("norm", f32, (h,))

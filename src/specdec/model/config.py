@@ -1,7 +1,9 @@
-"""Model configuration: one dataclass for the whole Llama family.
+"""Model configuration: one dataclass for every family specdec runs (Llama, Qwen2, Qwen3, Gemma 3).
 
-Per-family differences (Qwen2's q/k/v biases, Qwen3's q/k norms, tied embeddings)
-are fields here, not forks of the model code.
+Per-family differences (Qwen2's q/k/v biases, Qwen3's q/k norms, tied embeddings; Gemma 3's
+GeGLU, four norms per block, scaled embeddings, sliding-window layers with their own RoPE base,
+attention scale) are fields here, read by the one decoder layer (model/layers.py) and the
+runtime (model/transformer.py), not forks of the model code.
 """
 
 from __future__ import annotations
@@ -9,7 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU; GeGLU with the tanh approximation of gelu
 
 # Families people run that specdec cannot run yet, by config.json model_type and GGUF architecture:
 # one sentence saying why, for the error and for `specdec inspect`.
@@ -27,8 +30,9 @@ UNSUPPORTED_FAMILIES = {
     "qwen2_moe": f"Qwen2-MoE is {_MOE}", "qwen2moe": f"Qwen2-MoE is {_MOE}",
     "qwen3_moe": f"Qwen3-MoE is {_MOE}", "qwen3moe": f"Qwen3-MoE is {_MOE}",
     "mixtral": f"Mixtral is {_MOE}",
-    "gemma3": "Gemma 3 (sliding-window layers, GeGLU, four norms per block) is not implemented yet",
-    "gemma3_text": "Gemma 3 (sliding-window layers, GeGLU, four norms per block) is not implemented yet",
+    # config.json model_type gemma3 is the multimodal checkpoint (the GGUF architecture gemma3 is text-only)
+    "gemma3": "this Gemma 3 folder is the multimodal model (a vision tower beside the language model); specdec "
+              "runs text-only Gemma 3 (model_type gemma3_text, or the GGUF file)",
 }
 
 
@@ -62,6 +66,16 @@ class ModelConfig:
     # MTP layers the config declares (num_nextn_predict_layers / mtp_num_hidden_layers);
     # whether the weights are present is a property of the loaded checkpoint.
     mtp_layers_declared: int = 0
+    # Gemma 3 (the defaults are Llama's):
+    mlp_act: str = "silu"  # MLP_ACTIVATIONS: act(gate) * up
+    sandwich_norms: bool = False  # also a norm on the attention output and on the MLP output (four per block)
+    embed_scale: float = 1.0  # embedding rows times this, in float32 (Gemma: hidden_size ** 0.5)
+    attn_scale: float | None = None  # scale of q.k; None = 1 / sqrt(head_dim) (Gemma: query_pre_attn_scalar ** -0.5)
+    sliding_window: int = 0  # a local layer's query sees keys at positions p - window + 1 .. p (itself included)
+    sliding_layers: tuple[int, ...] = ()  # indices of the local (sliding-window) layers; the others are global
+    rope_local_theta: float | None = None  # RoPE base of the local layers, plain RoPE (Gemma: rope_local_base_freq);
+    #                                        None = the global layers' (rope_theta with rope_freq_factors)
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap); None = none
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -74,6 +88,16 @@ class ModelConfig:
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
             raise ValueError(f"{len(self.rope_freq_factors)} RoPE frequency factors for head_dim {self.head_dim}; "
                              f"expected {self.head_dim // 2}")
+        if self.mlp_act not in MLP_ACTIVATIONS:
+            raise ValueError(f"unknown MLP activation {self.mlp_act!r}; specdec computes {', '.join(MLP_ACTIVATIONS)}")
+        if any(not 0 <= i < self.num_layers for i in self.sliding_layers):
+            raise ValueError(f"sliding layers {self.sliding_layers} are not all among the {self.num_layers} layers")
+        if self.sliding_layers and self.sliding_window < 1:
+            raise ValueError(f"sliding layers {self.sliding_layers} need a sliding window of at least 1 token")
+
+    def window(self, layer: int) -> int:
+        """Keys layer `layer`'s queries see, counted back from the query's position (0 = all)."""
+        return self.sliding_window if layer in self.sliding_layers else 0
 
     @property
     def q_size(self) -> int:
@@ -85,6 +109,13 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
         return 2 * self.num_layers * self.kv_size * bytes_per_value
+
+
+def linear_rope_factors(head_dim: int, factor: float) -> tuple[float, ...]:
+    """"linear" RoPE scaling (position interpolation) as frequency divisors: every frequency divided by factor."""
+    if not isinstance(factor, (int, float)) or not factor > 0:
+        raise ValueError(f"linear rope scaling needs a positive factor, got {factor!r}")
+    return (float(factor),) * (head_dim // 2)
 
 
 def llama3_rope_factors(head_dim: int, theta: float, scaling: dict) -> tuple[float, ...]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec.model.config import SUPPORTED_ARCHS, ModelConfig, unsupported_reason
+from specdec.model.config import SUPPORTED_ARCHS, ModelConfig, linear_rope_factors, unsupported_reason
 from specdec.model.errors import ModelFileError
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
@@ -39,6 +39,14 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+}
+# Gemma 3's four norms per block: llama.cpp's ffn_norm is the one before the MLP (HF pre_feedforward_layernorm);
+# HF's post_attention_layernorm norms the attention output. llama.cpp's converter stored 1 + w for every norm.
+_GEMMA3_NAMES = {
+    **_LAYER_NAMES,
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 # MTP ("nextn") tensors of the extra blocks after the main ones, renamed to DeepSeek-V3's HF names
 # (model.layers.{N+k}.eh_proj.weight, ...); the extra blocks' attention/MLP use _LAYER_NAMES.
@@ -205,7 +213,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         if t.tensor_type.name not in SUPPORTED_GGML_TYPES:
             raise ModelFileError(path, f"tensor {t.name} has quantization {t.tensor_type.name}, which specdec cannot load "
                                  f"(supported: {', '.join(sorted(SUPPORTED_GGML_TYPES))})")
-        hf = _hf_name(t.name)
+        hf = _hf_name(t.name, arch)
         if hf is not None:
             tensors[hf] = t
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
@@ -221,12 +229,13 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
     return model
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    layer_names = _GEMMA3_NAMES if arch == "gemma3" else _LAYER_NAMES
+    if m and m.group(2) in layer_names:
+        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}"
     if m and m.group(2) in _NEXTN_NAMES:
         return f"model.layers.{m.group(1)}.{_NEXTN_NAMES[m.group(2)]}"
     return None
@@ -249,7 +258,13 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
     vocab = int(meta.get(f"{arch}.vocab_size") or embed.shape[-1])
     nextn = int(meta.get(f"{arch}.nextn_predict_layers") or 0)
     scaling = meta.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
+    gemma = _gemma3_fields(path, meta, hidden, heads, head_dim) if arch == "gemma3" else {}
+    if arch == "gemma3" and scaling == "linear":  # the global layers' (llama.cpp: the local ones keep scale 1)
+        factor = meta.get(f"{arch}.rope.scaling.factor")
+        if factor is None:
+            raise ModelFileError(path, f"{arch}.rope.scaling.type is linear but {arch}.rope.scaling.factor is missing")
+        gemma["rope_freq_factors"] = linear_rope_factors(head_dim, float(factor))
+    elif scaling not in (None, "none"):
         raise ModelFileError(path, f"rope scaling {scaling!r} ({arch}.rope.scaling.type) is not supported (specdec "
                              "computes plain RoPE and Llama 3.x rope_freqs); running without it would change the output")
     rotated = meta.get(f"{arch}.rope.dimension_count")
@@ -261,6 +276,7 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
         from gguf.quants import dequantize
 
         factors = tuple(float(f) for f in np.asarray(dequantize(rope_freqs.data, rope_freqs.tensor_type)).reshape(-1))
+    gemma.setdefault("rope_freq_factors", factors)
     return ModelConfig(
         arch=arch,
         vocab_size=vocab,
@@ -271,13 +287,44 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
         head_dim=head_dim,
         intermediate_size=int(need("feed_forward_length")),
         rope_theta=float(meta.get(f"{arch}.rope.freq_base") or 10000.0),
-        rope_freq_factors=factors,
         rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon") or 1e-6),
         context_length=int(meta.get(f"{arch}.context_length") or 4096),
         qkv_bias="model.layers.0.self_attn.q_proj.bias" in tensors,
         qk_norm="model.layers.0.self_attn.q_norm.weight" in tensors,
         tie_embeddings="lm_head.weight" not in tensors,
         mtp_layers_declared=nextn,
+        **gemma,
+    )
+
+
+def _gemma3_fields(path, meta: dict, hidden: int, heads: int, head_dim: int) -> dict:
+    """ModelConfig's Gemma 3 fields from a gemma3 GGUF, read as llama.cpp reads them (llama-model.cpp): every
+    6th layer global, local layers with RoPE base 10000, attention scale 1/sqrt(head_dim), except the 27B
+    (62 layers) whose query_pre_attn_scalar is hidden / heads."""
+    window = meta.get("gemma3.attention.sliding_window")
+    if window is None:
+        raise ModelFileError(path, "metadata key gemma3.attention.sliding_window is missing")
+    if meta.get("gemma3.attn_logit_softcapping") is not None:
+        raise ModelFileError(path, "gemma3.attn_logit_softcapping is set: specdec does not cap attention scores")
+    layers = int(meta["gemma3.block_count"])
+    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)  # an int, or one flag per layer (True: local)
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != layers:
+            raise ModelFileError(path, f"gemma3.attention.sliding_window_pattern has {len(pattern)} flags for "
+                                 f"{layers} layers")
+        sliding = tuple(i for i, local in enumerate(pattern) if local)
+    else:
+        sliding = tuple(i for i in range(layers) if (i + 1) % int(pattern))
+    softcap = meta.get("gemma3.final_logit_softcapping")
+    return dict(
+        mlp_act="gelu_tanh",
+        sandwich_norms=True,
+        embed_scale=hidden ** 0.5,
+        attn_scale=float(hidden // heads if layers == 62 else head_dim) ** -0.5,
+        sliding_window=int(window),
+        sliding_layers=sliding,
+        rope_local_theta=10_000.0,
+        final_logit_softcap=None if softcap is None else float(softcap),
     )
 
 
@@ -300,6 +347,12 @@ def _check_shapes(model: GGUFModel) -> None:
             p + "input_layernorm.weight": (c.hidden_size,),
             p + "post_attention_layernorm.weight": (c.hidden_size,),
         })
+        if c.sandwich_norms:
+            expected[p + "pre_feedforward_layernorm.weight"] = (c.hidden_size,)
+            expected[p + "post_feedforward_layernorm.weight"] = (c.hidden_size,)
+        if c.qk_norm:
+            expected[p + "self_attn.q_norm.weight"] = (c.head_dim,)
+            expected[p + "self_attn.k_norm.weight"] = (c.head_dim,)
     for name, shape in expected.items():
         t = model._tensors.get(name)
         if t is None:

@@ -9,12 +9,14 @@ from pathlib import Path
 
 import torch
 
-from specdec.model.config import ModelConfig, llama3_rope_factors, unsupported_reason
+from specdec.model.config import ModelConfig, linear_rope_factors, llama3_rope_factors, unsupported_reason
 from specdec.model.errors import ModelFileError
 
 # model_type -> the family specdec runs it as. MiMo (Xiaomi) is a Qwen2 body whose MTP layers sit
 # under model.mtp_layers.* (drafters/mtp.py reads them; auto turns draft-mtp on).
-_ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mimo": "qwen2"}
+_ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mimo": "qwen2", "gemma3_text": "gemma3"}
+# config.json activation names -> ModelConfig.mlp_act
+_ACTIVATIONS = {None: "silu", "silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
 
 @dataclass
@@ -29,12 +31,17 @@ class HFModel:
         return list(self._files)
 
     def get(self, name: str) -> torch.Tensor:
+        """The tensor in float32; a Gemma norm weight w as the multiplier 1 + w it stands for (Gemma3RMSNorm
+        computes 1.0 + w.float(); llama.cpp's converter stores the same sum)."""
         from safetensors import safe_open
 
         if name not in self._files:
             raise ModelFileError(self.path, f"tensor {name} is missing (config.json implies it)")
         with safe_open(self._files[name], framework="pt") as f:
-            return f.get_tensor(name).float()
+            t = f.get_tensor(name).float()
+        if self.config.arch == "gemma3" and name.endswith("norm.weight"):
+            t = 1.0 + t
+        return t
 
 
 def read_hf_folder(path: str | os.PathLike) -> HFModel:
@@ -80,6 +87,8 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
         head_dim = int(raw.get("head_dim") or hidden // heads)
+        if arch == "gemma3":
+            return _gemma3_config(path, raw, tensor_names)
         theta = float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
         return ModelConfig(
             arch=arch,
@@ -98,33 +107,103 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
             qk_norm=arch == "qwen3",
             tie_embeddings=bool(raw.get("tie_word_embeddings", False)) or "lm_head.weight" not in tensor_names,
             mtp_layers_declared=int(raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers") or 0),
+            mlp_act=_ACTIVATIONS[raw.get("hidden_act") or raw.get("hidden_activation")],
         )
     except KeyError as exc:
         raise ModelFileError(path, f"config.json lacks {exc.args[0]!r}") from None
+
+
+def _gemma3_config(path, raw: dict, tensor_names) -> ModelConfig:
+    """Gemma 3 text (Gemma3TextConfig, transformers 4.5x and 5.x layouts): local layers by layer_types
+    (or every sliding_window_pattern-th layer global), their own RoPE base, query_pre_attn_scalar."""
+    _refuse_unknown_math(path, raw)
+    if raw.get("attn_logit_softcapping") is not None:
+        raise ModelFileError(path, f"attn_logit_softcapping {raw['attn_logit_softcapping']} is set: specdec does not "
+                             "cap attention scores (Gemma 2 does; Gemma 3 does not)")
+    if raw.get("use_bidirectional_attention"):
+        raise ModelFileError(path, "use_bidirectional_attention is true (an embedding model): specdec generates "
+                             "with causal attention only")
+    layers = int(raw["num_hidden_layers"])
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        pattern = int(raw.get("sliding_window_pattern") or 6)
+        layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(layers)]
+    if len(layer_types) != layers or set(layer_types) - {"sliding_attention", "full_attention"}:
+        raise ModelFileError(path, f"layer_types must name sliding_attention or full_attention for each of the "
+                             f"{layers} layers, got {layer_types}")
+    sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
+    window = int(raw.get("sliding_window") or 0)
+    if sliding and window < 1:
+        raise ModelFileError(path, "sliding_attention layers without a sliding_window")
+    # transformers 5: rope_parameters per layer type; 4.5x: rope_theta, rope_local_base_freq, rope_scaling
+    params = raw.get("rope_parameters") or {}
+    full = dict(params.get("full_attention") or {})
+    local = dict(params.get("sliding_attention") or {})
+    if raw.get("rope_scaling"):
+        full.update(raw["rope_scaling"])
+    theta = float(full.get("rope_theta") or raw.get("rope_theta") or 1_000_000.0)
+    local_theta = float(local.get("rope_theta") or raw.get("rope_local_base_freq") or 10_000.0)
+    if (local.get("rope_type") or local.get("type") or "default") != "default":
+        raise ModelFileError(path, f"rope scaling {local.get('rope_type') or local.get('type')!r} on the sliding "
+                             "layers is not supported (specdec computes plain RoPE there, as Gemma 3 does)")
+    head_dim = int(raw.get("head_dim") or 256)
+    hidden = int(raw["hidden_size"])
+    softcap = raw.get("final_logit_softcapping")
+    return ModelConfig(
+        arch="gemma3",
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=int(raw["num_attention_heads"]),
+        num_kv_heads=int(raw.get("num_key_value_heads") or raw["num_attention_heads"]),
+        head_dim=head_dim,
+        intermediate_size=int(raw["intermediate_size"]),
+        rope_theta=theta,
+        rope_freq_factors=_scaling_factors(path, full, head_dim, theta),
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        context_length=int(raw.get("max_position_embeddings", 131_072)),
+        qkv_bias=bool(raw.get("attention_bias", False)),
+        qk_norm=True,
+        tie_embeddings=bool(raw.get("tie_word_embeddings", True)) or "lm_head.weight" not in tensor_names,
+        mlp_act=_ACTIVATIONS[raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"],
+        sandwich_norms=True,
+        embed_scale=hidden ** 0.5,
+        attn_scale=float(raw.get("query_pre_attn_scalar") or 256) ** -0.5,
+        sliding_window=window if sliding else 0,
+        sliding_layers=sliding,
+        rope_local_theta=local_theta,
+        final_logit_softcap=None if softcap is None else float(softcap),
+    )
 
 
 def _rope_factors(path, raw: dict, head_dim: int, theta: float) -> tuple[float, ...] | None:
     """RoPE frequency divisors from rope_scaling (or transformers 5's rope_parameters); a clear error
     for anything else in config.json that changes the math and that specdec does not compute."""
     _refuse_unknown_math(path, raw)
-    scaling = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    return _scaling_factors(path, raw.get("rope_scaling") or raw.get("rope_parameters") or {}, head_dim, theta)
+
+
+def _scaling_factors(path, scaling: dict, head_dim: int, theta: float) -> tuple[float, ...] | None:
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind == "default":
         return None
-    if kind == "llama3":
-        try:
+    try:
+        if kind == "llama3":
             return llama3_rope_factors(head_dim, theta, scaling)
-        except ValueError as exc:
-            raise ModelFileError(path, str(exc)) from None
-    raise ModelFileError(path, f"rope scaling {kind!r} is not supported (specdec computes plain RoPE and Llama 3.x "
-                         "'llama3' scaling); running without it would change the model's output")
+        if kind == "linear":
+            return linear_rope_factors(head_dim, scaling.get("factor"))
+    except ValueError as exc:
+        raise ModelFileError(path, str(exc)) from None
+    raise ModelFileError(path, f"rope scaling {kind!r} is not supported (specdec computes plain RoPE, 'linear' and "
+                         "Llama 3.x 'llama3' scaling); running without it would change the model's output")
 
 
 def _refuse_unknown_math(path, raw: dict) -> None:
     """config.json fields that change what the model computes and that specdec does not implement."""
     act = raw.get("hidden_act") or raw.get("hidden_activation")
-    if act not in (None, "silu", "swish"):
-        raise ModelFileError(path, f"hidden_act {act!r} is not supported (specdec's MLP is SwiGLU with silu)")
+    if act not in _ACTIVATIONS:
+        raise ModelFileError(path, f"hidden_act {act!r} is not supported (specdec's MLP is act(gate) * up with "
+                             f"act one of {', '.join(a for a in _ACTIVATIONS if a)})")
     if raw.get("mlp_bias"):
         raise ModelFileError(path, "mlp_bias is true: specdec's MLP has no biases")
     if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:

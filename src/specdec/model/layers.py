@@ -1,9 +1,15 @@
-"""The one Llama / Qwen2 / Qwen3 decoder layer, and the small pieces it is made of.
+"""The one Llama / Qwen2 / Qwen3 / Gemma 3 decoder layer, and the small pieces it is made of.
 
     h       = rms_norm(x, input_layernorm)          or an input the caller built (EAGLE-3: 2H wide)
-    q, k, v = qkv(h)                                Qwen2: with biases; Qwen3: q_norm, k_norm per head
-    x       = x + o(attend(rope(q), rope(k), v))
-    x       = x + down(silu(gate) * up),            gate, up = gate_up(rms_norm(x, post_attention_layernorm))
+    q, k, v = qkv(h)                                Qwen2: with biases; Qwen3, Gemma 3: q_norm, k_norm per head
+    x       = x + o(attend(rope(q), rope(k), v))    Gemma 3: x + rms_norm(o(...), attn_out_norm)
+    x       = x + down(act(gate) * up),             gate, up = gate_up(rms_norm(x, mlp_norm));
+                                                    act silu (SwiGLU) or gelu-tanh (Gemma's GeGLU);
+                                                    Gemma 3: x + rms_norm(down(...), mlp_out_norm)
+
+Norm weights are the multipliers applied (Gemma's checkpoints store w for a multiplier 1 + w; the
+loaders add the 1, as llama.cpp's converter does). Which keys a query sees (sliding windows), the
+attention scale and the RoPE tables belong to the caller's `attend` and cos / sin.
 
 Every model in specdec runs `decoder_layer`; what differs between them is plugged in, not forked:
 
@@ -95,8 +101,11 @@ class LayerWeights(Protocol):
     eps: float
     attn_norm: torch.Tensor | None  # (H,); None: the caller passes a normed attention input
     mlp_norm: torch.Tensor  # (H,)
-    q_norm: torch.Tensor | None  # (hd,) per-head norms (Qwen3), or None
+    q_norm: torch.Tensor | None  # (hd,) per-head norms (Qwen3, Gemma 3), or None
     k_norm: torch.Tensor | None
+    attn_out_norm: torch.Tensor | None  # (H,) norm of the attention output (Gemma 3), or None
+    mlp_out_norm: torch.Tensor | None  # (H,) norm of the MLP output (Gemma 3), or None
+    act: str  # "silu" or "gelu_tanh" (model.config.MLP_ACTIVATIONS)
 
     def qkv(self, h: torch.Tensor) -> torch.Tensor:
         """(N, A) -> (N, (heads + 2 * kv_heads) * hd): the q heads, then the k heads, then the v heads."""
@@ -128,9 +137,11 @@ def decoder_layer(x: torch.Tensor, w: LayerWeights, attend: Attend, cos: torch.T
         qk = torch.cat([rms_norm(qk[:, :nh], w.q_norm, w.eps), rms_norm(qk[:, nh:], w.k_norm, w.eps)], dim=1)
     qk = apply_rope(qk, cos, sin)  # one rotation for q and k together
     attn = attend(qk[:, :nh], qk[:, nh:], v)  # (N, nh, hd)
-    x = x + w.o(attn.reshape(N, nh * hd))
+    out = w.o(attn.reshape(N, nh * hd))  # (N, H)
+    x = x + (out if w.attn_out_norm is None else rms_norm(out, w.attn_out_norm, w.eps))
     gate, up = w.gate_up(rms_norm(x, w.mlp_norm, w.eps))  # (N, I) each
-    return x + w.down(F.silu(gate) * up)
+    out = w.down((F.silu(gate) if w.act == "silu" else F.gelu(gate, approximate="tanh")) * up)
+    return x + (out if w.mlp_out_norm is None else rms_norm(out, w.mlp_out_norm, w.eps))
 
 
 class DecoderLayer(nn.Module):
@@ -165,6 +176,9 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 
     # -- LayerWeights ----------------------------------------------------------------------------
+    attn_out_norm = mlp_out_norm = None  # the Llama / Qwen block: no norms on the outputs
+    act = "silu"
+
     @property
     def attn_norm(self) -> torch.Tensor | None:
         return self.input_layernorm.weight if hasattr(self, "input_layernorm") else None

@@ -1,4 +1,4 @@
-"""The decoder-only transformer (Llama, Qwen2, Qwen3), written for speculation.
+"""The decoder-only transformer (Llama, Qwen2, Qwen3, Gemma 3), written for speculation.
 
 One forward takes several new tokens per sequence with explicit positions, an
 optional tree mask, and returns logits plus the hidden states of chosen layers.
@@ -9,6 +9,11 @@ each query row over exactly its own keys, in order). So verifying k drafted toke
 in one pass gives bitwise the logits k single steps would give, and greedy
 speculative output equals plain greedy output by construction.
 `exact=False` (prefill) uses fused attention; plain and speculative decoding share it.
+
+Sliding-window layers (Gemma 3's local layers) keep every key in the cache, so rollback stays a
+length pointer; a query at position p reduces over the keys at positions p - window + 1 .. p
+only (a tree node's window counted by its position, and only among its ancestors). Row by row,
+that is again exactly the key set, in the same order, that a one-token step at p reduces over.
 
 The layer itself is model/layers.py's decoder_layer, the one every model in specdec runs;
 this file gives it the runtime's weights (fused QLinear matrices, see model/linear.py) and its
@@ -42,6 +47,8 @@ class Layer:
     mlp_norm: torch.Tensor
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None  # Gemma 3: norms of the attention and MLP outputs
+    mlp_out_norm: torch.Tensor | None = None
 
 
 class _QuantWeights:
@@ -53,7 +60,7 @@ class _QuantWeights:
     """
 
     __slots__ = ("layer", "spans", "heads", "kv_heads", "head_dim", "eps", "attn_norm", "mlp_norm", "q_norm",
-                 "k_norm")
+                 "k_norm", "attn_out_norm", "mlp_out_norm", "act")
 
     def __init__(self, layer: Layer, config: ModelConfig, spans: list[tuple[slice, bool]]):
         self.layer, self.spans = layer, spans
@@ -61,6 +68,7 @@ class _QuantWeights:
         self.eps = config.rms_norm_eps
         self.attn_norm, self.mlp_norm = layer.attn_norm, layer.mlp_norm
         self.q_norm, self.k_norm = layer.q_norm, layer.k_norm
+        self.attn_out_norm, self.mlp_out_norm, self.act = layer.attn_out_norm, layer.mlp_out_norm, config.mlp_act
 
     def qkv(self, h: torch.Tensor) -> torch.Tensor:
         return _linear_by_spans(self.layer.qkv, h, self.spans)
@@ -122,6 +130,13 @@ class Transformer:
         self.max_positions = config.context_length
         self.cos, self.sin = rope_tables(config.head_dim, config.rope_theta, self.max_positions,
                                            config.rope_freq_factors)
+        self.local_cos = self.local_sin = None  # the local layers' tables, when their RoPE differs
+        if config.sliding_layers and config.rope_local_theta is not None:
+            self.local_cos, self.local_sin = rope_tables(config.head_dim, config.rope_local_theta, self.max_positions)
+        # a python float, as transformers computes it (query_pre_attn_scalar ** -0.5 for Gemma)
+        self.attn_scale = config.attn_scale if config.attn_scale is not None else 1.0 / math.sqrt(config.head_dim)
+        # float32, as transformers multiplies an fp32 embedding (and llama.cpp its dequantized rows)
+        self.embed_scale = torch.tensor(config.embed_scale, dtype=torch.float32) if config.embed_scale != 1.0 else None
 
     # -- sizes -------------------------------------------------------------------------------
     def weight_bytes_per_token(self) -> int:
@@ -199,16 +214,18 @@ class Transformer:
         positions = torch.cat(positions)
         if int(positions.max()) >= self.max_positions:
             raise ValueError(f"position {int(positions.max())} is beyond the context length {self.max_positions}")
-        cos, sin = rope_rows(self.cos, self.sin, positions)  # (N, 1, hd)
+        rope = rope_rows(self.cos, self.sin, positions)  # cos, sin: (N, 1, hd)
+        local_rope = rope if self.local_cos is None else rope_rows(self.local_cos, self.local_sin, positions)
 
         tokens = torch.cat([torch.as_tensor(seg.tokens).reshape(-1) for seg in segments])
-        x = self.embed[tokens].float()  # (N, H)
+        x = self.embed_rows(tokens)  # (N, H)
         hidden = {}
         if 0 in hidden_layers:
             hidden[0] = x
         for li, layer in enumerate(self.layers):
-            attend = partial(self._attend_segments, cache, li, segments, starts, spans)
-            x = decoder_layer(x, _QuantWeights(layer, c, spans), attend, cos, sin)
+            window = c.window(li)
+            attend = partial(self._attend_segments, cache, li, window, segments, starts, spans, positions)
+            x = decoder_layer(x, _QuantWeights(layer, c, spans), attend, *(local_rope if window else rope))
             if li + 1 in hidden_layers:
                 hidden[li + 1] = x
         for seg, start, size in zip(segments, starts, sizes):
@@ -222,13 +239,20 @@ class Transformer:
             row += take.stop - take.start
         h = rms_norm(torch.cat(picked), self.norm, c.rms_norm_eps)
         logits = _linear_by_spans(self.lm_head, h, head_spans)
+        if c.final_logit_softcap is not None:
+            logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
         return [ForwardOutput(logits[hs][None], {layer: t[rows][None] for layer, t in hidden.items()})
                 for (hs, _), (rows, _) in zip(head_spans, spans)]
 
-    def _attend_segments(self, cache: KVCache, li: int, segments: list[Segment], starts: list[int],
-                         spans: list[tuple[slice, bool]], q: torch.Tensor, k: torch.Tensor,
+    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (N,) -> the first layer's input rows (N, H) float32 (Gemma: scaled by sqrt(H))."""
+        x = self.embed[tokens].float()
+        return x if self.embed_scale is None else x * self.embed_scale
+
+    def _attend_segments(self, cache: KVCache, li: int, window: int, segments: list[Segment], starts: list[int],
+                         spans: list[tuple[slice, bool]], positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                          v: torch.Tensor) -> torch.Tensor:
-        """Layer li's attention: q (N, nh, hd), k, v (N, nkv, hd) -> (N, nh, hd).
+        """Layer li's attention: q (N, nh, hd), k, v (N, nkv, hd) -> (N, nh, hd); positions (N,).
 
         Writes each sequence's new K/V into its cache slot, then attends sequence by sequence."""
         parts = []
@@ -236,33 +260,48 @@ class Transformer:
             size = rows.stop - rows.start
             cache.k[li, seg.slot, :, start : start + size] = k[rows].transpose(0, 1)
             cache.v[li, seg.slot, :, start : start + size] = v[rows].transpose(0, 1)
-            parts.append(self._attend(q[rows], cache, li, seg.slot, start, seg.tree_mask, exact))
+            parts.append(self._attend(q[rows], cache, li, seg.slot, start, seg.tree_mask, exact, window,
+                                      positions[rows]))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def _attend(self, q: torch.Tensor, cache: KVCache, li: int, slot: int, start: int,
-                tree_mask: torch.Tensor | None, exact: bool) -> torch.Tensor:
-        """q: (T, nh, hd) for new tokens at cache offsets start..start+T-1 -> (T, nh, hd)."""
+                tree_mask: torch.Tensor | None, exact: bool, window: int = 0,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """q: (T, nh, hd) for new tokens at cache offsets start..start+T-1 -> (T, nh, hd).
+
+        window > 0 (a sliding-window layer): row t sees only keys at positions > positions[t] - window.
+        The committed prefix's keys sit at their offsets; a chain's new keys at start + t (default
+        positions); a tree's nodes at `positions` (T,)."""
         c = self.config
         T = q.shape[0]
         group = c.num_heads // c.num_kv_heads
         keys = cache.k[li, slot]  # (nkv, max_len, hd)
         values = cache.v[li, slot]
-        scale = 1.0 / math.sqrt(c.head_dim)
+        scale = self.attn_scale
+        if window and positions is None:
+            positions = start + torch.arange(T)
         if not exact and tree_mask is None:
             end = start + T
             qh = q.transpose(0, 1)  # (nh, T, hd)
             k = keys[:, :end].repeat_interleave(group, dim=0)
             v = values[:, :end].repeat_interleave(group, dim=0)
             allowed = torch.arange(end)[None, :] <= (start + torch.arange(T))[:, None]  # (T, end)
+            if window:
+                allowed &= torch.arange(end)[None, :] > (positions - window)[:, None]
             out = F.scaled_dot_product_attention(qh, k, v, attn_mask=allowed, scale=scale)
             return out.transpose(0, 1)
         out = torch.empty_like(q)
         qg = q.reshape(T, c.num_kv_heads, group, c.head_dim)
         for t in range(T):
+            # oldest prefix offset (= position) this row may see
+            lo = 0 if not window else max(0, int(positions[t]) - window + 1)
             if tree_mask is None:
-                k, v = keys[:, : start + t + 1], values[:, : start + t + 1]
+                k, v = keys[:, lo : start + t + 1], values[:, lo : start + t + 1]
             else:
-                idx = torch.cat([torch.arange(start), start + tree_mask[t].nonzero().flatten()])
+                nodes = tree_mask[t].nonzero().flatten()  # ancestors and itself, in tree order
+                if window:
+                    nodes = nodes[positions[nodes] > positions[t] - window]
+                idx = torch.cat([torch.arange(min(lo, start), start), start + nodes])
                 k, v = keys[:, idx], values[:, idx]
             # one decode step's attention: (nkv, group, hd) x (nkv, L, hd) -> (nkv, group, hd)
             scores = torch.matmul(qg[t], k.transpose(1, 2)) * scale
