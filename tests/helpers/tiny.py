@@ -258,6 +258,10 @@ def make_gemma3_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", 
     w.add_rope_freq_base(cfg["rope_parameters"]["full_attention"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_sliding_window(cfg["sliding_window"])
+    scaling = cfg["rope_parameters"]["full_attention"]
+    if scaling["rope_type"] == "linear":  # Gemma 3 4B and up: the global layers' scaling
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(scaling["factor"])
     tokens, merges = _byte_vocab()
     tokens = tokens + [f"<unused{i}>" for i in range(cfg["vocab_size"] - len(tokens))]
     w.add_tokenizer_model("gpt2")

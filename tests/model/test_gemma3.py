@@ -84,16 +84,25 @@ def test_the_sliding_window_is_what_made_them_agree(tmp_path):
     assert (unwindowed - theirs).abs().max() > 1e-2
 
 
-def test_gguf_gives_the_hf_folder_logits(tmp_path):
-    """llama.cpp's layout: gemma3 tensor names, 1 + w stored for every norm, no output.weight."""
-    hf = load_model(str(make_gemma3_hf_model(tmp_path / "hf")), "fp32", progress=False)
-    gg = load_model(str(make_gemma3_gguf_model(tmp_path / "g.gguf")), "fp32", progress=False)
+LINEAR = {"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
+          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+
+
+@pytest.mark.parametrize("config", [{}, {"rope_parameters": LINEAR}], ids=["plain-rope", "linear-rope"])
+def test_gguf_gives_the_hf_folder_logits(tmp_path, config):
+    """llama.cpp's layout: gemma3 tensor names, 1 + w stored for every norm, no output.weight; linear RoPE
+    scaling (rope.scaling.type) for the global layers only."""
+    hf = load_model(str(make_gemma3_hf_model(tmp_path / "hf", **config)), "fp32", progress=False)
+    gg = load_model(str(make_gemma3_gguf_model(tmp_path / "g.gguf", **config)), "fp32", progress=False)
     assert gg.info.arch == "gemma3" and gg.config.sliding_layers == hf.config.sliding_layers == (0, 1, 2, 3, 4)
     assert (gg.config.sliding_window, gg.config.attn_scale, gg.config.embed_scale) == (5, 0.25, 8.0)
+    assert gg.config.rope_freq_factors == hf.config.rope_freq_factors == (None if not config else (4.0,) * 8)
     ids = torch.tensor([TOKENS])
     a = hf.transformer.forward(ids, hf.transformer.new_cache(64), [0]).logits
     b = gg.transformer.forward(ids, gg.transformer.new_cache(64), [0]).logits
     assert (a - b).abs().max() < 1e-5
+    if config:  # and the scaling is transformers': the HF folder against transformers
+        assert (a[0] - transformers_logits(tmp_path / "hf")).abs().max() < 1e-4
 
 
 def test_refused_gemma_settings_are_clear_errors(tmp_path):
@@ -105,6 +114,9 @@ def test_refused_gemma_settings_are_clear_errors(tmp_path):
         folder = make_gemma3_hf_model(tmp_path / message.split()[0], **extra)
         with pytest.raises(ModelFileError, match=message):
             load_model(str(folder), "fp32", progress=False)
+    multimodal = make_gemma3_hf_model(tmp_path / "multimodal", model_type="gemma3")
+    with pytest.raises(ModelFileError, match="'gemma3' is multimodal Gemma 3 .* gemma3_text"):
+        load_model(str(multimodal), "fp32", progress=False)
 
 
 # -- exactness with sliding windows --------------------------------------------------------------
@@ -241,3 +253,19 @@ def test_gemma3_270m_matches_transformers_on_the_same_gguf():
     ours_greedy = greedy(model, LONG_PROMPT, 64, max_len=1024)
     assert len(ours_greedy) == 64
     assert ours_greedy == transformers_greedy(ref, LONG_PROMPT, 64, model.tokenizer.eos_ids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["ngram-simple", "suffix"])
+def test_gemma3_270m_greedy_speculation_equals_plain_past_the_window(drafter):
+    """int8 (the default format): verify forwards whose rows straddle the 512-token window."""
+    if not model_path("gemma3-270m").is_file():
+        pytest.skip("gemma3-270m is not pulled (specdec pull gemma3-270m)")
+    from helpers.models import real_model
+
+    model = real_model("gemma3-270m", "int8")
+    engine = Engine(model, max_len=1024)
+    plain = engine.generate(LONG_PROMPT, SamplingParams(), max_tokens=48).token_ids
+    out = engine.generate(LONG_PROMPT, SamplingParams(), max_tokens=48, spec=SpecConfig(drafters=(drafter,)))
+    assert out.stats.accepted > 0
+    assert out.token_ids == plain

@@ -31,8 +31,8 @@ UNSUPPORTED_FAMILIES = {
     "qwen3_moe": f"Qwen3-MoE is {_MOE}", "qwen3moe": f"Qwen3-MoE is {_MOE}",
     "mixtral": f"Mixtral is {_MOE}",
     # config.json model_type gemma3 is the multimodal checkpoint (the GGUF architecture gemma3 is text-only)
-    "gemma3": "this Gemma 3 folder is the multimodal model (a vision tower beside the language model); specdec "
-              "runs text-only Gemma 3 (model_type gemma3_text, or the GGUF file)",
+    "gemma3": "'gemma3' is multimodal Gemma 3 (a vision tower beside the language model; the text-only "
+              "model is model_type gemma3_text, or a gemma3 GGUF file)",
 }
 
 

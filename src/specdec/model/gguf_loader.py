@@ -298,31 +298,21 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
 
 
 def _gemma3_fields(path, meta: dict, hidden: int, heads: int, head_dim: int) -> dict:
-    """ModelConfig's Gemma 3 fields from a gemma3 GGUF, read as llama.cpp reads them (llama-model.cpp): every
-    6th layer global, local layers with RoPE base 10000, attention scale 1/sqrt(head_dim), except the 27B
-    (62 layers) whose query_pre_attn_scalar is hidden / heads."""
-    window = meta.get("gemma3.attention.sliding_window")
-    if window is None:
-        raise ModelFileError(path, "metadata key gemma3.attention.sliding_window is missing")
+    """ModelConfig's Gemma 3 fields from a gemma3 GGUF, read as llama.cpp reads them (llama-model.cpp): with a
+    sliding window, every 6th layer global and the others local with RoPE base 10000 (no window: all global);
+    attention scale 1/sqrt(head_dim), except the 27B (62 layers) whose query_pre_attn_scalar is hidden / heads."""
     if meta.get("gemma3.attn_logit_softcapping") is not None:
         raise ModelFileError(path, "gemma3.attn_logit_softcapping is set: specdec does not cap attention scores")
     layers = int(meta["gemma3.block_count"])
-    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)  # an int, or one flag per layer (True: local)
-    if isinstance(pattern, (list, tuple)):
-        if len(pattern) != layers:
-            raise ModelFileError(path, f"gemma3.attention.sliding_window_pattern has {len(pattern)} flags for "
-                                 f"{layers} layers")
-        sliding = tuple(i for i, local in enumerate(pattern) if local)
-    else:
-        sliding = tuple(i for i in range(layers) if (i + 1) % int(pattern))
+    window = int(meta.get("gemma3.attention.sliding_window") or 0)
     softcap = meta.get("gemma3.final_logit_softcapping")
     return dict(
         mlp_act="gelu_tanh",
         sandwich_norms=True,
         embed_scale=hidden ** 0.5,
         attn_scale=float(hidden // heads if layers == 62 else head_dim) ** -0.5,
-        sliding_window=int(window),
-        sliding_layers=sliding,
+        sliding_window=window,
+        sliding_layers=tuple(i for i in range(layers) if (i + 1) % 6) if window else (),
         rope_local_theta=10_000.0,
         final_logit_softcap=None if softcap is None else float(softcap),
     )
