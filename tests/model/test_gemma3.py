@@ -119,6 +119,19 @@ def test_refused_gemma_settings_are_clear_errors(tmp_path):
         load_model(str(multimodal), "fp32", progress=False)
 
 
+def test_the_converted_weights_cache_keeps_the_gemma_tensors(tmp_path):
+    """The four norms survive transformer_tensors -> transformer_from_tensors (model/weight_cache.py's path)."""
+    from specdec.model.build import transformer_from_tensors, transformer_tensors
+
+    tr = load_model(str(make_gemma3_hf_model(tmp_path / "g", **MIXED)), "int8", progress=False).transformer
+    tensors = transformer_tensors(tr)
+    assert "layers.0.attn_out_norm" in tensors and "layers.3.mlp_out_norm" in tensors
+    again = transformer_from_tensors(tr.config, "int8", tensors)
+    ids = torch.tensor([TOKENS])
+    assert torch.equal(tr.forward(ids, tr.new_cache(64), [0]).logits,
+                       again.forward(ids, again.new_cache(64), [0]).logits)
+
+
 # -- exactness with sliding windows --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mixed_dir(tmp_path_factory):
