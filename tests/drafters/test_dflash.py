@@ -306,6 +306,18 @@ def test_the_registry_builds_it_from_the_draft_model_flag(tiny_model, folder, la
     assert registry.entry(f"draft-{layout}").runnable
 
 
+def test_flags_without_a_draft_length_draft_the_whole_block(folder, layout):
+    """One drafter pass gives a whole block: the default draft length is its drafts, not 3."""
+    from specdec.drafters.describe import block_draft_length
+    from specdec.engine.config import SpecFlags, spec_config_from_flags
+
+    block = block_draft_length(folder)
+    spec, notes = spec_config_from_flags(SpecFlags(spec_type=f"draft-{layout}", model_draft=str(folder)))
+    assert spec.draft_n_max == block and any("draft length" in n for n in notes)
+    spec, _ = spec_config_from_flags(SpecFlags(spec_type=f"draft-{layout}", model_draft=str(folder), draft_n_max=2))
+    assert spec.draft_n_max == 2
+
+
 def _target_tokens(model, prompt, top_k: int, depth: int = 3) -> set[int]:
     law = engine_law(model, prompt, SamplingParams(temperature=1.0, top_k=top_k), depth=depth)
     return {t for seq in law for t in seq}

@@ -78,6 +78,15 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str 
     return None
 
 
+def block_draft_length(path) -> int | None:
+    """Drafts one pass of the DFlash / DSpark drafter in folder `path` gives (None: not such a folder)."""
+    cfg = Path(path) / "config.json"
+    if head_kind(path) not in BLOCK_KINDS:
+        return None
+    facts = block_facts(json.loads(cfg.read_text()))
+    return None if facts is None else facts["drafts_per_block"]
+
+
 def block_facts(raw: dict) -> dict | None:
     """What a DFlash / DSpark config.json says about its block (None when specdec cannot read it)."""
     from specdec.drafters.dflash import BlockConfig, DFlashError

@@ -74,8 +74,12 @@ FACTS: tuple[Fact, ...] = (
          "measured 2026-11-29 only with specdec's shipped smollm2-135m head (docs/bench/smollm2-135m-heads): "
          "first-token acceptance 0.38, adaptive chain 1.02x greedy (chat 1.19x, summarize 0.84x) / 0.99x T=0.7; "
          "a top-2 tree of 3 nodes 0.64x (verifying 4 tokens costs 1.8x one token on this CPU)"),
-    Fact("draft-dflash", "*", "*", UNMEASURED, "not implemented in specdec yet"),
-    Fact("draft-dspark", "*", "*", UNMEASURED, "not implemented in specdec yet"),
+    Fact("draft-dflash", "*", "*", UNMEASURED,
+         "runs from a published-layout folder given with -md (one drafter pass drafts a whole block); no "
+         "drafter is shipped or measured here yet"),
+    Fact("draft-dspark", "*", "*", UNMEASURED,
+         "runs from a published-layout folder given with -md (anchor-first block, Markov bias, confidence "
+         "cut by --spec-draft-p-min); no drafter is shipped or measured here yet"),
 )
 
 # The model-free drafters auto adds, in the order the engine tries them.

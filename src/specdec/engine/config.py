@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, replace
 
 from specdec.drafters import registry
-from specdec.drafters.describe import head_kind
+from specdec.drafters.describe import BLOCK_KINDS, block_draft_length, head_kind
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH, DrafterSpec
 
 # Bounds that keep a setting meaningful: a verify pass of more rows than this costs more than it can
@@ -35,7 +35,8 @@ class SpecConfig:
     draft_p_min: a model drafter stops when its top probability drops below this.
     adaptive: choose the draft length (1..draft_n_max) with the most expected tokens per second,
         from recent acceptance and the measured cost of verifying k tokens (engine/cost.py).
-    draft_model: path or name of the draft model (draft-simple) or head folder (draft-eagle3).
+    draft_model: path or name of the draft model (draft-simple) or head folder (draft-eagle3,
+        draft-dflash, draft-dspark).
     cross_tokenizer: allow a draft model with another tokenizer (drafts pass through text).
     acceptance: "exact" (lossless) or "typical" (relaxed, lossy, opt-in; chains only).
     tree_topk: tree-drafting kinds (draft-mtp, draft-eagle3): children per expanded node;
@@ -232,6 +233,12 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
         notes.append(f"{what} was given without a model --spec-type: {kind} turned on")
     if model_draft is None and "draft-simple" in types:
         raise ValueError("--spec-type draft-simple needs a draft model (-md/--model-draft)")
+    if n_max is None and model_draft and any(t in BLOCK_KINDS for t in types):
+        block = block_draft_length(model_draft)  # one drafter pass gives a whole block: use all of it
+        if block is not None:
+            n_max = min(block, MAX_DRAFT_LENGTH)
+            notes.append(f"draft length {n_max}: the drafts of one {head_kind(model_draft)} block "
+                         "(--spec-draft-n-max sets another)")
     config = SpecConfig(
         drafters=tuple(DrafterSpec.of(t, **options.get(t, {})) for t in types),
         draft_n_max=DEFAULT_DRAFT_LENGTH if n_max is None else n_max, draft_n_min=flags.draft_n_min or 0,
