@@ -14,6 +14,7 @@ from specdec.model.transformer import Segment
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 9, 3, 12]
 NEW = [40, 41, 300, 301, 7, 8]
+LONG = [(7 * i + 3) % 500 for i in range(45)]  # 40 rows after the first 5: more than DENSE_MIN_ROWS
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
@@ -109,15 +110,16 @@ def test_batch_of_sequences_with_different_lengths(tiny_model):
 @pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.skipif(
     f == "w8a8" and kernels.w8a8() is None, reason="no W8A8 kernel here (no cc or no AVX2)")) for f in WEIGHT_FORMATS])
 def test_ragged_batch_gives_each_sequence_its_solo_outputs_bitwise(tiny_hf_dir, fmt):
-    """forward_batch over a prefill chunk, a chain verify and a tree verify of different lengths
-    gives each sequence bitwise the logits, hidden rows and cache entries of a forward of it alone."""
+    """forward_batch over a prefill chunk (long enough for int8's dense prefill path), a chain verify
+    and a tree verify of different lengths gives each sequence bitwise the logits, hidden rows and
+    cache entries of a forward of it alone."""
     tr = load_model(str(tiny_hf_dir), fmt, progress=False).transformer
     tree = TokenTree((40, 99, 300, 12, 7), (-1, -1, 0, 0, 2))
 
     def run(cache, slots, which):
         starts = [cache.lengths[s] for s in slots]
         segments = [
-            Segment(torch.tensor(PROMPT[5:]), slots[0], exact=False, last_only=True),  # second prefill chunk
+            Segment(torch.tensor(LONG[5:]), slots[0], exact=False, last_only=True),  # a second prefill chunk
             Segment(torch.tensor(NEW[:4]), slots[1]),  # [last token] + a 3-token chain draft
             Segment(torch.tensor([8, *tree.tokens]), slots[2],
                     positions=torch.tensor([starts[2]] + [starts[2] + d for d in tree.depths()]),
@@ -128,7 +130,7 @@ def test_ragged_batch_gives_each_sequence_its_solo_outputs_bitwise(tiny_hf_dir, 
     def fresh():
         cache = tr.new_cache(64, num_slots=3)
         slots = [cache.allocate() for _ in range(3)]
-        _prefill(tr, cache, slots[0], PROMPT[:5])
+        _prefill(tr, cache, slots[0], LONG[:5])
         _prefill(tr, cache, slots[1], PROMPT)
         _prefill(tr, cache, slots[2], PROMPT[:7])
         return cache, slots

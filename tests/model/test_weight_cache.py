@@ -144,13 +144,14 @@ def test_a_stale_conversion_version_is_rebuilt_and_removed(tmp_path, home, monke
     src = _source(tmp_path, "gguf")
     cold = _logits(_load(src, weight_cache=False))
     _load(src)
-    (v1,) = _cache_files(home)
-    monkeypatch.setattr(wc, "CONVERSION_VERSION", 2)
-    v2 = v1.with_name(v1.name.replace("-v1.", "-v2."))
-    v2.write_bytes(v1.read_bytes())  # a v1 file under the v2 name: its manifest still says 1
+    (old,) = _cache_files(home)
+    was = wc.CONVERSION_VERSION
+    monkeypatch.setattr(wc, "CONVERSION_VERSION", was + 1)
+    new = old.with_name(old.name.replace(f"-v{was}.", f"-v{was + 1}."))
+    new.write_bytes(old.read_bytes())  # an old file under the new name: its manifest still says the old one
     assert torch.equal(_logits(_load(src)), cold)
-    assert "stale: conversion_version is 1, expected 2" in capsys.readouterr().err
-    assert _cache_files(home) == [v2]  # rebuilt as v2; the v1 file is gone
+    assert f"stale: conversion_version is {was}, expected {was + 1}" in capsys.readouterr().err
+    assert _cache_files(home) == [new]  # rebuilt under the new version; the old file is gone
     _no_conversion(monkeypatch)
     assert torch.equal(_logits(_load(src)), cold)
 
@@ -290,7 +291,8 @@ def test_the_opt_outs_write_nothing(tmp_path, home, monkeypatch):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_qlinear_from_its_tensors_computes_the_same(fmt):
     g = torch.Generator().manual_seed(0)
-    for n, k in ((48, 64), (40, 72)):  # k = 72: int4 and w8a8 fall back to int8
+    # k = 80: int4 and w8a8 fall back to int8; k = 72: int8 (and so int4, w8a8) falls back to bf16
+    for n, k in ((48, 64), (40, 80), (40, 72)):
         q = QLinear(torch.randn(n, k, generator=g), torch.randn(n, generator=g), fmt)
         again = QLinear.from_tensors(q.tensors(), fmt, n, k)
         x = torch.randn(3, k, generator=g)
@@ -309,3 +311,14 @@ def test_a_rebuild_removes_what_killed_writers_left(tmp_path, home):
     os.utime(old, (old.stat().st_atime - 7200, old.stat().st_mtime - 7200))
     _load(src)
     assert not old.exists() and fresh.exists()
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_widths_torchs_int8_kernel_cannot_take_fall_back_to_bf16(fmt):
+    """torch 2.13's int8 weight-only kernel gives garbage (or crashes) when in_features % 16 != 0."""
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(40, 72, generator=g)
+    q = QLinear(w, None, fmt)
+    x = torch.randn(5, 72, generator=g)
+    assert q.fmt == "bf16"
+    assert torch.allclose(q(x), x @ w.t(), atol=0.1, rtol=0.02)

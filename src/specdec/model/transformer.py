@@ -54,9 +54,10 @@ class Layer:
 class _QuantWeights:
     """A Layer as model.layers.LayerWeights for one forward over the rows of one or more sequences.
 
-    spans: (rows, exact) per sequence, in row order. Every format but fp32 is row-invariant, so
-    one matmul serves all rows; fp32 runs each sequence's rows as that sequence alone would
-    (row by row when exact), so a sequence's numerics never depend on what else is in the batch.
+    spans: (rows, exact) per sequence, in row order. Exact rows of every format but fp32 are
+    row-invariant, so one matmul serves them all; fp32, and the prefill (exact=False) path of the
+    int8 formats, run each sequence's rows as that sequence alone would (see _linear_by_spans),
+    so a sequence's numerics never depend on what else is in the batch.
     """
 
     __slots__ = ("layer", "spans", "heads", "kv_heads", "head_dim", "eps", "attn_norm", "mlp_norm", "q_norm",
@@ -84,12 +85,26 @@ class _QuantWeights:
 
 
 def _linear_by_spans(linear: QLinear, x: torch.Tensor, spans: list[tuple[slice, bool]]) -> torch.Tensor:
-    """linear(x) where x's rows belong to the sequences in spans: (N, K) -> (N, N_out)."""
+    """linear(x) where x's rows belong to the sequences in spans: (N, K) -> (N, N_out).
+
+    Exact rows of a row-invariant format go through one matmul together; every other span runs
+    alone (fp32, and the prefill paths whose bits depend on the row count), as it would unbatched.
+    """
     if len(spans) == 1:
         return linear(x, spans[0][1])
-    if linear.fmt != "fp32":  # row-invariant: `exact` changes nothing
+    if linear.fmt == "fp32":
+        return torch.cat([linear(x[rows], exact) for rows, exact in spans])
+    if all(exact for _, exact in spans):
         return linear(x, True)
-    return torch.cat([linear(x[rows], exact) for rows, exact in spans])
+    y = torch.empty(x.shape[0], linear.out_features)
+    exact_rows = [torch.arange(rows.start, rows.stop) for rows, exact in spans if exact]
+    if exact_rows:
+        picked = torch.cat(exact_rows)
+        y[picked] = linear(x[picked], True)
+    prefill = [rows for rows, exact in spans if not exact]
+    for rows, part in zip(prefill, linear.prefill([x[rows] for rows in prefill])):
+        y[rows] = part
+    return y
 
 
 @dataclass
