@@ -256,6 +256,21 @@ def test_draft_budget_shrinks_drafts_when_rows_cost_more_than_they_return(tiny_m
     engine.finish(a), engine.finish(b)
 
 
+def test_a_prompt_past_the_context_is_refused_while_others_stream(tiny_server):
+    """A too-long prompt sent while a stream runs gets its 400; the running stream is not disturbed."""
+    client = tiny_server.client()
+    stream = client.completions.create(model="tiny", prompt="hello", max_tokens=200, temperature=0, stream=True)
+    chunks = iter(stream)
+    first = next(chunks)  # the stream is running
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt="hello " * 400, max_tokens=4, temperature=0)
+    assert err.value.code == "context_length_exceeded"
+    rest = list(chunks)
+    text = first.choices[0].text + "".join(c.choices[0].text for c in rest if c.choices)
+    alone = client.completions.create(model="tiny", prompt="hello", max_tokens=200, temperature=0)
+    assert text == alone.choices[0].text and alone.choices[0].finish_reason in ("stop", "length")
+
+
 # -- specdec serve --------------------------------------------------------------------------------
 def test_serve_subcommand_is_wired(capsys):
     from specdec.cli import main
