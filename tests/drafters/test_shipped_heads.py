@@ -131,14 +131,21 @@ def test_sampled_tree_law_is_exactly_the_target(smollm, tree_case, monkeypatch, 
 
 
 def test_both_tree_checks_reject_a_wrong_law(smollm, tree_case, tree_samples, monkeypatch):
-    """A verifier that forgets earlier siblings were drawn without replacement (it reads the parent's
-    row unchanged for every sibling) writes a law about 0.01 off the target's with the EAGLE-3 head:
-    the enumeration sees it, and the seeded samples that fit the target's law reject this one."""
+    """Each check sees the bugs of its resolution. The enumeration sees a verifier that forgets
+    earlier siblings were drawn without replacement (it reads the parent's row unchanged for every
+    sibling): a law about 0.01 off the target's with the EAGLE-3 head, far below what 800 samples
+    resolve. The seeded samples that fit the target's law reject a verifier that, after a rejected
+    sibling, recovers from the target's row instead of the residual (the drafted tokens come out
+    too often)."""
     from specdec.verify import tree as tree_verifier
 
     prompt, law = tree_case
     counts, _ = tree_samples("eagle3")  # drawn by the real verifier
-    monkeypatch.setattr(tree_verifier, "without_tokens", lambda probs, tokens: probs)
-    wrong, _ = generate_law(monkeypatch, tree_engine(smollm, "eagle3"), prompt, **SAMPLING)
-    assert law_gap(wrong, law) > 1e-3
-    assert fit_pvalue(counts, wrong) < 1e-3
+    with monkeypatch.context() as patch:
+        patch.setattr(tree_verifier, "without_tokens", lambda probs, tokens: probs)
+        subtle, _ = generate_law(patch, tree_engine(smollm, "eagle3"), prompt, **SAMPLING)
+    assert law_gap(subtle, law) > 1e-3
+    with monkeypatch.context() as patch:
+        patch.setattr(tree_verifier, "residual_probs", lambda residual, draft_q: residual)
+        gross, _ = generate_law(patch, tree_engine(smollm, "eagle3"), prompt, **SAMPLING)
+    assert fit_pvalue(counts, gross) < 1e-3, f"law gap {law_gap(gross, law):.3f}"
