@@ -8,5 +8,5 @@ if [ "${1:-}" = "fast" ]; then
   shift
   exec python -m pytest -q -m "not slow" "$@"
 fi
-specdec pull smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b
+specdec pull smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b gemma3-270m
 exec python -m pytest -q "$@"

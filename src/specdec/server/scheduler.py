@@ -41,7 +41,7 @@ from specdec.server.worker import Delta, Done, Failed, Job, TextStream
 log = logging.getLogger("specdec.server")
 
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per sequence per step (fixed: an answer never depends on load)
-DEFAULT_MAX_BATCH = 16  # `specdec serve --max-batch`; see DESIGN.md for the measurement behind it
+DEFAULT_MAX_BATCH = 16  # `specdec serve --max-batch`; docs/server-batching.md has the measurement behind it
 
 
 class QueueFull(Exception):
