@@ -76,3 +76,41 @@ def test_rms_norm_of_bf16_rows_with_float_weights_is_transformers_formula():
     out = rms_norm(x, w, 1e-6)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_training_target_computes_gemma3_as_the_runtime(tmp_path):
+    """Gemma 3's parts in the training target (embedding scale, four norms, GeGLU, attention scale,
+    sliding-window layers with their own RoPE base, linear RoPE scaling, logit softcap, an untied
+    head): a prompt three windows long, a padded row, and generation through the target's cache
+    give the runtime's numbers."""
+    from helpers.tiny import make_gemma3_hf_model
+
+    folder = make_gemma3_hf_model(
+        tmp_path / "gemma", layers=4, window=3, query_pre_attn_scalar=12, final_logit_softcapping=3.0,
+        tie_word_embeddings=False,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1_000_000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
+    target = DenseTarget(open_checkpoint(folder)[0])
+    model = load_model(str(folder), "fp32", progress=False)
+    c = model.config
+    assert c.sliding_layers and c.final_logit_softcap == 3.0 and c.sandwich_norms and c.mlp_act == "gelu_tanh"
+    tr = model.transformer
+    out = tr.forward(torch.tensor([PROMPT]), tr.new_cache(64), [0], hidden_layers=(3,), exact=True)
+    tokens = torch.tensor([PROMPT, [0] * 3 + PROMPT[:7]])  # the second row left-padded, as generate pads
+    valid = torch.ones_like(tokens, dtype=torch.bool)
+    valid[1, :3] = False
+    logits, hidden = target.forward(tokens, valid, hidden_layers=(3,))
+    torch.testing.assert_close(logits[0], out.logits[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(hidden[3][0], out.hidden[3][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits[1, 3:], out.logits[0, :7], rtol=1e-4, atol=1e-4)
+    assert logits.abs().max() <= 3.0  # capped
+
+    from specdec.engine.engine import Engine
+
+    eos = set(model.tokenizer.eos_ids)
+    generated = target.generate([PROMPT, PROMPT[:7]], 12, 0.0, eos, torch.Generator().manual_seed(0))
+    engine = Engine(model, max_len=64)
+    for prompt, row in zip([PROMPT, PROMPT[:7]], generated):
+        expected = [t for t in engine.generate(prompt, max_tokens=12).token_ids if t not in eos]
+        assert row[len(prompt):] == expected

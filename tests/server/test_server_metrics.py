@@ -3,7 +3,8 @@ goes away mid-request stops its generation and frees its cache slot."""
 
 from __future__ import annotations
 
-import threading
+import json
+import socket
 import time
 
 import httpx
@@ -94,19 +95,19 @@ def test_disconnect_mid_stream_stops_generation_and_frees_the_slot(smollm_server
                     break  # the first real piece of text: now go away
         # leaving the block closes the unfinished response, which closes the connection
 
-        # meanwhile a non-streamed request that gives up while it waits in the queue or runs
-        def impatient():
-            try:
-                httpx.post(smollm_server.base_url + "/v1/chat/completions", timeout=1.0,
-                           json={"messages": [{"role": "user", "content": "Tell me a long story."}],
-                                 "max_tokens": 400, "temperature": 0})
-            except httpx.TimeoutException:
-                pass
+    wait_for(lambda: cancelled(scrape(smollm_server)) - cancelled(before) >= 1, what="the stream cancelled")
 
-        thread = threading.Thread(target=impatient)
-        thread.start()
-        thread.join(30)
-
+    # then a non-streamed request whose client goes away while it runs: sent on a raw socket, closed
+    # once the scheduler holds it (a client-side timeout could fire before the server has read it)
+    worker = smollm_server.app.state.worker
+    wait_for(lambda: worker.running + worker.waiting == 0, what="the scheduler to go idle")
+    body = json.dumps({"messages": [{"role": "user", "content": "Tell me a long story."}], "max_tokens": 400,
+                       "temperature": 0}).encode()
+    host, port = httpx.URL(smollm_server.base_url).host, httpx.URL(smollm_server.base_url).port
+    with socket.create_connection((host, port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(body), body))
+        wait_for(lambda: worker.running + worker.waiting >= 1, what="the request to reach the scheduler")
     wait_for(lambda: cancelled(scrape(smollm_server)) - cancelled(before) >= 2, what="both requests cancelled")
     wait_for(lambda: smollm_server.app.state.worker.running == 0, what="the scheduler to go idle")
     after = scrape(smollm_server)

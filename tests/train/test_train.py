@@ -40,6 +40,7 @@ def test_training_writes_loadable_heads_and_learns(trained):
         assert (d / "model.safetensors").is_file() and (d / "config.json").is_file()
         summary = json.loads((d / "train_summary.json").read_text())
         assert summary["steps"] == 150
+        assert summary["command"].startswith(f"specdec train {summary['kind']} --model {folder}")  # how to redo it
         assert summary["val_top1_per_step"][0] > 0.1  # a random head agrees with the target ~1/512 of the time
     cfg = json.loads((eagle_dir / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 256

@@ -42,7 +42,8 @@ BLOCK_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v
               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
               "input_layernorm.weight", "post_attention_layernorm.weight")
 OPTIONAL_BLOCK_KEYS = ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
-                       "self_attn.q_norm.weight", "self_attn.k_norm.weight")
+                       "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+                       "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight")  # Gemma 3
 
 
 class MTPError(SpecdecError):
@@ -93,8 +94,10 @@ class MTPModule(nn.Module):
         self.hnorm = RMSNorm(H, c.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
         self.input_layernorm = RMSNorm(H, c.rms_norm_eps)  # the block's input norm lives here (checkpoint names)
+        # a block like the target's layers (Gemma 3: its four norms and GeGLU)
         self.block = DecoderLayer(H, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
-                                  qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, input_norm=False)
+                                  qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, input_norm=False,
+                                  sandwich_norms=c.sandwich_norms, act=c.mlp_act)
         self.norm = RMSNorm(H, c.rms_norm_eps)
         self.embed_first = embed_first
 
@@ -153,7 +156,7 @@ class MTPHead(HiddenHead):
                 except KeyError:
                     if key in BLOCK_KEYS:
                         raise MTPError(f"MTP module {prefix!r} lacks tensor {prefix + key}: specdec runs MTP blocks "
-                                       "that are dense llama/qwen2/qwen3 layers only") from None
+                                       "that are dense llama/qwen2/qwen3/gemma3 layers only") from None
             own = mod.state_dict()
             for k, v in state.items():
                 if k in own and tuple(own[k].shape) != tuple(v.shape):

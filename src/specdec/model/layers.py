@@ -152,13 +152,17 @@ class DecoderLayer(nn.Module):
     attn_in: width of the attention input (default hidden; EAGLE-3: 2 * hidden).
     input_norm=False: no input_layernorm here (an MTP module keeps it beside its block); the owner
     passes the normed attention input to forward.
+    sandwich_norms (Gemma 3, transformers' names): post_attention_layernorm norms the attention
+    output, pre_feedforward_layernorm the MLP input, post_feedforward_layernorm the MLP output.
+    act: the MLP activation ("silu" or "gelu_tanh").
     """
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, eps: float,
-                 attn_in: int | None = None, qkv_bias: bool = False, qk_norm: bool = False, input_norm: bool = True):
+                 attn_in: int | None = None, qkv_bias: bool = False, qk_norm: bool = False, input_norm: bool = True,
+                 sandwich_norms: bool = False, act: str = "silu"):
         super().__init__()
         attn_in = attn_in or hidden
-        self.heads, self.kv_heads, self.head_dim, self.eps = heads, kv_heads, head_dim, eps
+        self.heads, self.kv_heads, self.head_dim, self.eps, self.act = heads, kv_heads, head_dim, eps, act
         self.self_attn = nn.Module()
         self.self_attn.q_proj = nn.Linear(attn_in, heads * head_dim, bias=qkv_bias)
         self.self_attn.k_proj = nn.Linear(attn_in, kv_heads * head_dim, bias=qkv_bias)
@@ -174,18 +178,28 @@ class DecoderLayer(nn.Module):
         if input_norm:
             self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
+        if sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(hidden, eps)
+            self.post_feedforward_layernorm = RMSNorm(hidden, eps)
 
     # -- LayerWeights ----------------------------------------------------------------------------
-    attn_out_norm = mlp_out_norm = None  # the Llama / Qwen block: no norms on the outputs
-    act = "silu"
-
     @property
     def attn_norm(self) -> torch.Tensor | None:
         return self.input_layernorm.weight if hasattr(self, "input_layernorm") else None
 
     @property
     def mlp_norm(self) -> torch.Tensor:
+        if hasattr(self, "pre_feedforward_layernorm"):
+            return self.pre_feedforward_layernorm.weight
         return self.post_attention_layernorm.weight
+
+    @property
+    def attn_out_norm(self) -> torch.Tensor | None:
+        return self.post_attention_layernorm.weight if hasattr(self, "pre_feedforward_layernorm") else None
+
+    @property
+    def mlp_out_norm(self) -> torch.Tensor | None:
+        return self.post_feedforward_layernorm.weight if hasattr(self, "post_feedforward_layernorm") else None
 
     @property
     def q_norm(self) -> torch.Tensor | None:
@@ -218,6 +232,7 @@ class MaskedAttention:
     """An Attend for B sequences of T new rows over their past keys and themselves, under a mask (SDPA).
 
     past_k, past_v: (B, nkv, P, hd) or None (P = 0). mask: (B or 1, T, P + T) bool, True = may attend.
+    scale: of q.k (default 1 / sqrt(hd); Gemma 3: query_pre_attn_scalar ** -0.5).
     After the call, for the caller's cache: .k, .v the new rows' rotated keys and their values
     (B, nkv, T, hd); .keys, .values the past ones and those together (B, nkv, P + T, hd).
 
@@ -228,8 +243,9 @@ class MaskedAttention:
         cache_k, cache_v = att.k, att.v      # (1, nkv, 3, hd)
     """
 
-    def __init__(self, batch: int, past_k: torch.Tensor | None, past_v: torch.Tensor | None, mask: torch.Tensor):
-        self.batch, self.past_k, self.past_v, self.mask = batch, past_k, past_v, mask
+    def __init__(self, batch: int, past_k: torch.Tensor | None, past_v: torch.Tensor | None, mask: torch.Tensor,
+                 scale: float | None = None):
+        self.batch, self.past_k, self.past_v, self.mask, self.scale = batch, past_k, past_v, mask, scale
         self.k = self.v = self.keys = self.values = None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -244,5 +260,5 @@ class MaskedAttention:
         if group > 1:  # grouped-query attention: each kv head serves `group` query heads
             keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask[:, None],
-                                             scale=1.0 / math.sqrt(hd))  # (B, nh, T, hd)
+                                             scale=self.scale or 1.0 / math.sqrt(hd))  # (B, nh, T, hd)
         return out.transpose(1, 2).reshape(B * T, nh, hd)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -306,16 +307,25 @@ def cmd_train(args) -> int:
                    "val_top1_per_step": [round(a, 4) for a in accs],
                    "val_mean_accept_length": round(mean_accept_length(accs), 3) if accs else None,
                    "seconds": round(time.perf_counter() - t0, 1), "device": device,
-                   "command": "specdec train " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["train"] else sys.argv[1:])}
+                   "command": "specdec train " + shlex.join(_command_args(args))}
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log(json.dumps(summary))
     return 0
 
 
+def _command_args(args) -> list[str]:
+    """The arguments after `specdec train` that asked for this run (main's argv, else the command line)."""
+    if getattr(args, "argv", None) is not None:
+        return args.argv
+    return sys.argv[2:] if sys.argv[1:2] == ["train"] else sys.argv[1:]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="specdec train")
     add_arguments(p)
-    return cmd_train(p.parse_args(argv))
+    args = p.parse_args(argv)
+    args.argv = None if argv is None else list(argv)
+    return cmd_train(args)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ whatever device is there. Both run the one decoder layer of model/layers.py: her
 float weights (DecoderLayer modules, frozen) read from the same checkpoint, and attention over
 a padded batch. Returns logits and the hidden states of chosen layers in transformers'
 hidden_states indexing.
+
+Every ModelConfig field the runtime computes with is computed here too (Gemma 3: embedding
+scale, four norms per block, GeGLU, attention scale, sliding-window layers with their own RoPE
+base, final logit softcap): a head trained against a different model than the one it drafts
+for would look fine in training and accept nothing at inference.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ class DenseTarget:
             with torch.device("meta"):  # no random init: every tensor comes from the checkpoint
                 layer = DecoderLayer(c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
                                      c.rms_norm_eps, qkv_bias=c.qkv_bias,
-                                     qk_norm=c.qk_norm and p + "self_attn.q_norm.weight" in names)
+                                     qk_norm=c.qk_norm and p + "self_attn.q_norm.weight" in names,
+                                     sandwich_norms=c.sandwich_norms, act=c.mlp_act)
             layer.load_state_dict({n: get(p + n) for n in layer.state_dict()}, assign=True)
             self.layers.append(layer.requires_grad_(False).eval())
         self.embed = get("model.embed_tokens.weight")
@@ -40,13 +46,25 @@ class DenseTarget:
         self.lm_head = self.embed if "lm_head.weight" not in names else get("lm_head.weight")
         cos, sin = rope_tables(c.head_dim, c.rope_theta, c.context_length, c.rope_freq_factors)
         self.cos, self.sin = cos.to(device, dtype), sin.to(device, dtype)
+        self.local_cos, self.local_sin = self.cos, self.sin  # the sliding-window layers' tables
+        if c.sliding_layers and c.rope_local_theta is not None:
+            cos, sin = rope_tables(c.head_dim, c.rope_local_theta, c.context_length)
+            self.local_cos, self.local_sin = cos.to(device, dtype), sin.to(device, dtype)
 
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.norm, self.config.rms_norm_eps)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., H) pre-norm hidden -> (..., V) float32 logits."""
-        return F.linear(self.final_norm(x), self.lm_head).float()
+        logits = F.linear(self.final_norm(x), self.lm_head).float()
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The first layer's input: embedding rows, times the model's embedding scale (in float32)."""
+        x = self.embed[tokens]
+        scale = self.config.embed_scale
+        return x if scale == 1.0 else (x.float() * scale).to(x.dtype)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, hidden_layers=(), cache=None,
@@ -63,22 +81,31 @@ class DenseTarget:
         if positions is None:
             positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         cos, sin = rope_rows(self.cos, self.sin, positions)  # (B*T, 1, hd)
+        c = self.config
+        local_cos, local_sin = rope_rows(self.local_cos, self.local_sin, positions)
         past_valid = cache[0]["valid"] if cache else torch.zeros(B, 0, dtype=torch.bool, device=dev)
+        past_pos = cache[0]["pos"] if cache else torch.zeros(B, 0, dtype=torch.long, device=dev)
         key_valid = torch.cat([past_valid, valid], dim=1)  # (B, P + T)
+        key_pos = torch.cat([past_pos, positions.to(dev)], dim=1)  # (B, P + T)
         P = past_valid.shape[1]
         causal = torch.ones(T, P + T, dtype=torch.bool, device=dev).tril(diagonal=P)
         mask = causal[None] & key_valid[:, None, :]  # (B, T, P + T)
+        local_mask = mask
+        if c.sliding_layers:  # a local layer's query sees keys less than `window` positions back
+            local_mask = mask & (positions.to(dev)[:, :, None] - key_pos[:, None, :] < c.sliding_window)
         mask = mask | ~mask.any(-1, keepdim=True)  # padded query rows attend anything (their output is unused)
-        x = self.embed[tokens]  # (B, T, H)
+        local_mask = local_mask | ~local_mask.any(-1, keepdim=True)
+        x = self.embed_rows(tokens)  # (B, T, H)
         hidden = {0: x} if 0 in hidden_layers else {}
         x = x.reshape(B * T, -1)
         fresh = not cache  # the first call of a generation fills the cache; later ones extend it
         for li, layer in enumerate(self.layers):
             past_k, past_v = (None, None) if fresh else (cache[li]["k"], cache[li]["v"])
-            attend = MaskedAttention(B, past_k, past_v, mask)
-            x = layer(x, attend, cos, sin)  # (B*T, H)
+            local = li in c.sliding_layers
+            attend = MaskedAttention(B, past_k, past_v, local_mask if local else mask, c.attn_scale)
+            x = layer(x, attend, local_cos if local else cos, local_sin if local else sin)  # (B*T, H)
             if cache is not None:
-                entry = {"k": attend.keys, "v": attend.values, "valid": key_valid}  # (B, nkv, P + T, hd)
+                entry = {"k": attend.keys, "v": attend.values, "valid": key_valid, "pos": key_pos}  # (B, nkv, P+T, hd)
                 if fresh:
                     cache.append(entry)
                 else:
