@@ -207,3 +207,27 @@ def test_int4_and_int8_weights_stay_close_to_fp32(tiny_hf_dir):
         rel = (out - base).abs().max() / base.abs().max()
         assert rel < bound, f"{fmt} drifted {rel:.3f}"
         assert m.info.weights_dtype == fmt
+
+
+def test_exact_rows_with_and_without_the_attention_kernel(tiny_model, monkeypatch):
+    """attend.c (all exact rows of a forward in one call) and torch's row-by-row fallback (no C
+    compiler, no AVX2) each keep a k-token forward bitwise k one-token steps; they agree closely."""
+    tr = tiny_model.transformer
+    outputs = {}
+    for use_kernel in (False, True):
+        if use_kernel and kernels.attend() is None:
+            continue
+        monkeypatch.setattr(tr, "_attend_kernel", use_kernel)
+        cache = tr.new_cache(128, 2)
+        a, b = cache.allocate(), cache.allocate()
+        _prefill(tr, cache, a, PROMPT)
+        _prefill(tr, cache, b, PROMPT[:4])
+        start = cache.lengths[a]
+        singles = [tr.forward(torch.tensor([[t]]), cache, [a]).logits[0, 0] for t in NEW]
+        cache.truncate(a, start)
+        outs = tr.forward_batch([Segment(torch.tensor(NEW), a), Segment(torch.tensor(NEW[:2]), b)], cache)
+        for i in range(len(NEW)):
+            assert torch.equal(outs[0].logits[0, i], singles[i]), f"row {i} differs (kernel {use_kernel})"
+        outputs[use_kernel] = outs[0].logits[0]
+    if len(outputs) == 2:
+        torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)

@@ -7,7 +7,10 @@ Numerics: with `exact=True` every output row is computed with exactly the ops a
 one-token decode step would use (row-invariant matmuls, and attention that reduces
 each query row over exactly its own keys, in order). So verifying k drafted tokens
 in one pass gives bitwise the logits k single steps would give, and greedy
-speculative output equals plain greedy output by construction.
+speculative output equals plain greedy output by construction. The exact attention rows of a
+whole forward (every sequence of a batch) go through one call of model/kernels/attend.c, which
+computes each row in a fixed order of its own; without a C compiler or AVX2, torch does the same
+row by row (different bits from the kernel's, the same guarantee).
 `exact=False` (prefill) uses fused attention; plain and speculative decoding share it.
 
 Sliding-window layers (Gemma 3's local layers) keep every key in the cache, so rollback stays a
@@ -30,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.cache.kv import KVCache
+from specdec.model import kernels
 from specdec.model.config import ModelConfig
 from specdec.model.layers import decoder_layer, rms_norm, rope_rows, rope_tables
 from specdec.model.linear import QLinear
@@ -150,6 +154,9 @@ class Transformer:
             self.local_cos, self.local_sin = rope_tables(config.head_dim, config.rope_local_theta, self.max_positions)
         # a python float, as transformers computes it (query_pre_attn_scalar ** -0.5 for Gemma)
         self.attn_scale = config.attn_scale if config.attn_scale is not None else 1.0 / math.sqrt(config.head_dim)
+        # exact attention rows through attend.c when it builds here (AVX2, a C compiler) and fits the heads
+        self._attend_kernel = (config.head_dim % 8 == 0 and config.head_dim <= kernels.ATTEND_MAX_HEAD_DIM
+                               and kernels.attend() is not None)
         # float32, as transformers multiplies an fp32 embedding (and llama.cpp its dequantized rows)
         self.embed_scale = torch.tensor(config.embed_scale, dtype=torch.float32) if config.embed_scale != 1.0 else None
 
@@ -237,9 +244,10 @@ class Transformer:
         hidden = {}
         if 0 in hidden_layers:
             hidden[0] = x
+        key_lists: dict[int, tuple] = {}  # window -> the exact rows' key lists (attend.c), shared by the layers
         for li, layer in enumerate(self.layers):
             window = c.window(li)
-            attend = partial(self._attend_segments, cache, li, window, segments, starts, spans, positions)
+            attend = partial(self._attend_segments, cache, li, window, segments, starts, spans, positions, key_lists)
             x = decoder_layer(x, _QuantWeights(layer, c, spans), attend, *(local_rope if window else rope))
             if li + 1 in hidden_layers:
                 hidden[li + 1] = x
@@ -265,19 +273,65 @@ class Transformer:
         return x if self.embed_scale is None else x * self.embed_scale
 
     def _attend_segments(self, cache: KVCache, li: int, window: int, segments: list[Segment], starts: list[int],
-                         spans: list[tuple[slice, bool]], positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                         v: torch.Tensor) -> torch.Tensor:
+                         spans: list[tuple[slice, bool]], positions: torch.Tensor, key_lists: dict,
+                         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Layer li's attention: q (N, nh, hd), k, v (N, nkv, hd) -> (N, nh, hd); positions (N,).
 
-        Writes each sequence's new K/V into its cache slot, then attends sequence by sequence."""
-        parts = []
-        for seg, start, (rows, exact) in zip(segments, starts, spans):
+        Writes each sequence's new K/V into its cache slot, then attends: the exact rows of every
+        sequence in one attend.c call where it loaded (each row over its own key list, in order),
+        the others (prefill) sequence by sequence with fused attention."""
+        for seg, start, (rows, _) in zip(segments, starts, spans):
             size = rows.stop - rows.start
             cache.k[li, seg.slot, :, start : start + size] = k[rows].transpose(0, 1)
             cache.v[li, seg.slot, :, start : start + size] = v[rows].transpose(0, 1)
-            parts.append(self._attend(q[rows], cache, li, seg.slot, start, seg.tree_mask, exact, window,
-                                      positions[rows]))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+        kernel = self._attend_kernel and cache.k.dtype == torch.float32 and any(exact for _, exact in spans)
+        if kernel and window not in key_lists:
+            key_lists[window] = self._exact_key_lists(segments, starts, spans, positions, window)
+        parts = []
+        for seg, start, (rows, exact) in zip(segments, starts, spans):
+            if not (kernel and exact):
+                parts.append(self._attend(q[rows], cache, li, seg.slot, start, seg.tree_mask, exact, window,
+                                          positions[rows]))
+        if not kernel:
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
+        picked, slot, offsets, keys = key_lists[window]
+        exact_out = kernels.attend_rows(q if picked is None else q[picked], cache.k[li], cache.v[li], slot, offsets,
+                                        keys, self.attn_scale)
+        if picked is None:
+            return exact_out
+        out = torch.empty_like(q)
+        out[picked] = exact_out
+        rest = iter(parts)
+        for rows, exact in spans:
+            if not exact:
+                out[rows] = next(rest)
+        return out
+
+    def _exact_key_lists(self, segments: list[Segment], starts: list[int], spans: list[tuple[slice, bool]],
+                         positions: torch.Tensor, window: int) -> tuple:
+        """(picked rows or None for all, slot (n,), offsets (n + 1,), keys) of the exact rows, for attend.c:
+        each row's keys are the ones _attend's row-by-row path reduces over, in the same order."""
+        picked, slot, lists = [], [], []
+        for seg, start, (rows, exact) in zip(segments, starts, spans):
+            if not exact:
+                continue
+            pos = positions[rows]
+            for t in range(rows.stop - rows.start):
+                lo = 0 if not window else max(0, int(pos[t]) - window + 1)
+                if seg.tree_mask is None:
+                    lists.append(torch.arange(lo, start + t + 1))
+                else:
+                    nodes = seg.tree_mask[t].nonzero().flatten()  # ancestors and itself, in tree order
+                    if window:
+                        nodes = nodes[pos[nodes] > pos[t] - window]
+                    lists.append(torch.cat([torch.arange(min(lo, start), start), start + nodes]))
+                picked.append(rows.start + t)
+                slot.append(seg.slot)
+        offsets = torch.zeros(len(lists) + 1, dtype=torch.int64)
+        offsets[1:] = torch.tensor([len(keys) for keys in lists]).cumsum(0)
+        everything = len(picked) == int(positions.shape[0])
+        return (None if everything else torch.tensor(picked), torch.tensor(slot, dtype=torch.int64), offsets,
+                torch.cat(lists).to(torch.int64))
 
     def _attend(self, q: torch.Tensor, cache: KVCache, li: int, slot: int, start: int,
                 tree_mask: torch.Tensor | None, exact: bool, window: int = 0,

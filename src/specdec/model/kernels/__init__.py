@@ -1,5 +1,9 @@
 """Small C kernels for what torch does not do well on this CPU class, built on first use.
 
+attend.c: the exact attention rows of a forward (each query row over exactly its own keys, in a
+fixed order) for every sequence of a batch in one call, where torch needed ~8 small ops per row
+and layer; row-invariant by construction like w8a8.c.
+
 w8a8.c: int8 weights x int8 activations (blocks of 32, llama.cpp's Q8_0 layout) with AVX2 integer
 dot products. torch's weight-only int8 kernel (bf16 activations) reads ~9 GB/s for one row and
 costs ~4x for four; this one reads ~13-15 GB/s per core and costs ~2x for four rows, which is what
@@ -24,15 +28,17 @@ from functools import lru_cache
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("w8a8.c")
+ATTEND_SOURCE = Path(__file__).with_name("attend.c")
+ATTEND_MAX_HEAD_DIM = 512  # attend.c's MAX_HEAD_DIM
 FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 BLOCK = 32  # activations are quantized in blocks of this many values
 
-_why: list[str] = []
+_why: dict[str, str] = {}
 
 
-def why_unavailable() -> str | None:
-    """Why `w8a8()` returned None (None when it loaded)."""
-    return _why[0] if _why else None
+def why_unavailable(kernel: str = "w8a8") -> str | None:
+    """Why `w8a8()` (or `attend()`) returned None (None when it loaded)."""
+    return _why.get(kernel)
 
 
 def _cpu_flags() -> set[str]:
@@ -45,40 +51,63 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-@lru_cache(maxsize=1)
-def w8a8():
-    """The loaded W8A8 library (ctypes.CDLL), or None."""
+def _build(source: Path):
+    """source compiled (once per source and flags digest) and loaded, or None with the reason kept."""
+    kernel = source.stem
     missing = {"avx2", "fma"} - _cpu_flags()
     if missing:
-        _why.append(f"this CPU lacks {', '.join(sorted(missing))}")
+        _why[kernel] = f"this CPU lacks {', '.join(sorted(missing))}"
         return None
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        _why.append("no C compiler (cc) found; install gcc")
+        _why[kernel] = "no C compiler (cc) found; install gcc"
         return None
     from specdec.model.registry import specdec_home
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
     folder = specdec_home() / "kernels"
-    target = folder / f"w8a8-{digest}.so"
+    target = folder / f"{kernel}-{digest}.so"
     if not target.is_file():
         try:
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 built = Path(tmp) / target.name
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], check=True,
+                subprocess.run([compiler, *FLAGS, str(source), "-o", str(built), "-lm"], check=True,
                                capture_output=True, text=True, timeout=120)
                 os.replace(built, target)  # atomic: a concurrent build leaves one whole file
         except (OSError, subprocess.SubprocessError) as exc:
             detail = getattr(exc, "stderr", "") or str(exc)
-            _why.append(f"building {SOURCE.name} failed: {detail.strip()[:300]}")
+            _why[kernel] = f"building {source.name} failed: {detail.strip()[:300]}"
             return None
-    lib = ctypes.CDLL(str(target))
+    return ctypes.CDLL(str(target))
+
+
+@lru_cache(maxsize=1)
+def w8a8():
+    """The loaded W8A8 library (ctypes.CDLL), or None."""
+    lib = _build(SOURCE)
+    if lib is None:
+        return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.quantize_rows.argtypes = [p, i64, i64, p, p]
     lib.quantize_rows.restype = None
     lib.w8a8_mm.argtypes = [p, p, i64, i64, p, p, p, p, i64, ctypes.c_int]
     lib.w8a8_mm.restype = None
+    return lib
+
+
+@lru_cache(maxsize=1)
+def attend():
+    """The loaded exact-attention library (ctypes.CDLL), or None (`why_unavailable("attend")`)."""
+    if os.environ.get("SPECDEC_NO_ATTEND_KERNEL"):
+        _why["attend"] = "SPECDEC_NO_ATTEND_KERNEL is set"
+        return None
+    lib = _build(ATTEND_SOURCE)
+    if lib is None:
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.attend_rows.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
+    lib.attend_rows.restype = None
     return lib
 
 
@@ -101,3 +130,23 @@ def w8a8_matmul(x, weight, scale, bias=None):
     lib.w8a8_mm(xq.data_ptr(), xs.data_ptr(), M, K, weight.data_ptr(), scale.data_ptr(),
                 None if bias is None else bias.data_ptr(), y.data_ptr(), N, torch.get_num_threads())
     return y
+
+
+def attend_rows(q, k, v, slot, offsets, keys, scale: float):
+    """Each query row over exactly its own keys of its own cache slot (see attend.c).
+
+    q: (n, nh, hd) float32; k, v: one layer of the cache, (slots, nkv, max_len, hd) float32,
+    contiguous; slot: (n,) int64; offsets: (n + 1,) int64 into keys; keys: key offsets in the
+    slot, row r's at keys[offsets[r]:offsets[r + 1]], in reduction order. Returns (n, nh, hd).
+    Needs `attend()` to have loaded.
+    """
+    import torch
+
+    q = q.contiguous()
+    n, nh, hd = q.shape
+    slots, nkv, max_len, _ = k.shape
+    out = torch.empty_like(q)
+    attend().attend_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), slot.data_ptr(), offsets.data_ptr(),
+                         keys.data_ptr(), out.data_ptr(), n, nh, nkv, hd, max_len, scale,
+                         torch.get_num_threads())
+    return out

@@ -1,0 +1,116 @@
+/* Exact attention rows over a per-slot KV cache, all rows of a forward in one call.
+ *
+ * Row r (one query token of some sequence) reduces over its own key list idx[off[r] .. off[r+1]),
+ * offsets into its slot's keys, in that order:
+ *     s_j = scale * q . k_j,  p_j = exp(s_j - max s) / sum p,  out = sum_j p_j v_j.
+ * Each (row, kv head) is computed by one thread in a fixed order that depends only on the row's
+ * own key list (8-wide dot products over head_dim, exp in blocks of 8 from j = 0, the tail of the
+ * list one key at a time), so a row's bits never depend on which other rows share the call: the
+ * property a k-token verify forward relies on to equal k one-token steps.
+ *
+ * q: (n, nh, hd); k, v: one layer of the cache, (slots, nkv, max_len, hd); slot: (n,); off: (n + 1,);
+ * out: (n, nh, hd). hd % 8 == 0, hd <= MAX_HEAD_DIM. Built by kernels/__init__.py with -O3 -mavx2 -mfma -ffp-contract=off.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define MAX_HEAD_DIM 512
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline float dot(const float *a, const float *b, int64_t n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t d = 0; d < n; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+    return hsum8(acc);
+}
+
+/* exp(x) for x <= 0: x = n ln2 + r, |r| <= ln2 / 2, a degree-7 polynomial in r (relative error
+ * about 1e-7), times 2^n; x below -87 gives 0. The scalar form computes the same steps. */
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+static const float P[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                           4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline __m256 exp8(__m256 x) {
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 fx = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                              _mm256_set1_ps(0.5f)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(EXP_C1)));
+    x = _mm256_sub_ps(x, _mm256_mul_ps(fx, _mm256_set1_ps(EXP_C2)));
+    __m256 y = _mm256_set1_ps(P[0]);
+    for (int i = 1; i < 6; i++) y = _mm256_add_ps(_mm256_mul_ps(y, x), _mm256_set1_ps(P[i]));
+    y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(y, x), x), x), _mm256_set1_ps(1.0f));
+    __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+    return _mm256_andnot_ps(under, y);
+}
+
+static inline float exp1(float x) {
+    if (x < -87.0f) return 0.0f;
+    float fx = floorf(x * 1.44269504088896341f + 0.5f);
+    x = x - fx * EXP_C1;
+    x = x - fx * EXP_C2;
+    float y = P[0];
+    for (int i = 1; i < 6; i++) y = y * x + P[i];
+    y = y * x * x + x + 1.0f;
+    union { int32_t i; float f; } n = {((int32_t)fx + 127) << 23};
+    return y * n.f;
+}
+
+void attend_rows(const float *q, const float *k, const float *v, const int64_t *slot, const int64_t *off,
+                 const int64_t *idx, float *out, int64_t n, int64_t nh, int64_t nkv, int64_t hd, int64_t max_len,
+                 float scale, int threads) {
+    const int64_t group = nh / nkv;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t task = 0; task < n * nkv; task++) {
+        const int64_t r = task / nkv, g = task % nkv;
+        const int64_t L = off[r + 1] - off[r];
+        const int64_t *keys = idx + off[r];
+        const float *kb = k + (slot[r] * nkv + g) * max_len * hd;
+        const float *vb = v + (slot[r] * nkv + g) * max_len * hd;
+        float *s = malloc(sizeof(float) * (size_t)(group * L));
+        for (int64_t j = 0; j < L; j++) {
+            const float *kr = kb + keys[j] * hd;
+            for (int64_t a = 0; a < group; a++)
+                s[a * L + j] = dot(q + (r * nh + g * group + a) * hd, kr, hd) * scale;
+        }
+        for (int64_t a = 0; a < group; a++) {
+            float *sa = s + a * L;
+            float m = -INFINITY;
+            for (int64_t j = 0; j < L; j++) m = sa[j] > m ? sa[j] : m;
+            __m256 lanes = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+            int64_t j = 0;
+            for (; j + 8 <= L; j += 8) {
+                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sa + j), mv));
+                _mm256_storeu_ps(sa + j, e);
+                lanes = _mm256_add_ps(lanes, e);
+            }
+            float sum = hsum8(lanes);
+            for (; j < L; j++) {
+                sa[j] = exp1(sa[j] - m);
+                sum += sa[j];
+            }
+            float acc[MAX_HEAD_DIM];
+            for (int64_t d = 0; d < hd; d++) acc[d] = 0.0f;
+            for (int64_t jj = 0; jj < L; jj++) {
+                const float *vr = vb + keys[jj] * hd;
+                const __m256 p = _mm256_set1_ps(sa[jj]);
+                for (int64_t d = 0; d < hd; d += 8)
+                    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + d), _mm256_loadu_ps(acc + d)));
+            }
+            float *o = out + (r * nh + g * group + a) * hd;
+            const __m256 total = _mm256_set1_ps(sum);
+            for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(acc + d), total));
+        }
+        free(s);
+    }
+}

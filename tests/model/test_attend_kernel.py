@@ -1,0 +1,84 @@
+"""attend.c: each query row over exactly its own keys of its own cache slot, for all rows of a
+forward in one call. The math (softmax attention, against float64), and the row invariance the
+runtime's exactness rests on: a row's bits never depend on the other rows or the thread count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.model import kernels
+
+pytestmark = pytest.mark.skipif(kernels.attend() is None,
+                                reason=f"attend kernel unavailable: {kernels.why_unavailable('attend')}")
+
+SLOTS, NKV, MAX_LEN = 3, 2, 80
+
+
+def cache(hd: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(SLOTS, NKV, MAX_LEN, hd, generator=g) * 2, torch.randn(SLOTS, NKV, MAX_LEN, hd, generator=g))
+
+
+def rows(key_lists: list[list[int]], slots: list[int]):
+    offsets = torch.zeros(len(key_lists) + 1, dtype=torch.int64)
+    offsets[1:] = torch.tensor([len(k) for k in key_lists]).cumsum(0)
+    keys = torch.tensor([j for k in key_lists for j in k], dtype=torch.int64)
+    return torch.tensor(slots, dtype=torch.int64), offsets, keys
+
+
+def reference(q, k, v, key_lists, slots, scale):
+    """Softmax attention in float64, row by row; query head h reads kv head h // group."""
+    n, nh, hd = q.shape
+    group = nh // k.shape[1]
+    out = torch.empty(n, nh, hd, dtype=torch.float64)
+    for r, (keys, slot) in enumerate(zip(key_lists, slots)):
+        for h in range(nh):
+            kk, vv = k[slot, h // group, keys].double(), v[slot, h // group, keys].double()
+            p = torch.softmax(kk @ q[r, h].double() * scale, dim=0)
+            out[r, h] = p @ vv
+    return out
+
+
+# key lists of the shapes the runtime sends: a prefix (any length, 1 included), a window, a tree path
+KEY_LISTS = [list(range(0, 1)), list(range(0, 8)), list(range(0, 37)), list(range(20, 64)),
+             list(range(0, 30)) + [31, 33, 34], list(range(5, 13))]
+SLOT_OF = [0, 1, 2, 0, 1, 2]
+
+
+@pytest.mark.parametrize("hd", [8, 64, 256])
+def test_rows_compute_softmax_attention(hd):
+    k, v = cache(hd)
+    q = torch.randn(len(KEY_LISTS), 4, hd, generator=torch.Generator().manual_seed(1))
+    out = kernels.attend_rows(q, k, v, *rows(KEY_LISTS, SLOT_OF), 0.3)
+    expected = reference(q, k, v, KEY_LISTS, SLOT_OF, 0.3)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)  # float32 sums of ~256 terms
+
+
+def test_a_row_is_the_same_alone_with_any_neighbours_and_thread_count():
+    k, v = cache(64, seed=2)
+    q = torch.randn(len(KEY_LISTS), 4, 64, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    try:
+        together = kernels.attend_rows(q, k, v, *rows(KEY_LISTS, SLOT_OF), 0.125)
+        torch.set_num_threads(1)
+        one_thread = kernels.attend_rows(q, k, v, *rows(KEY_LISTS, SLOT_OF), 0.125)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, one_thread)
+    for r in range(len(KEY_LISTS)):
+        alone = kernels.attend_rows(q[r : r + 1], k, v, *rows(KEY_LISTS[r : r + 1], SLOT_OF[r : r + 1]), 0.125)
+        assert torch.equal(alone[0], together[r]), f"row {r} changed with its neighbours"
+    reversed_rows = kernels.attend_rows(q.flip(0), k, v, *rows(KEY_LISTS[::-1], SLOT_OF[::-1]), 0.125)
+    assert torch.equal(reversed_rows.flip(0), together)
+
+
+def test_large_scores_neither_overflow_nor_lose_the_maximum():
+    """Scores far apart (exp underflows to 0 for all but the largest) and a key list of one."""
+    k, v = cache(16, seed=4)
+    q = torch.randn(2, 2, 16, generator=torch.Generator().manual_seed(5)) * 50
+    lists = [list(range(40)), [7]]
+    out = kernels.attend_rows(q, k, v, *rows(lists, [0, 1]), 1.0)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), reference(q, k, v, lists, [0, 1], 1.0), rtol=1e-5, atol=1e-5)
+    assert torch.equal(out[1], v[1, :, 7])  # one key: weight exactly 1
