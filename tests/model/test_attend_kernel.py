@@ -12,7 +12,7 @@ from specdec.model import kernels
 pytestmark = pytest.mark.skipif(kernels.attend() is None,
                                 reason=f"attend kernel unavailable: {kernels.why_unavailable('attend')}")
 
-SLOTS, NKV, MAX_LEN = 3, 2, 80
+SLOTS, NKV, MAX_LEN = 3, 2, 200
 
 
 def cache(hd: int, seed: int = 0):
@@ -55,22 +55,30 @@ def test_rows_compute_softmax_attention(hd):
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)  # float32 sums of ~256 terms
 
 
-def test_a_row_is_the_same_alone_with_any_neighbours_and_thread_count():
+# a decode batch: 48 rows of 120-200 keys, enough work (> 2^21 multiply-adds) for the kernel to use threads
+BATCH_LISTS = [list(range(0, 120 + (7 * r) % 80)) for r in range(48)]
+
+
+@pytest.mark.parametrize("key_lists", [KEY_LISTS, BATCH_LISTS], ids=["few-rows", "threaded-batch"])
+def test_a_row_is_the_same_alone_with_any_neighbours_and_thread_count(key_lists):
     k, v = cache(64, seed=2)
-    q = torch.randn(len(KEY_LISTS), 4, 64, generator=torch.Generator().manual_seed(3))
+    slots = [r % SLOTS for r in range(len(key_lists))]
+    q = torch.randn(len(key_lists), 8, 64, generator=torch.Generator().manual_seed(3))
     threads = torch.get_num_threads()
     try:
-        together = kernels.attend_rows(q, k, v, *rows(KEY_LISTS, SLOT_OF), 0.125)
+        torch.set_num_threads(2)
+        together = kernels.attend_rows(q, k, v, *rows(key_lists, slots), 0.125)
         torch.set_num_threads(1)
-        one_thread = kernels.attend_rows(q, k, v, *rows(KEY_LISTS, SLOT_OF), 0.125)
+        one_thread = kernels.attend_rows(q, k, v, *rows(key_lists, slots), 0.125)
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(together, one_thread)
-    for r in range(len(KEY_LISTS)):
-        alone = kernels.attend_rows(q[r : r + 1], k, v, *rows(KEY_LISTS[r : r + 1], SLOT_OF[r : r + 1]), 0.125)
+    for r in range(len(key_lists)):
+        alone = kernels.attend_rows(q[r : r + 1], k, v, *rows(key_lists[r : r + 1], slots[r : r + 1]), 0.125)
         assert torch.equal(alone[0], together[r]), f"row {r} changed with its neighbours"
-    reversed_rows = kernels.attend_rows(q.flip(0), k, v, *rows(KEY_LISTS[::-1], SLOT_OF[::-1]), 0.125)
+    reversed_rows = kernels.attend_rows(q.flip(0), k, v, *rows(key_lists[::-1], slots[::-1]), 0.125)
     assert torch.equal(reversed_rows.flip(0), together)
+    torch.testing.assert_close(together.double(), reference(q, k, v, key_lists, slots, 0.125), rtol=1e-5, atol=1e-5)
 
 
 def test_large_scores_neither_overflow_nor_lose_the_maximum():

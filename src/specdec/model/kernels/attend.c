@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #define MAX_HEAD_DIM 512
+#define PARALLEL_MIN_WORK (1 << 21) /* multiply-adds of the q.k products */
 
 static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -70,7 +71,10 @@ void attend_rows(const float *q, const float *k, const float *v, const int64_t *
                  const int64_t *idx, float *out, int64_t n, int64_t nh, int64_t nkv, int64_t hd, int64_t max_len,
                  float scale, int threads) {
     const int64_t group = nh / nkv;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    /* threads only where the work pays for waking them: an OpenMP pool that spins after a small
+     * region takes the cores from torch's own pool in the matmuls that follow */
+    const int parallel = threads > 1 && off[n] * nh * hd >= PARALLEL_MIN_WORK;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(parallel)
     for (int64_t task = 0; task < n * nkv; task++) {
         const int64_t r = task / nkv, g = task % nkv;
         const int64_t L = off[r + 1] - off[r];
