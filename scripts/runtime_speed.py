@@ -87,7 +87,7 @@ def main() -> None:
             limit = bw * 1e9 / nbytes
             print(f"| {name} | specdec | {fmt} | {rate:.1f} | {nbytes / 1e6:.0f} MB | {limit:.0f} | "
                   f"{rate / limit:.0%} |", flush=True)
-        for dtype in args.hf_dtypes.split(","):
+        for dtype in filter(None, args.hf_dtypes.split(",")):  # --hf-dtypes "" skips transformers
             rate = transformers_rate(name, dtype, prompt, args.tokens, args.repeats)
             print(f"| {name} | transformers {__import__('transformers').__version__} generate | {dtype} | "
                   f"{rate:.1f} | | | |", flush=True)
