@@ -26,3 +26,40 @@ def test_measured_cost_grows_and_frees_its_slot(tiny_model):
     cost = measure_forward_cost(tiny_model.transformer, cache, 4, context=16, repeats=1)
     assert len(cost) == 5 and cost[0] == 0.0 and all(c > 0 for c in cost[1:])
     assert cache.free_slots == [0] and cache.lengths == [0]
+
+
+def test_a_drafter_that_costs_one_pass_is_not_charged_per_token():
+    """A block drafter's time is one pass per proposal: charged per token it would cut the draft
+    that the same seconds, charged once per step, let run to the end of the block."""
+    costly = [0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
+    assert best_draft_length(0.7, costly, 0.5, 5) < 5  # 0.5 s per drafted token
+    assert best_draft_length(0.7, costly, 0.0, 5, draft_cost_per_pass=0.5 * 5) == 5  # the same seconds, once
+
+
+def test_adaptive_mode_charges_block_drafters_per_pass(tiny_model, monkeypatch):
+    from specdec.drafters.base import Draft, DrafterBase
+    from specdec.engine.config import SpecConfig
+    from specdec.engine.engine import Engine
+    from specdec.sampling import SamplingParams
+
+    class Slow(DrafterBase):
+        name = "slow"
+
+        def propose(self, context, draft_length):
+            return Draft.chain([1] * draft_length)
+
+    class SlowBlock(Slow):
+        cost_per_pass = True
+
+    lengths = {}
+    for drafter in (Slow(), SlowBlock()):
+        engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=5, adaptive=True), max_len=64,
+                        drafter_factory=lambda kind, spec, d=drafter: d)
+        monkeypatch.setattr(engine, "forward_cost", lambda t: [0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6])
+        req = engine.start([5, 6, 7], SamplingParams(), 8)
+        req.acceptance_ema = 0.7
+        req.stats.draft_s, req.stats.drafted, req.stats.steps = 10 * 2.5, 10 * 5, 10  # 2.5 s per 5-token proposal
+        engine._adapt(req, 5, 3)
+        lengths[drafter.cost_per_pass] = req.draft_length
+        engine.finish(req)
+    assert lengths[True] > lengths[False]

@@ -59,10 +59,14 @@ class Drafter(Protocol):
     name: the registry kind it was built as (counters are kept under it).
     hidden_layers: target layers whose hidden states it reads (transformers' hidden_states
         indices); () for drafters that read tokens only.
+    cost_per_pass: True when a proposal costs one pass whatever its length (a block drafter);
+        False when each drafted token costs about the same (autoregressive, lookups). Adaptive
+        mode charges the measured draft time accordingly.
     """
 
     name: str
     hidden_layers: tuple[int, ...]
+    cost_per_pass: bool
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams, generator: torch.Generator) -> None:
         """A new request starts with these prompt tokens, sampled with these settings."""
@@ -85,6 +89,7 @@ class DrafterBase:
 
     name: str = "base"
     hidden_layers: tuple[int, ...] = ()
+    cost_per_pass: bool = False
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(),
               generator: torch.Generator | None = None) -> None:

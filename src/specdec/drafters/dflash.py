@@ -406,6 +406,8 @@ class BlockDrafter(DrafterBase):
     acceptance is below it.
     """
 
+    cost_per_pass = True  # one forward per proposal, whatever is used of its block
+
     def __init__(self, model: BlockDraftModel, name: str, target_vocab: int, p_min: float = 0.0,
                  max_len: int = 4096, source: str = "this drafter"):
         if p_min > 0 and not model.cfg.confidence_head:

@@ -44,8 +44,10 @@ def expected_tokens(k: int, acceptance: float) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
-def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_per_token: float, n_max: int) -> int:
-    """The k in 1..n_max with the most expected tokens per second.
+def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_per_token: float, n_max: int,
+                      draft_cost_per_pass: float = 0.0) -> int:
+    """The k in 1..n_max with the most expected tokens per second: a step of k drafts costs the
+    verify forward of k + 1 tokens, k * draft_cost_per_token and draft_cost_per_pass.
 
     >>> best_draft_length(0.9, [0, 1.0, 1.0, 1.2, 1.8, 2.4], 0.0, 5)  # 2.71 tokens / 1.2 s beats 3.44 / 1.8
     2
@@ -53,7 +55,8 @@ def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_p
     n_max = min(n_max, len(forward_cost) - 2)
     best, best_rate = 1, -1.0
     for k in range(1, n_max + 1):
-        rate = expected_tokens(k, acceptance) / (forward_cost[k + 1] + k * draft_cost_per_token)
+        cost = forward_cost[k + 1] + k * draft_cost_per_token + draft_cost_per_pass
+        rate = expected_tokens(k, acceptance) / cost
         if rate > best_rate:
             best, best_rate = k, rate
     return best

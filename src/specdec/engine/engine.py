@@ -340,9 +340,13 @@ class Engine:
         req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / drafted)
         if not req.spec.adaptive:
             return
-        draft_cost = req.stats.draft_s / max(req.stats.drafted, 1)
+        per_token = per_pass = 0.0
+        if req.drafters and all(d.cost_per_pass for d in req.drafters):
+            per_pass = req.stats.draft_s / max(req.stats.steps, 1)  # a block costs one pass, however long
+        else:
+            per_token = req.stats.draft_s / max(req.stats.drafted, 1)
         req.draft_length = best_draft_length(req.acceptance_ema, self.forward_cost(req.spec.draft_n_max + 1),
-                                          draft_cost, req.spec.draft_n_max)
+                                             per_token, req.spec.draft_n_max, per_pass)
 
     def _emit(self, req: Request, tokens: Sequence[int]) -> list[int]:
         """Append tokens one at a time, stopping exactly where plain decoding would."""
