@@ -111,6 +111,20 @@ def _linear_by_spans(linear: QLinear, x: torch.Tensor, spans: list[tuple[slice, 
     return y
 
 
+
+def _window_start(position, window: int) -> int:
+    """The oldest cache offset (= position) a row at `position` sees: 0, or position - window + 1."""
+    return 0 if not window else max(0, int(position) - window + 1)
+
+
+def _tree_row_keys(tree_mask: torch.Tensor, t: int, start: int, positions: torch.Tensor, window: int) -> torch.Tensor:
+    """Cache offsets tree row t reduces over, in order: the committed prefix (from its window's start),
+    then its ancestors and itself among the new rows at start + node (in tree order, inside the window)."""
+    nodes = tree_mask[t].nonzero().flatten()
+    if window:
+        nodes = nodes[positions[nodes] > positions[t] - window]
+    return torch.cat([torch.arange(min(_window_start(positions[t], window), start), start), start + nodes])
+
 @dataclass
 class Segment:
     """One sequence's new tokens in a batched forward (Transformer.forward_batch).
@@ -317,14 +331,10 @@ class Transformer:
                 continue
             pos = positions[rows]
             for t in range(rows.stop - rows.start):
-                lo = 0 if not window else max(0, int(pos[t]) - window + 1)
                 if seg.tree_mask is None:
-                    lists.append(torch.arange(lo, start + t + 1))
+                    lists.append(torch.arange(_window_start(pos[t], window), start + t + 1))
                 else:
-                    nodes = seg.tree_mask[t].nonzero().flatten()  # ancestors and itself, in tree order
-                    if window:
-                        nodes = nodes[pos[nodes] > pos[t] - window]
-                    lists.append(torch.cat([torch.arange(min(lo, start), start), start + nodes]))
+                    lists.append(_tree_row_keys(seg.tree_mask, t, start, pos, window))
                 picked.append(rows.start + t)
                 slot.append(seg.slot)
         offsets = torch.zeros(len(lists) + 1, dtype=torch.int64)
@@ -362,15 +372,11 @@ class Transformer:
         out = torch.empty_like(q)
         qg = q.reshape(T, c.num_kv_heads, group, c.head_dim)
         for t in range(T):
-            # oldest prefix offset (= position) this row may see
-            lo = 0 if not window else max(0, int(positions[t]) - window + 1)
             if tree_mask is None:
+                lo = _window_start(positions[t], window) if window else 0
                 k, v = keys[:, lo : start + t + 1], values[:, lo : start + t + 1]
             else:
-                nodes = tree_mask[t].nonzero().flatten()  # ancestors and itself, in tree order
-                if window:
-                    nodes = nodes[positions[nodes] > positions[t] - window]
-                idx = torch.cat([torch.arange(min(lo, start), start), start + nodes])
+                idx = _tree_row_keys(tree_mask, t, start, positions, window)
                 k, v = keys[:, idx], values[:, idx]
             # one decode step's attention: (nkv, group, hd) x (nkv, L, hd) -> (nkv, group, hd)
             scores = torch.matmul(qg[t], k.transpose(1, 2)) * scale
