@@ -60,7 +60,8 @@ from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.hidden import HeadCache
 from specdec.model.config import llama3_rope_factors
 from specdec.model.errors import SpecdecError
-from specdec.model.layers import DecoderLayer, MaskedAttention, RMSNorm, apply_rope, rms_norm, rope_rows, rope_tables
+from specdec.model.layers import (DecoderLayer, MaskedAttention, RMSNorm, apply_rope, rms_norm, rope_rows, rope_tables,
+                                  softcap)
 from specdec.sampling import SamplingParams, process_logits, sample_token
 
 MAX_VOCAB_PADDING = 128  # as draft_model.MAX_VOCAB_PADDING: embedding rows padded past the tokenizer
@@ -386,9 +387,7 @@ class BlockDraftModel(nn.Module):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Block outputs (N, H) -> target-vocabulary logits (N, V) float32, before any Markov bias."""
-        logits = self.target.lm_head(h.float()) * self.cfg.output_multiplier
-        cap = self.cfg.final_logit_softcapping
-        return torch.tanh(logits / cap) * cap if cap else logits
+        return softcap(self.target.lm_head(h.float()) * self.cfg.output_multiplier, self.cfg.final_logit_softcapping)
 
     def confidence(self, h: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
         """(n, H) rows and (n,) previous tokens -> (n,) acceptance logits."""

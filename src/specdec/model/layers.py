@@ -51,6 +51,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, weight.shape, None, eps) * weight
 
 
+def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma's final logit soft-capping, cap * tanh(logits / cap); unchanged when cap is None or 0."""
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
 class RMSNorm(nn.Module):
     """rms_norm as a module with a `weight` parameter (checkpoint name `<prefix>.weight`)."""
 
@@ -260,5 +265,5 @@ class MaskedAttention:
         if group > 1:  # grouped-query attention: each kv head serves `group` query heads
             keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.mask[:, None],
-                                             scale=self.scale or 1.0 / math.sqrt(hd))  # (B, nh, T, hd)
+                                             scale=1.0 / math.sqrt(hd) if self.scale is None else self.scale)  # (B, nh, T, hd)
         return out.transpose(1, 2).reshape(B * T, nh, hd)

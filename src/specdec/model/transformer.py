@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from specdec.cache.kv import KVCache
 from specdec.model import kernels
 from specdec.model.config import ModelConfig
-from specdec.model.layers import decoder_layer, rms_norm, rope_rows, rope_tables
+from specdec.model.layers import decoder_layer, rms_norm, rope_rows, rope_tables, softcap
 from specdec.model.linear import QLinear
 
 
@@ -111,7 +111,6 @@ def _linear_by_spans(linear: QLinear, x: torch.Tensor, spans: list[tuple[slice, 
     return y
 
 
-
 def _window_start(position, window: int) -> int:
     """The oldest cache offset (= position) a row at `position` sees: 0, or position - window + 1."""
     return 0 if not window else max(0, int(position) - window + 1)
@@ -124,6 +123,7 @@ def _tree_row_keys(tree_mask: torch.Tensor, t: int, start: int, positions: torch
     if window:
         nodes = nodes[positions[nodes] > positions[t] - window]
     return torch.cat([torch.arange(min(_window_start(positions[t], window), start), start), start + nodes])
+
 
 @dataclass
 class Segment:
@@ -276,8 +276,7 @@ class Transformer:
             row += take.stop - take.start
         h = rms_norm(torch.cat(picked), self.norm, c.rms_norm_eps)
         logits = _linear_by_spans(self.lm_head, h, head_spans)
-        if c.final_logit_softcap is not None:
-            logits = torch.tanh(logits / c.final_logit_softcap) * c.final_logit_softcap
+        logits = softcap(logits, c.final_logit_softcap)
         return [ForwardOutput(logits[hs][None], {layer: t[rows][None] for layer, t in hidden.items()})
                 for (hs, _), (rows, _) in zip(head_spans, spans)]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from specdec.model.layers import DecoderLayer, MaskedAttention, rms_norm, rope_rows, rope_tables
+from specdec.model.layers import DecoderLayer, MaskedAttention, rms_norm, rope_rows, rope_tables, softcap
 
 
 class DenseTarget:
@@ -56,9 +56,7 @@ class DenseTarget:
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., H) pre-norm hidden -> (..., V) float32 logits."""
-        logits = F.linear(self.final_norm(x), self.lm_head).float()
-        cap = self.config.final_logit_softcap
-        return logits if cap is None else torch.tanh(logits / cap) * cap
+        return softcap(F.linear(self.final_norm(x), self.lm_head).float(), self.config.final_logit_softcap)
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """The first layer's input: embedding rows, times the model's embedding scale (in float32)."""
@@ -82,7 +80,8 @@ class DenseTarget:
             positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         cos, sin = rope_rows(self.cos, self.sin, positions)  # (B*T, 1, hd)
         c = self.config
-        local_cos, local_sin = rope_rows(self.local_cos, self.local_sin, positions)
+        local_cos, local_sin = (cos, sin) if self.local_cos is self.cos else \
+            rope_rows(self.local_cos, self.local_sin, positions)
         past_valid = cache[0]["valid"] if cache else torch.zeros(B, 0, dtype=torch.bool, device=dev)
         past_pos = cache[0]["pos"] if cache else torch.zeros(B, 0, dtype=torch.long, device=dev)
         key_valid = torch.cat([past_valid, valid], dim=1)  # (B, P + T)
@@ -90,11 +89,11 @@ class DenseTarget:
         P = past_valid.shape[1]
         causal = torch.ones(T, P + T, dtype=torch.bool, device=dev).tril(diagonal=P)
         mask = causal[None] & key_valid[:, None, :]  # (B, T, P + T)
-        local_mask = mask
+        local_mask = None
         if c.sliding_layers:  # a local layer's query sees keys less than `window` positions back
             local_mask = mask & (positions.to(dev)[:, :, None] - key_pos[:, None, :] < c.sliding_window)
+            local_mask = local_mask | ~local_mask.any(-1, keepdim=True)  # padded rows: see below
         mask = mask | ~mask.any(-1, keepdim=True)  # padded query rows attend anything (their output is unused)
-        local_mask = local_mask | ~local_mask.any(-1, keepdim=True)
         x = self.embed_rows(tokens)  # (B, T, H)
         hidden = {0: x} if 0 in hidden_layers else {}
         x = x.reshape(B * T, -1)
