@@ -39,7 +39,7 @@ def main(argv=None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--weights", default="int8")
+    p.add_argument("--weights", default=None, help="in-memory weight format (default: gguf for a GGUF file)")
     p.add_argument("--spec-type", default="suffix")
     p.add_argument("--draft-n-max", type=int, default=DEFAULT_DRAFT_LENGTH)
     p.add_argument("--max-tokens", type=int, default=96)

@@ -188,7 +188,9 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
         return spec_config_from_flags(flags)
     path = resolve(args.model)
     checkpoint, tokenizer = open_checkpoint(path)
-    return decide_spec(flags, checkpoint, tokenizer, path, args.model, args.weights)
+    from specdec.model.load import weights_format_for
+
+    return decide_spec(flags, checkpoint, tokenizer, path, args.model, weights_format_for(path, args.weights))
 
 
 def cmd_export(args) -> int:

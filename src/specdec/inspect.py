@@ -23,15 +23,19 @@ from specdec.model.linear import WEIGHT_FORMATS
 
 
 # -- the report ---------------------------------------------------------------------------------
-def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "int8") -> dict:
-    """Everything `specdec inspect` prints, as a dict (the --json output)."""
-    from specdec.bench.memory import estimate_weight_bytes, kv_bytes_per_token
+def inspect_model(name_or_path: str, draft: str | None = None, weights: str | None = None) -> dict:
+    """Everything `specdec inspect` prints, as a dict (the --json output). weights: the in-memory format
+    (None: what specdec loads the model in by default, model/load.py weights_format_for)."""
+    from specdec.bench.memory import estimate_weight_bytes, gguf_tensor_bytes, kv_bytes_per_token
     from specdec.engine.auto import decide_spec, runnable_model_drafters
     from specdec.engine.config import SpecFlags
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import cached_sha256, resolve
 
+    from specdec.model.load import weights_format_for
+
     path = Path(resolve(name_or_path))
+    target_weights = weights_format_for(path, weights)
     report: dict = {"model": name_or_path, "path": str(path),
                     "sha256": cached_sha256(path) if path.is_file() else None,
                     "file_bytes": path.stat().st_size if path.is_file() else
@@ -70,8 +74,9 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
     report["mtp"] = mtp
     if c is not None:
         report["memory"] = {
-            "weights_bytes": {fmt: estimate_weight_bytes(c, fmt) for fmt in WEIGHT_FORMATS},
-            "weights_format": weights,
+            "weights_bytes": {fmt: b for fmt in WEIGHT_FORMATS
+                              if (b := estimate_weight_bytes(c, fmt, gguf_tensor_bytes(checkpoint))) is not None},
+            "weights_format": target_weights,
             "kv_bytes_per_1k_tokens": kv_bytes_per_token(c) * 1024,
         }
 
@@ -88,9 +93,13 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
             dc = getattr(d["checkpoint"], "config", None)
             if dc is not None:
                 drafter["parameters"] = param_count(d["checkpoint"])
-                drafter["weights_bytes"] = estimate_weight_bytes(dc, weights)
+                # as the engine loads a draft: the target's format, or its own default beside a gguf target
+                dfmt = weights_format_for(resolve(draft), None if target_weights == "gguf" else target_weights)
+                drafter["weights_bytes"] = estimate_weight_bytes(dc, dfmt, gguf_tensor_bytes(d["checkpoint"]))
+                drafter["weights_format"] = dfmt
                 drafter["kv_bytes_per_1k_tokens"] = kv_bytes_per_token(dc) * 1024
                 report["memory"]["drafter_bytes"] = drafter["weights_bytes"]
+                report["memory"]["drafter_weights_format"] = dfmt
                 report["memory"]["drafter_kv_bytes_per_1k_tokens"] = drafter["kv_bytes_per_1k_tokens"]
     report["drafter"] = drafter
 
@@ -106,7 +115,7 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
                                      "; runs only with --spec-cross-tokenizer"))
         methods.append({"method": "draft-simple", "runs": bool(drafter["compatible"] and runnable), "note": note})
     runnable_models = runnable_model_drafters()
-    facts = target_facts(checkpoint, path, name_or_path, weights)  # an MTP head beside the model counts
+    facts = target_facts(checkpoint, path, name_or_path, target_weights)  # an MTP head beside the model counts
     if facts.mtp_weights or facts.mtp_declared:
         if not facts.mtp_weights:
             note = "the config declares MTP layers but the file lacks their weights"
@@ -129,7 +138,7 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str = "i
     report["methods"] = methods
     if runnable:  # what `generate --spec-type auto [-md DRAFT]` would run
         spec, reasons = decide_spec(SpecFlags(spec_type="auto", model_draft=draft), checkpoint, tokenizer, path,
-                                    name_or_path, weights)
+                                    name_or_path, target_weights)
         report["auto"] = {"types": list(spec.types), "method": spec.method,
                           "reasons": [r.removeprefix("auto: ") for r in reasons]}
     return report
@@ -169,7 +178,7 @@ def format_report(r: dict) -> str:
         lines.append(f"memory        weights: {w}")
         lines.append(f"              KV cache: {_mb(m['kv_bytes_per_1k_tokens'])} per 1k tokens (float32)")
         if "drafter_bytes" in m:
-            lines.append(f"              drafter: {_mb(m['drafter_bytes'])} weights ({m['weights_format']}) + "
+            lines.append(f"              drafter: {_mb(m['drafter_bytes'])} weights ({m['drafter_weights_format']}) + "
                          f"{_mb(m['drafter_kv_bytes_per_1k_tokens'])} KV per 1k tokens")
     d = r.get("drafter")
     if d is not None:
@@ -209,8 +218,9 @@ def add_parser(sub) -> None:
     p.add_argument("model", help="model name, GGUF file or HF folder")
     p.add_argument("--draft-model", "-md", "--model-draft", dest="draft_model", default=None,
                    help="a draft model or EAGLE-3/DFlash/DSpark drafter to check against the model")
-    p.add_argument("--weights", default="int8", choices=list(WEIGHT_FORMATS),
-                   help="in-memory weight format the drafter estimate uses (default int8)")
+    p.add_argument("--weights", default=None, choices=list(WEIGHT_FORMATS),
+                   help="in-memory weight format the drafter estimate uses (default: the drafter's own, as "
+                        "specdec loads it)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_inspect)
 

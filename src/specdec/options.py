@@ -24,8 +24,9 @@ DEFAULT_MODEL = "smollm2-135m"
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=DEFAULT_MODEL, help="model name, GGUF file or HF folder")
-    p.add_argument("--weights", default="int8", choices=list(WEIGHT_FORMATS),
-                   help="in-memory weight format (default int8)")
+    p.add_argument("--weights", default=None, choices=list(WEIGHT_FORMATS),
+                   help="in-memory weight format (default: gguf for a GGUF file, i.e. the file's own quantized "
+                        "blocks computed as stored; int8 for a Hugging Face folder)")
     p.add_argument("--ctx-size", "-c", type=int, default=4096, help="KV cache length in tokens")
 
 

@@ -95,10 +95,29 @@ def make_hf_model(folder: Path, arch: str = "llama", seed: int = 0, extra_config
     return folder
 
 
-def make_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", extra_weights: dict | None = None,
-                    nextn_layers: int = 0, **sizes) -> Path:
-    """A tiny llama GGUF (weights F32 or Q8_0), with the llama.cpp q/k row permutation applied.
+K_QUANT_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
 
+
+def random_kquant_blocks(rows: int, cols: int, kind: str, seed: int = 0) -> np.ndarray:
+    """(rows, cols / 256 * bytes) uint8: random Q4_K / Q5_K / Q6_K super-blocks (the gguf package cannot
+    quantize to these) whose fp16 scales give weights of roughly +-0.1; a valid tensor of that type."""
+    rng = np.random.default_rng(seed)
+    nbytes = K_QUANT_BYTES[kind]
+    blocks = rng.integers(0, 256, size=(rows, cols // 256, nbytes), dtype=np.uint8)
+    fields = [(208, 3e-3)] if kind == "Q6_K" else [(0, 2e-4), (2, 2e-3)]  # (offset of d / dmin, scale)
+    for offset, scale in fields:
+        d = rng.uniform(0.5, 1.0, size=(rows, cols // 256)).astype(np.float16) * np.float16(scale)
+        blocks[:, :, offset : offset + 2] = d.view(np.uint8).reshape(rows, cols // 256, 2)
+    return blocks.reshape(rows, -1)
+
+
+def make_gguf_model(path: Path, seed: int = 0, tensor_type: str | list[str] = "F32",
+                    extra_weights: dict | None = None, nextn_layers: int = 0, **sizes) -> Path:
+    """A tiny llama GGUF, with the llama.cpp q/k row permutation applied.
+
+    tensor_type: the type of every matrix (F32, or one the gguf package quantizes to: Q4_0, Q4_1, Q5_0,
+    Q5_1, Q8_0), or a list of types the matrices take in turn (Q4_K, Q5_K and Q6_K allowed there: random
+    super-blocks, for matrices whose width is a multiple of 256; others get Q8_0).
     extra_weights: more HF-named tensors, e.g. MTP blocks as model.layers.{N+k}.* (DeepSeek layout),
     written under llama.cpp's names (blk.{N+k}.nextn.* for the MTP parts); nextn_layers says how many.
     """
@@ -142,7 +161,8 @@ def make_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", extra_w
                    "post_attention_layernorm.weight": "ffn_norm.weight", "enorm.weight": "nextn.enorm.weight",
                    "hnorm.weight": "nextn.hnorm.weight", "eh_proj.weight": "nextn.eh_proj.weight",
                    "shared_head.norm.weight": "nextn.shared_head_norm.weight"}
-    qtype = getattr(gguf.GGMLQuantizationType, tensor_type)
+    types = [tensor_type] if isinstance(tensor_type, str) else list(tensor_type)
+    matrices = 0
     for name, t in weights.items():
         if name.startswith("model.layers."):
             _, _, idx, rest = name.split(".", 3)
@@ -154,7 +174,14 @@ def make_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", extra_w
         else:
             gname = names[name]
         array = t.numpy().astype(np.float32)
-        if t.dim() == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        kind = types[matrices % len(types)] if t.dim() == 2 else "F32"
+        matrices += t.dim() == 2
+        if kind in K_QUANT_BYTES and array.shape[1] % 256 != 0:
+            kind = "Q8_0"
+        qtype = getattr(gguf.GGMLQuantizationType, kind)
+        if kind in K_QUANT_BYTES:
+            w.add_tensor(gname, random_kquant_blocks(*array.shape, kind, seed + matrices), raw_dtype=qtype)
+        elif kind != "F32":
             w.add_tensor(gname, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(gname, array)
@@ -272,7 +299,8 @@ def make_gemma3_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", 
     w.add_eos_token_id(2)
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML)
-    qtype = getattr(gguf.GGMLQuantizationType, tensor_type)
+    types = [tensor_type] if isinstance(tensor_type, str) else list(tensor_type)
+    matrices = 0
     for name, t in weights.items():
         if name.startswith("model.layers."):
             _, _, idx, rest = name.split(".", 3)
@@ -283,7 +311,14 @@ def make_gemma3_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", 
         if name.endswith("norm.weight"):
             t = t + 1  # the converter's norm_shift: Gemma3RMSNorm multiplies by 1 + w
         array = t.numpy().astype(np.float32)
-        if t.dim() == 2 and qtype != gguf.GGMLQuantizationType.F32:
+        kind = types[matrices % len(types)] if t.dim() == 2 else "F32"
+        matrices += t.dim() == 2
+        if kind in K_QUANT_BYTES and array.shape[1] % 256 != 0:
+            kind = "Q8_0"
+        qtype = getattr(gguf.GGMLQuantizationType, kind)
+        if kind in K_QUANT_BYTES:
+            w.add_tensor(gname, random_kquant_blocks(*array.shape, kind, seed + matrices), raw_dtype=qtype)
+        elif kind != "F32":
             w.add_tensor(gname, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(gname, array)

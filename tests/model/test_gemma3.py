@@ -11,7 +11,7 @@ from specdec.drafters.base import TokenTree
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.model import kernels
-from specdec.model.linear import WEIGHT_FORMATS
+from specdec.model.linear import CONVERTED_FORMATS
 from specdec.model.load import load_model
 from specdec.model.registry import model_path
 from specdec.model.transformer import Segment
@@ -27,7 +27,7 @@ MIXED = dict(layers=4, kv_heads=1, window=3, query_pre_attn_scalar=24, final_log
                               "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
 FORMATS = [pytest.param(f, marks=pytest.mark.skipif(f == "w8a8" and kernels.w8a8() is None,
                                                     reason="no W8A8 kernel here (no cc or no AVX2)"))
-           for f in WEIGHT_FORMATS]
+           for f in CONVERTED_FORMATS]
 
 
 def specdec_logits(path, tokens=TOKENS, exact=True) -> torch.Tensor:

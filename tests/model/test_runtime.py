@@ -8,7 +8,7 @@ import torch
 from helpers.tiny import make_gguf_model, make_hf_model
 from specdec.drafters.base import TokenTree
 from specdec.model import kernels
-from specdec.model.linear import WEIGHT_FORMATS
+from specdec.model.linear import CONVERTED_FORMATS
 from specdec.model.load import load_model
 from specdec.model.transformer import Segment
 
@@ -48,7 +48,7 @@ def test_q8_0_gguf_loads_close_to_fp32(tmp_path):
 
 
 @pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.skipif(
-    f == "w8a8" and kernels.w8a8() is None, reason="no W8A8 kernel here (no cc or no AVX2)")) for f in WEIGHT_FORMATS])
+    f == "w8a8" and kernels.w8a8() is None, reason="no W8A8 kernel here (no cc or no AVX2)")) for f in CONVERTED_FORMATS])
 def test_multi_token_forward_equals_single_steps_bitwise(arch_dir, fmt):
     """k tokens in one exact forward give bitwise the logits of k single decode steps."""
     model = load_model(str(arch_dir), fmt, progress=False)
@@ -108,7 +108,7 @@ def test_batch_of_sequences_with_different_lengths(tiny_model):
 
 
 @pytest.mark.parametrize("fmt", [pytest.param(f, marks=pytest.mark.skipif(
-    f == "w8a8" and kernels.w8a8() is None, reason="no W8A8 kernel here (no cc or no AVX2)")) for f in WEIGHT_FORMATS])
+    f == "w8a8" and kernels.w8a8() is None, reason="no W8A8 kernel here (no cc or no AVX2)")) for f in CONVERTED_FORMATS])
 def test_ragged_batch_gives_each_sequence_its_solo_outputs_bitwise(tiny_hf_dir, fmt):
     """forward_batch over a prefill chunk (long enough for int8's dense prefill path), a chain verify
     and a tree verify of different lengths gives each sequence bitwise the logits, hidden rows and

@@ -12,11 +12,11 @@ import torch
 import specdec.model.weight_cache as wc
 from helpers.tiny import make_gguf_model, make_hf_model
 from specdec.model import kernels
-from specdec.model.linear import WEIGHT_FORMATS, QLinear
+from specdec.model.linear import CONVERTED_FORMATS, QLinear
 from specdec.model.load import load_model
 
 FORMATS = [pytest.param(f, marks=pytest.mark.skipif(f == "w8a8" and kernels.w8a8() is None,
-                                                    reason="no W8A8 kernel here")) for f in WEIGHT_FORMATS]
+                                                    reason="no W8A8 kernel here")) for f in CONVERTED_FORMATS]
 TOKENS = torch.tensor([[5, 9, 77, 100, 3, 250]])
 
 

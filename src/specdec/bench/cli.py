@@ -164,8 +164,9 @@ def cmd_load(args) -> int:
             print(f"load: {note}", file=sys.stderr)
         section = run_load(replace(settings, model=model), prompts, progress)
     else:
-        serve_args = ["--model", args.model, "--weights", args.weights, "--ctx-size", str(args.ctx_size),
+        serve_args = ["--model", args.model, "--ctx-size", str(args.ctx_size),
                       "--spec-draft-n-max", str(args.spec_draft_n_max)]
+        serve_args += ["--weights", args.weights] if args.weights else []
         serve_args += ["--spec-type", args.spec_type] if args.spec_type else []
         serve_args += ["-md", args.draft_model] if args.draft_model else []
         env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
@@ -174,7 +175,7 @@ def cmd_load(args) -> int:
             print(f"load: starting specdec serve {' '.join(serve_args)} (log: {server.log_path})", file=sys.stderr)
         with server:
             info = {"started_by_bench": True, "command_line": shlex.join(server.command),
-                    "log": str(server.log_path), "weights": args.weights,
+                    "log": str(server.log_path), "weights": args.weights or "the model's default",
                     "spec_type": args.spec_type or "auto (the server decides)", **_artifact_of(args.model),
                     "threads": args.threads or "torch default"}
             section = run_load(replace(settings, url=server.url, model=args.model), prompts, progress,

@@ -48,8 +48,19 @@ def linear_bytes(out_features: int, in_features: int, fmt: str, bias: bool = Fal
     return size + (4 * n if bias else 0)
 
 
-def estimate_weight_bytes(c: ModelConfig, fmt: str) -> int:
-    """What `transformer_bytes` will be once the model is built in format `fmt`."""
+def gguf_tensor_bytes(checkpoint) -> int | None:
+    """Bytes of a GGUF checkpoint's tensors as stored (what the gguf format holds); None for another kind."""
+    tensors = getattr(checkpoint, "_tensors", None)
+    if not tensors or not all(hasattr(t, "n_bytes") for t in tensors.values()):
+        return None
+    return sum(int(t.n_bytes) for t in tensors.values())
+
+
+def estimate_weight_bytes(c: ModelConfig, fmt: str, gguf_bytes: int | None = None) -> int | None:
+    """What `transformer_bytes` will be once the model is built in format `fmt`. The gguf format holds the
+    file's tensors as stored: pass `gguf_tensor_bytes(checkpoint)`; None when that is None."""
+    if fmt == "gguf":
+        return None if gguf_bytes is None else gguf_bytes + 2 * 4 * c.context_length * c.head_dim
     h = c.hidden_size
     per_layer = (
         linear_bytes(c.q_size + 2 * c.kv_size, h, fmt, bias=c.qkv_bias)

@@ -123,9 +123,11 @@ class Engine:
         return registry.create(drafter, ctx)
 
     def load_draft_model(self, name_or_path: str) -> Model:
-        """The draft model `name_or_path`, loaded once per engine in the target's weight format."""
+        """The draft model `name_or_path`, loaded once per engine in the target's weight format (a target
+        running on its GGUF file's own blocks gets a draft in the draft's default: its blocks, or int8)."""
         if name_or_path not in self._draft_models:
-            self._draft_models[name_or_path] = load_model(name_or_path, self.model.info.weights_dtype,
+            fmt = self.model.info.weights_dtype
+            self._draft_models[name_or_path] = load_model(name_or_path, None if fmt == "gguf" else fmt,
                                                           progress=False)
         return self._draft_models[name_or_path]
 

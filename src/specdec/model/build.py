@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from specdec.model.config import ModelConfig
-from specdec.model.linear import WEIGHT_FORMATS, QLinear
+from specdec.model.linear import WEIGHT_FORMATS, BlockRows, QLinear
 from specdec.model.transformer import Layer, Transformer
 
 
@@ -20,9 +20,18 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
     c: ModelConfig = source.config
     names = set(source.names())
     get = source.get
+    if weights_format == "gguf" and not hasattr(source, "blocks"):
+        raise ValueError("--weights gguf keeps a GGUF file's own quantized blocks, and this checkpoint is not a "
+                         "GGUF file; use --weights int8, w8a8, bf16 or fp32")
 
     def opt(name):
         return get(name) if name in names else None
+
+    def linear(weights: list[str], bias: torch.Tensor | None = None) -> QLinear:
+        """One QLinear over these weights stacked row-wise (q/k/v and gate/up are fused)."""
+        if weights_format == "gguf":
+            return QLinear.from_gguf([source.blocks(n) for n in weights], bias)
+        return QLinear(torch.cat([get(n) for n in weights]), bias, weights_format)
 
     # the norm before the MLP: Llama's post_attention_layernorm; Gemma's post_attention_layernorm norms the
     # attention output instead, and its pre_feedforward_layernorm comes before the MLP
@@ -30,16 +39,14 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
     layers = []
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        qkv_w = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
         qkv_b = None
         if c.qkv_bias:
             qkv_b = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
         layers.append(Layer(
-            qkv=QLinear(qkv_w, qkv_b, weights_format),
-            o=QLinear(get(p + "self_attn.o_proj.weight"), None, weights_format),
-            gate_up=QLinear(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]), None,
-                            weights_format),
-            down=QLinear(get(p + "mlp.down_proj.weight"), None, weights_format),
+            qkv=linear([p + f"self_attn.{n}_proj.weight" for n in "qkv"], qkv_b),
+            o=linear([p + "self_attn.o_proj.weight"]),
+            gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
+            down=linear([p + "mlp.down_proj.weight"]),
             attn_norm=get(p + "input_layernorm.weight"),
             mlp_norm=get(p + mlp_norm + ".weight"),
             q_norm=opt(p + "self_attn.q_norm.weight") if c.qk_norm else None,
@@ -49,6 +56,11 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         ))
         if progress is not None:
             progress(1)
+    if weights_format == "gguf":  # the embedding's rows are dequantized as they are looked up
+        kind, blocks = source.blocks("model.embed_tokens.weight")
+        embed = blocks if kind == "F32" else BlockRows(kind, blocks)
+        head = [(kind, blocks)] if c.tie_embeddings else [source.blocks("lm_head.weight")]
+        return Transformer(c, embed, layers, get("model.norm.weight"), QLinear.from_gguf(head, None), weights_format)
     embed = get("model.embed_tokens.weight")
     head = embed if c.tie_embeddings else get("lm_head.weight")
     lm_head = QLinear(head, None, weights_format)

@@ -98,6 +98,25 @@ class GGUFModel:
             out = _unpermute_rope(out, heads)
         return out
 
+    def blocks(self, name: str) -> tuple[str, torch.Tensor]:
+        """The tensor as the file stores it, in the Hugging Face row order: (type, (rows, row_bytes) uint8)
+        for the block types model/kernels/gguf.c computes on, else ("F32", `get(name)`), which is exact."""
+        from specdec.model.linear import GGUF_KERNEL_TYPES
+
+        t = self._tensors[name]
+        kind = t.tensor_type.name
+        if kind not in GGUF_KERNEL_TYPES or len(t.shape) != 2:
+            return "F32", self.get(name)
+        data = np.asarray(t.data)
+        rows = int(t.shape[1])
+        if data.ndim != 2 or data.shape[0] != rows:
+            raise ModelFileError(self.path, f"tensor {t.name} ({kind}) has {data.shape} bytes for {rows} rows")
+        out = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True))
+        if self.config.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
+            out = _unpermute_rope(out, heads).contiguous()
+        return kind, out
+
 
 # llama.cpp's file_type enum (LLAMA_FTYPE_*), for naming the quantization the way users know it.
 _FILE_TYPES = {

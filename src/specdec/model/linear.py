@@ -15,15 +15,26 @@ Formats, and what one decode step reads per weight element:
                     so they requantize to int4 with only the bf16 rounding of scale and zero.
     w8a8  1 byte    int8's weights; activations quantized to int8 per block of 32 and integer
                     dot products (model/kernels: a small C kernel, AVX2), ~2x int8's speed
+    gguf  as stored a GGUF file's own blocks (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K), kept exactly and unpacked
+                    inside model/kernels/gguf.c, with w8a8's activations: the weights the file holds, as
+                    llama.cpp computes them; a tensor of another type (F16, Q2_K, ...) is dequantized to
+                    fp32 exactly and computed in fp32. GGUF files only (QLinear.from_gguf).
 """
 
 from __future__ import annotations
 
 import torch
 
+import numpy as np
+
 from specdec.model import kernels
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "w8a8")
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "w8a8", "gguf")
+CONVERTED_FORMATS = WEIGHT_FORMATS[:-1]  # the formats any checkpoint converts to (gguf: GGUF files only)
+# GGML types model/kernels/gguf.c computes on -> ggml type id; K-quants come in super-blocks of 256 values
+GGUF_KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+_GGUF_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
+               "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}  # values, bytes per block
 INT4_GROUP = 32
 INT8_MULTIPLE = 16  # torch._weight_int8pack_mm needs in_features % 16 == 0
 DENSE_MIN_ROWS = 32  # an exact=False call with this many rows or more takes int8's dense path
@@ -40,6 +51,54 @@ def _stored_format(fmt: str, in_features: int) -> str:
         raise ValueError(f"--weights w8a8 needs specdec's W8A8 kernel, which is unavailable here "
                          f"({kernels.why_unavailable()}); use --weights int8")
     return fmt
+
+
+def _gguf_kernel():
+    if kernels.gguf() is None:
+        raise ValueError(f"--weights gguf needs specdec's GGUF kernel, which is unavailable here "
+                         f"({kernels.why_unavailable('gguf')}); use --weights int8")
+
+
+def _values_per_row(kind: str, t: torch.Tensor) -> int:
+    if kind == "F32":
+        return t.shape[1]
+    values, nbytes = _GGUF_BLOCK[kind]
+    if t.dtype != torch.uint8 or t.dim() != 2 or t.shape[1] % nbytes:
+        raise ValueError(f"a {kind} part must be (rows, blocks x {nbytes}) uint8, not {t.dtype} {tuple(t.shape)}")
+    return t.shape[1] // nbytes * values
+
+
+def dequantize_blocks(kind: str, blocks: torch.Tensor) -> torch.Tensor:
+    """(rows, row_bytes) uint8 of a GGUF type -> (rows, K) float32, the values the file holds."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    values = dequantize(blocks.numpy(), GGMLQuantizationType[kind])
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(blocks.shape[0], -1)
+
+
+class BlockRows:
+    """A (V, H) table (the embedding) held as a GGUF tensor's blocks; looked-up rows are dequantized
+    then, to exactly the file's values. rows[ids] -> (*ids.shape, H) float32, like a tensor's."""
+
+    def __init__(self, kind: str, blocks: torch.Tensor):
+        self.kind, self.blocks = kind, blocks
+        self.shape = (blocks.shape[0], _values_per_row(kind, blocks))
+        self.dtype = torch.float32
+
+    def __getitem__(self, ids) -> torch.Tensor:
+        ids = torch.as_tensor(ids)
+        rows = dequantize_blocks(self.kind, self.blocks[ids.reshape(-1)])
+        return rows.reshape(*ids.shape, self.shape[1])
+
+    def row_bytes(self) -> int:
+        return self.blocks.shape[1]
+
+    def numel(self) -> int:  # with element_size(): the bytes held, as for a tensor
+        return self.blocks.numel()
+
+    def element_size(self) -> int:
+        return 1
 
 
 def _layout(fmt: str, n: int, k: int) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
@@ -63,6 +122,8 @@ class QLinear:
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, fmt: str):
+        if fmt == "gguf":
+            raise ValueError("the gguf format keeps a GGUF file's blocks: build it with QLinear.from_gguf")
         if fmt not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {fmt!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
         weight = weight.float()
@@ -82,10 +143,39 @@ class QLinear:
         else:
             self._pack_int4(weight)
 
+    @classmethod
+    def from_gguf(cls, parts: list[tuple[str, torch.Tensor]], bias: torch.Tensor | None) -> QLinear:
+        """The gguf-format QLinear whose weight is `parts` stacked row-wise, in order: (type, (rows,
+        row_bytes) uint8) as GGUFModel.blocks gives the file's tensors, or ("F32", (rows, K) float32).
+        Neighbouring parts of one type are joined, so a fused q/k/v of one type is one kernel call."""
+        _gguf_kernel()
+        self = cls.__new__(cls)
+        self.fmt = "gguf"
+        widths = {_values_per_row(kind, t) for kind, t in parts}
+        if len(widths) != 1:
+            raise ValueError(f"the parts of one linear have different widths {sorted(widths)}")
+        self.in_features = widths.pop()
+        if self.in_features % 32:
+            parts = [("F32", t if kind == "F32" else dequantize_blocks(kind, t)) for kind, t in parts]
+        joined: list[tuple[str, torch.Tensor]] = []
+        for kind, t in parts:
+            t = t.float().contiguous() if kind == "F32" else t.contiguous()
+            if joined and joined[-1][0] == kind:
+                t = torch.cat([joined.pop()[1], t])
+            joined.append((kind, t))
+        self.parts = joined
+        self.out_features = sum(t.shape[0] for _, t in joined)
+        self.bias = None if bias is None else bias.float().contiguous()
+        return self
+
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor this QLinear holds, by attribute name: weight, and scale / scale_zero / bias where
-        it has them (a format that grows another tensor must list it in _layout, or from_tensors refuses)."""
-        return {name: t for name, t in vars(self).items() if isinstance(t, torch.Tensor)}
+        it has them (a format that grows another tensor must list it in _layout, or from_tensors refuses);
+        the gguf format's parts as part{i}.{type}."""
+        out = {name: t for name, t in vars(self).items() if isinstance(t, torch.Tensor)}
+        for i, (kind, t) in enumerate(getattr(self, "parts", ())):
+            out[f"part{i}.{kind}"] = t
+        return out
 
     @classmethod
     def from_tensors(cls, tensors: dict[str, torch.Tensor], fmt: str, out_features: int,
@@ -98,6 +188,9 @@ class QLinear:
         """
         if fmt not in WEIGHT_FORMATS:
             raise ValueError(f"unknown weight format {fmt!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+        if fmt == "gguf":
+            raise ValueError("the gguf format reads its blocks from the GGUF file (QLinear.from_gguf); "
+                             "it is never converted or cached")
         self = cls.__new__(cls)
         self.out_features, self.in_features = out_features, in_features
         self.fmt = _stored_format(fmt, in_features)
@@ -133,11 +226,15 @@ class QLinear:
 
     def nbytes(self) -> int:
         """Bytes read from memory per use (weights, scales, bias)."""
+        if self.fmt == "gguf":
+            return sum(t.numel() * t.element_size() for t in self.tensors().values())
         tensors = [self.weight, self.bias, getattr(self, "scale", None), getattr(self, "scale_zero", None)]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def dense_weight(self) -> torch.Tensor:
         """(N, K) float32: the weight as this format represents it."""
+        if self.fmt == "gguf":
+            return torch.cat([t if kind == "F32" else dequantize_blocks(kind, t) for kind, t in self.parts])
         if self.fmt in ("fp32", "bf16"):
             return self.weight.float()
         if self.fmt in ("int8", "w8a8"):
@@ -147,6 +244,8 @@ class QLinear:
 
     def __call__(self, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
         # x: (M, K) float32
+        if self.fmt == "gguf":
+            return self._gguf_matmul(x)
         if not exact and self.fmt in ("int8", "w8a8") and x.shape[0] >= DENSE_MIN_ROWS:
             return self.prefill([x])[0]
         if self.fmt == "fp32":
@@ -164,6 +263,21 @@ class QLinear:
             y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.weight, INT4_GROUP, self.scale_zero).float()
         if self.bias is not None:
             y = y + self.bias
+        return y
+
+    def _gguf_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features)
+        quantized = None
+        col = 0
+        for kind, t in self.parts:
+            bias = None if self.bias is None else self.bias[col : col + t.shape[0]]
+            if kind == "F32":
+                kernels.f32_matmul_into(y, col, x, t, bias)
+            else:
+                quantized = quantized if quantized is not None else kernels.gguf_quantize(x)
+                kernels.gguf_matmul_into(y, col, GGUF_KERNEL_TYPES[kind], t, self.in_features, quantized, bias)
+            col += t.shape[0]
         return y
 
     def prefill(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -14,7 +14,23 @@ from specdec.model.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_fr
 from specdec.model.transformer import Transformer
 from specdec.model.weight_cache import load_or_build, worth_caching
 
-DEFAULT_WEIGHTS_FORMAT = "int8"
+FOLDER_WEIGHTS_FORMAT = "int8"  # the default for a Hugging Face folder (a GGUF file's is "gguf", its own blocks)
+
+
+def weights_format_for(path, weights_format: str | None = None) -> str:
+    """The in-memory format a checkpoint loads in: `weights_format` when given, else "gguf" for a GGUF file
+    (the file's own quantized blocks, computed as stored) and int8 for a Hugging Face folder or where the
+    GGUF kernel cannot be built (no C compiler, no AVX2)."""
+    if weights_format is not None:
+        if weights_format not in WEIGHT_FORMATS:
+            raise ValueError(f"unknown weight format {weights_format!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
+        if weights_format == "gguf" and Path(path).is_dir():
+            raise ValueError(f"--weights gguf keeps a GGUF file's own quantized blocks, and {path} is a Hugging Face "
+                             "folder; use --weights int8, w8a8, bf16 or fp32")
+        return weights_format
+    from specdec.model import kernels
+
+    return "gguf" if Path(path).is_file() and kernels.gguf() is not None else FOLDER_WEIGHTS_FORMAT
 
 
 @dataclass(frozen=True)
@@ -26,7 +42,7 @@ class ModelInfo:
     sha256: str
     arch: str
     quant: str  # as stored in the file (GGUF file type, or the safetensors dtype)
-    weights_dtype: str  # as held in memory (fp32, bf16, int8, int4)
+    weights_dtype: str  # as held in memory (fp32, bf16, int8, int4, w8a8, or gguf: the file's own blocks)
     params: int
     weight_bytes_per_token: int
 
@@ -46,15 +62,17 @@ class Model:
         return self.transformer.config
 
 
-def load_model(name_or_path: str, weights_format: str = DEFAULT_WEIGHTS_FORMAT, progress: bool = True,
+def load_model(name_or_path: str, weights_format: str | None = None, progress: bool = True,
                weight_cache: bool = True) -> Model:
-    """weight_cache: read the converted weights from $SPECDEC_HOME/converted when they are there, save them
+    """weights_format: one of WEIGHT_FORMATS, or None for the checkpoint's default (`weights_format_for`).
+    weight_cache: read the converted weights from $SPECDEC_HOME/converted when they are there, save them
     when not (model/weight_cache.py); False, or SPECDEC_NO_WEIGHT_CACHE=1, converts from the checkpoint."""
     from tqdm import tqdm
 
-    if weights_format not in WEIGHT_FORMATS:
+    if weights_format is not None and weights_format not in WEIGHT_FORMATS:
         raise ValueError(f"unknown weight format {weights_format!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
     path = resolve(name_or_path)
+    weights_format = weights_format_for(path, weights_format)
     checkpoint, tokenizer = open_checkpoint(path)
     c = checkpoint.config
     sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(Path(path))
@@ -62,7 +80,7 @@ def load_model(name_or_path: str, weights_format: str = DEFAULT_WEIGHTS_FORMAT, 
     # shown only while converting (a read from the cache makes no progress calls)
     bar = tqdm(total=c.num_layers, desc=f"load {Path(path).name} ({weights_format})", unit="layer",
                disable=not progress, file=sys.stderr, leave=False, delay=0.5)
-    if worth_caching(params, weight_cache):
+    if weights_format != "gguf" and worth_caching(params, weight_cache):  # gguf converts nothing
         transformer = load_or_build(checkpoint, sha, weights_format, progress=bar.update)
     else:
         transformer = build_transformer(checkpoint, weights_format, progress=bar.update)

@@ -155,7 +155,7 @@ class Transformer:
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[Layer], norm: torch.Tensor,
                  lm_head: QLinear, weights_format: str):
         self.config = config
-        self.embed = embed  # (V, H), float32 or bf16 (rows are looked up, then widened)
+        self.embed = embed  # (V, H): float32 or bf16 rows, or the file's blocks (BlockRows); looked up, widened
         self.layers = layers
         self.norm = norm
         self.lm_head = lm_head
@@ -177,7 +177,8 @@ class Transformer:
     # -- sizes -------------------------------------------------------------------------------
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads (all matrices, norms, one embedding row)."""
-        total = self.lm_head.nbytes() + self.embed.shape[1] * self.embed.element_size()
+        row = self.embed.row_bytes() if hasattr(self.embed, "row_bytes") else self.embed.shape[1] * self.embed.element_size()
+        total = self.lm_head.nbytes() + row
         for layer in self.layers:
             total += sum(m.nbytes() for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
         return total

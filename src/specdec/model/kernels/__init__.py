@@ -4,6 +4,10 @@ attend.c: the exact attention rows of a forward (each query row over exactly its
 fixed order) for every sequence of a batch in one call, where torch needed ~8 small ops per row
 and layer; row-invariant by construction like w8a8.c.
 
+gguf.c: a matmul over a GGUF file's own quantized blocks (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K), unpacked
+inside the kernel, with activations quantized as w8a8.c's and integer dot products: the weights the
+file holds, exactly (model/linear.py, the gguf format). Row-invariant the same way.
+
 w8a8.c: int8 weights x int8 activations (blocks of 32, llama.cpp's Q8_0 layout) with AVX2 integer
 dot products. torch's weight-only int8 kernel (bf16 activations) reads ~9 GB/s for one row and
 costs ~4x for four; this one reads ~13-15 GB/s per core and costs ~2x for four rows, which is what
@@ -29,8 +33,9 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("w8a8.c")
 ATTEND_SOURCE = Path(__file__).with_name("attend.c")
+GGUF_SOURCE = Path(__file__).with_name("gguf.c")
 ATTEND_MAX_HEAD_DIM = 512  # attend.c's MAX_HEAD_DIM
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 BLOCK = 32  # activations are quantized in blocks of this many values
 
 _why: dict[str, str] = {}
@@ -54,7 +59,7 @@ def _cpu_flags() -> set[str]:
 def _build(source: Path):
     """source compiled (once per source and flags digest) and loaded, or None with the reason kept."""
     kernel = source.stem
-    missing = {"avx2", "fma"} - _cpu_flags()
+    missing = {"avx2", "fma", "f16c"} - _cpu_flags()
     if missing:
         _why[kernel] = f"this CPU lacks {', '.join(sorted(missing))}"
         return None
@@ -109,6 +114,64 @@ def attend():
     lib.attend_rows.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
     lib.attend_rows.restype = None
     return lib
+
+
+@lru_cache(maxsize=1)
+def gguf():
+    """The loaded GGUF-blocks library (ctypes.CDLL), or None (`why_unavailable("gguf")`)."""
+    lib = _build(GGUF_SOURCE)
+    if lib is None:
+        return None
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.quantize_rows_sums.argtypes = [p, i64, i64, p, p, p]
+    lib.quantize_rows_sums.restype = None
+    lib.gguf_block_bytes.argtypes = [i32]
+    lib.gguf_block_bytes.restype = i64
+    lib.gguf_mm.argtypes = [i32, p, i64, i64, i64, p, p, p, i64, p, p, i64, i32]
+    lib.gguf_mm.restype = None
+    lib.f32_mm.argtypes = [p, i64, i64, p, i64, p, p, i64, i32]
+    lib.f32_mm.restype = None
+    return lib
+
+
+def gguf_quantize(x):
+    """x (M, K) float32, K % 32 == 0 -> (xq int8 (M, K), xs (M, K/32), xsum (M, K/32)), the activations
+    gguf.c's matmul takes: int8 in blocks of 32 with a float scale each, and xs * sum(xq) per block."""
+    import torch
+
+    x = x.contiguous()
+    M, K = x.shape
+    xq = torch.empty(M, K, dtype=torch.int8)
+    xs = torch.empty(M, K // BLOCK, dtype=torch.float32)
+    xsum = torch.empty(M, K // BLOCK, dtype=torch.float32)
+    gguf().quantize_rows_sums(x.data_ptr(), M, K, xq.data_ptr(), xs.data_ptr(), xsum.data_ptr())
+    return xq, xs, xsum
+
+
+def gguf_matmul_into(y, col: int, type_id: int, blocks, K: int, quantized, bias=None) -> None:
+    """y[:, col:col + N] = x @ W.T (+ bias) for the (N, K) weight W held as a GGUF tensor's blocks.
+
+    y: (M, ldy) float32, contiguous; blocks: (N, row_bytes) uint8, the file's rows; quantized:
+    `gguf_quantize(x)`; bias: (N,) float32 or None. Needs `gguf()` to have loaded.
+    """
+    import torch
+
+    xq, xs, xsum = quantized
+    N, row_bytes = blocks.shape
+    M, ldy = y.shape
+    gguf().gguf_mm(type_id, blocks.data_ptr(), N, K, row_bytes, xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(), M,
+                   None if bias is None else bias.data_ptr(), y.data_ptr() + 4 * col, ldy, torch.get_num_threads())
+
+
+def f32_matmul_into(y, col: int, x, weight, bias=None) -> None:
+    """y[:, col:col + N] = x @ weight.T (+ bias), each element summed in one fixed order (gguf.c's
+    f32_mm): x (M, K), weight (N, K) float32, contiguous."""
+    import torch
+
+    M, K = x.shape
+    N = weight.shape[0]
+    gguf().f32_mm(x.data_ptr(), M, K, weight.data_ptr(), N, None if bias is None else bias.data_ptr(),
+                  y.data_ptr() + 4 * col, y.shape[1], torch.get_num_threads())
 
 
 def w8a8_matmul(x, weight, scale, bias=None):

@@ -1,0 +1,258 @@
+"""The gguf weight format: a GGUF file's own quantized blocks, computed as stored (model/kernels/gguf.c)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from helpers.tiny import make_gguf_model, make_hf_model, random_kquant_blocks
+from specdec.engine.config import SpecConfig
+from specdec.engine.engine import Engine
+from specdec.model import kernels
+from specdec.model.linear import GGUF_KERNEL_TYPES, BlockRows, QLinear
+from specdec.model.load import load_model, weights_format_for
+from specdec.sampling import SamplingParams
+
+pytestmark = pytest.mark.skipif(kernels.gguf() is None, reason="no GGUF kernel here (no cc or no AVX2)")
+TYPES = list(GGUF_KERNEL_TYPES)
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")
+# every kernel type, taken in turn by the tiny model's matrices (K-quants where the width is 256)
+MIXED = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K"]
+PROMPT = [5, 9, 77, 100, 3, 250, 17, 42, 8, 300]
+NEW = [40, 300, 7, 12, 99, 5]
+
+
+def blocks_of(kind: str, rows: int, cols: int, seed: int = 0) -> torch.Tensor:
+    if kind in K_QUANTS:
+        return torch.from_numpy(random_kquant_blocks(rows, cols, kind, seed))
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) * 0.1
+    return torch.from_numpy(quantize(w, GGMLQuantizationType[kind]))
+
+
+def file_values(kind: str, blocks: torch.Tensor) -> torch.Tensor:
+    """(rows, K) float64: what the file's blocks hold, decoded by the gguf package."""
+    values = dequantize(blocks.numpy(), GGMLQuantizationType[kind]).astype(np.float64)
+    return torch.from_numpy(values).reshape(blocks.shape[0], -1)
+
+
+def quantized_input(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel sees it: int8 blocks of 32 times their scales, in float64."""
+    xq, xs, _ = kernels.gguf_quantize(x)
+    return (xq.double().reshape(x.shape[0], -1, 32) * xs.double()[..., None]).reshape(x.shape)
+
+
+# -- the kernel ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", TYPES)
+def test_kernel_computes_the_files_weights(kind):
+    b = blocks_of(kind, 37, 512)
+    x = torch.randn(6, 512)
+    y = QLinear.from_gguf([(kind, b)], None)(x)
+    ref = quantized_input(x) @ file_values(kind, b).T
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_rows_are_bitwise_the_same_in_any_batch_and_at_any_thread_count(kind):
+    lin = QLinear.from_gguf([(kind, blocks_of(kind, 40, 512, seed=1))], torch.randn(40))
+    x = torch.randn(9, 512)
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
+    for m in (2, 4, 5, 9):  # tiles of 4 rows, full and partial
+        assert torch.equal(lin(x[:m]), alone[:m]), f"{m} rows"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = lin(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one_thread, alone)
+
+
+def test_parts_of_several_types_stack_row_wise_with_the_bias():
+    parts = [("Q4_K", blocks_of("Q4_K", 8, 256)), ("Q4_K", blocks_of("Q4_K", 3, 256, seed=2)),
+             ("F32", torch.randn(5, 256)), ("Q6_K", blocks_of("Q6_K", 4, 256)), ("Q8_0", blocks_of("Q8_0", 2, 256))]
+    bias = torch.randn(22)
+    lin = QLinear.from_gguf(parts, bias)
+    assert [kind for kind, _ in lin.parts] == ["Q4_K", "F32", "Q6_K", "Q8_0"]  # neighbours of one type joined
+    assert (lin.out_features, lin.in_features) == (22, 256)
+    x = torch.randn(3, 256)
+    xd = quantized_input(x)
+    ref = torch.cat([x.double() @ t.double().T if kind == "F32" else xd @ file_values(kind, t).T
+                     for kind, t in parts], dim=1) + bias.double()
+    assert (lin(x).double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    dense = torch.cat([t.double() if kind == "F32" else file_values(kind, t) for kind, t in parts])
+    assert torch.equal(lin.dense_weight().double(), dense)
+    assert lin.nbytes() == sum(t.numel() * t.element_size() for _, t in parts) + 4 * 22
+
+
+def test_bad_parts_are_refused():
+    with pytest.raises(ValueError, match="blocks x 34"):
+        QLinear.from_gguf([("Q8_0", torch.zeros(4, 33, dtype=torch.uint8))], None)
+    with pytest.raises(ValueError, match="different widths"):
+        QLinear.from_gguf([("Q8_0", blocks_of("Q8_0", 2, 64)), ("Q8_0", blocks_of("Q8_0", 2, 96))], None)
+    with pytest.raises(ValueError, match="from_gguf"):
+        QLinear(torch.zeros(4, 32), None, "gguf")
+    with pytest.raises(ValueError, match="never converted or cached"):
+        QLinear.from_tensors({}, "gguf", 4, 32)
+
+
+def test_without_the_kernel_gguf_is_a_clear_error_and_not_the_default(monkeypatch, tmp_path):
+    monkeypatch.setattr(kernels, "gguf", lambda: None)
+    monkeypatch.setitem(kernels._why, "gguf", "no C compiler (cc) found; install gcc")
+    with pytest.raises(ValueError, match="--weights gguf needs specdec's GGUF kernel.*no C compiler.*--weights int8"):
+        QLinear.from_gguf([("Q8_0", blocks_of("Q8_0", 2, 64))], None)
+    assert weights_format_for(make_gguf_model(tmp_path / "m.gguf")) == "int8"
+
+
+def test_embedding_rows_are_the_files_values():
+    b = blocks_of("Q5_1", 50, 64)
+    rows = BlockRows("Q5_1", b)
+    ids = torch.tensor([[3, 7], [49, 0]])
+    assert rows.shape == (50, 64)
+    assert torch.equal(rows[ids], file_values("Q5_1", b).float()[ids])
+
+
+# -- a tiny GGUF of mixed types ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def mixed_gguf(tmp_path_factory):
+    return make_gguf_model(tmp_path_factory.mktemp("gguf") / "mixed.gguf", tensor_type=MIXED, hidden=256,
+                           intermediate=512, heads=4, kv_heads=2)
+
+
+@pytest.fixture(scope="module")
+def mixed(mixed_gguf):
+    return load_model(str(mixed_gguf), progress=False)  # the default for a GGUF file: gguf
+
+
+def test_a_gguf_file_loads_in_its_own_blocks_by_default(mixed, mixed_gguf, tmp_path):
+    assert mixed.info.weights_dtype == "gguf"
+    tr = mixed.transformer
+    kinds = {kind for layer in tr.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)
+             for kind, _ in lin.parts} | {kind for kind, _ in tr.lm_head.parts} | {tr.embed.kind}
+    assert kinds == set(MIXED)
+    assert weights_format_for(make_hf_model(tmp_path / "hf")) == "int8"
+    with pytest.raises(ValueError, match="--weights gguf keeps a GGUF file's own quantized blocks.*Hugging Face folder"):
+        load_model(str(tmp_path / "hf"), "gguf", progress=False)
+
+
+def test_gguf_computes_the_model_the_file_holds(mixed, mixed_gguf):
+    """Against the file's weights dequantized to fp32: only the int8 activations differ."""
+    ref = load_model(str(mixed_gguf), "fp32", progress=False).transformer
+    tr = mixed.transformer
+
+    def logits(t):
+        cache = t.new_cache(64)
+        return t.forward(torch.tensor([PROMPT + NEW]), cache, [cache.allocate()]).logits[0].double()
+
+    a, b = logits(tr).log_softmax(-1), logits(ref).log_softmax(-1)
+    kl = (b.exp() * (b - a)).sum(-1)
+    assert kl.max() < 0.01 and (a.argmax(-1) == b.argmax(-1)).double().mean() >= 0.9
+    assert not torch.equal(a, b)
+
+
+def test_multi_token_forward_equals_single_steps_bitwise(mixed):
+    tr = mixed.transformer
+    cache = tr.new_cache(64)
+    slot = cache.allocate()
+    tr.forward(torch.tensor([PROMPT]), cache, [slot], exact=False, last_only=True)
+    start = cache.lengths[slot]
+    singles = [tr.forward(torch.tensor([[t]]), cache, [slot]).logits[0, 0] for t in NEW]
+    cache.truncate(slot, start)
+    multi = tr.forward(torch.tensor([NEW]), cache, [slot]).logits[0]
+    for i, single in enumerate(singles):
+        assert torch.equal(multi[i], single), f"row {i}"
+
+
+def test_greedy_speculative_output_equals_plain(mixed, mixed_gguf):
+    """A draft model of the same file accepts everything, so verify runs 5-token batches throughout."""
+    engine = Engine(mixed, max_len=128)
+    plain = engine.generate(PROMPT, SamplingParams(), max_tokens=24)
+    out = engine.generate(PROMPT, SamplingParams(), max_tokens=24,
+                          spec=SpecConfig(drafters=("draft-simple",), draft_model=str(mixed_gguf), draft_n_max=4))
+    assert out.token_ids == plain.token_ids
+    assert out.stats.accepted >= 12
+    assert engine.load_draft_model(str(mixed_gguf)).info.weights_dtype == "gguf"
+
+
+def test_nothing_is_converted_or_cached(mixed_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    load_model(str(mixed_gguf), "gguf", progress=False)
+    assert not list((tmp_path / "home").rglob("*.safetensors"))
+
+
+# -- the real files ------------------------------------------------------------------------------------
+CODE_PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is a prime number.\"\"\"\n"
+EDIT_PROMPT = ("Rename the variable `total` to `running_sum` and return the whole code.\n\n"
+               "def accumulate(values):\n    total = 0\n    for v in values:\n        total = total + v\n"
+               "    return total\n\nAnswer:\ndef accumulate(values):\n")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b", "gemma3-270m"])
+def test_real_file_multi_token_forward_equals_single_steps_bitwise(name):
+    """Q4_1 + Q8_0 (smollm2), Q5_0 + Q8_0 + Q4_K + Q6_K (qwen 0.5B, gemma3), three architectures."""
+    from helpers.models import real_model
+
+    model = real_model(name, "gguf")
+    tr = model.transformer
+    ids = model.tokenizer.encode(CODE_PROMPT)
+    cache = tr.new_cache(128)
+    slot = cache.allocate()
+    tr.forward(torch.tensor([ids]), cache, [slot], exact=False, last_only=True)
+    start = cache.lengths[slot]
+    singles = [tr.forward(torch.tensor([[t]]), cache, [slot]).logits[0, 0] for t in NEW]
+    cache.truncate(slot, start)
+    multi = tr.forward(torch.tensor([NEW]), cache, [slot]).logits[0]
+    for i, single in enumerate(singles):
+        assert torch.equal(multi[i], single), f"{name} row {i}"
+
+
+@pytest.mark.slow
+def test_real_file_gguf_is_closer_to_the_file_than_int8(smollm_fp32, smollm):
+    from helpers.models import real_model
+
+    gguf_model = real_model("smollm2-135m", "gguf")
+    ids = smollm.tokenizer.encode(EDIT_PROMPT * 3)[:160]
+
+    def logprobs(model):
+        tr = model.transformer
+        cache = tr.new_cache(len(ids) + 1)
+        return tr.forward(torch.tensor([ids]), cache, [cache.allocate()], exact=False).logits[0].double().log_softmax(-1)
+
+    ref = logprobs(smollm_fp32)
+    kl = {m.info.weights_dtype: (ref.exp() * (ref - logprobs(m))).sum(-1).mean().item() for m in (gguf_model, smollm)}
+    assert kl["gguf"] < kl["int8"], kl  # both quantize activations or round them; only int8 changes weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter", ["ngram-simple", "suffix", "draft-eagle3", "draft-mtp"])
+def test_real_file_greedy_speculative_output_equals_plain(drafter):
+    from helpers.models import real_model
+
+    engine = Engine(real_model("smollm2-135m", "gguf"), max_len=512)
+    tok = engine.model.tokenizer
+    drafted = 0
+    for prompt in (EDIT_PROMPT, CODE_PROMPT):
+        ids = tok.encode(prompt)
+        plain = engine.generate(ids, SamplingParams(), max_tokens=48)
+        out = engine.generate(ids, SamplingParams(), max_tokens=48, spec=SpecConfig(drafters=(drafter,), draft_n_max=4))
+        assert out.token_ids == plain.token_ids, f"{drafter} changed {prompt[:30]!r}"
+        drafted += out.stats.accepted
+    assert drafted > 0
+
+
+@pytest.mark.slow
+def test_real_qwen_pair_greedy_equality_in_the_files_blocks():
+    from helpers.models import real_model
+
+    target = real_model("qwen2.5-coder-1.5b", "gguf")
+    engine = Engine(target, max_len=512)
+    ids = target.tokenizer.encode(CODE_PROMPT)
+    plain = engine.generate(ids, SamplingParams(), max_tokens=32)
+    spec = SpecConfig(drafters=("draft-simple",), draft_model="qwen2.5-coder-0.5b", draft_n_max=3)
+    out = engine.generate(ids, SamplingParams(), max_tokens=32, spec=spec)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.accepted > 8
+    assert engine.load_draft_model("qwen2.5-coder-0.5b").info.weights_dtype == "gguf"
