@@ -1,96 +1,325 @@
-"""Plain greedy decode speed of the named models in each weight format, beside transformers.
+"""The runtime's speed beside llama.cpp on the same GGUF files; writes docs/runtime-speed.md.
 
-    python scripts/runtime_speed.py --models smollm2-135m,qwen2.5-coder-0.5b --formats fp32,bf16,int8,int4
+    python scripts/runtime_speed.py --out docs/runtime-speed.md --fidelity smollm2-135m,qwen2.5-coder-0.5b
+    python scripts/runtime_speed.py --models smollm2-135m --formats gguf,w8a8 --llama-cpp none
 
-Prints a Markdown table: decode tokens/s (median of --repeats runs), weight bytes read per
-token, the bandwidth limit (measured here with a 1 GiB numpy read) and our share of it.
-transformers runs `generate` on the same GGUF (it dequantizes to the dtype named).
+Per model and weight format: plain greedy decode (tokens/s), prefill of a 256-token prompt (tokens/s),
+the cost of one forward of t = 1, 2, 4, 8 new tokens after 100 tokens of context (t = 1 is a decode
+step; t is what verifying a draft of t - 1 tokens costs) and the start-up time (a second start: caches
+warm). Each figure is the median over --rounds rounds, the runtimes taking turns within a round.
+
+llama.cpp beside it, never a dependency of specdec, from one of:
+  --llama-cpp PYTHON     an interpreter with the llama-cpp-python package (the same measurements, in a
+                         child process of that interpreter, one per round); "auto" (default) uses this
+                         interpreter when it imports llama_cpp, "none" measures specdec alone
+  --llama-bench PATH     llama-bench's JSON (-o json): decode (tg) and prefill (pp) only
+  --llama-server URL     a running llama-server on the model named first: its own timings, decode and prefill
+--fidelity MODELS adds each format's top-1 agreement and KL against the file's weights dequantized to
+fp32 (scripts/fidelity.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
+import shlex
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
-import torch
+WIDTHS = (1, 2, 4, 8)
+CONTEXT = 100  # tokens before the forwards of the cost curve
+PROMPT = "def merge_sort(items):\n    \"\"\"Sort a list with merge sort.\"\"\"\n"
+LONG_TEXT = Path(__file__).resolve().parent.parent / "src" / "specdec" / "engine" / "engine.py"
 
 
-def bandwidth_gb_s() -> float:
-    a = np.ones(1 << 28, dtype=np.float32)  # 1 GiB
-    a.sum()
+def _median_ms(run, n: int = 8) -> float:
     times = []
-    for _ in range(3):
+    for _ in range(n):
         t = time.perf_counter()
-        a.sum()
+        run()
         times.append(time.perf_counter() - t)
-    return a.nbytes / min(times) / 1e9
+    return statistics.median(times) * 1e3
 
 
-def ours(name: str, fmt: str, prompt: str, tokens: int, repeats: int) -> tuple[float, int]:
-    from specdec.engine.engine import Engine
-    from specdec.model.load import load_model
-    from specdec.sampling import SamplingParams
+# -- specdec ----------------------------------------------------------------------------------------
+class Ours:
+    """One model in one weight format, loaded once, measured each round."""
 
-    model = load_model(name, fmt, progress=False)
-    engine = Engine(model, max_len=512)
-    ids = model.tokenizer.encode(prompt)
-    engine.generate(ids, SamplingParams(), max_tokens=4)
-    rates = [engine.generate(ids, SamplingParams(), max_tokens=tokens).decode_tokens_per_s for _ in range(repeats)]
-    return statistics.median(rates), model.info.weight_bytes_per_token
+    def __init__(self, name: str, fmt: str, tokens: int):
+        from specdec.engine.engine import Engine
+        from specdec.model.load import load_model
+
+        load_model(name, fmt, progress=False)  # a first start writes the converted-weights cache (int8, ...)
+        t = time.perf_counter()
+        self.model = load_model(name, fmt, progress=False)
+        self.load_s = time.perf_counter() - t
+        self.engine = Engine(self.model, max_len=1024)
+        self.tokens = tokens
+        tok = self.model.tokenizer
+        self.prompt = tok.encode(PROMPT)
+        self.long = tok.encode(LONG_TEXT.read_text())[:256]
+
+    def measure(self) -> dict:
+        import torch
+
+        from specdec.sampling import SamplingParams
+
+        out = self.engine.generate(self.prompt, SamplingParams(), max_tokens=self.tokens)
+        tr = self.model.transformer
+        cache = tr.new_cache(512)
+        slot = cache.allocate()
+
+        def prefill():
+            cache.truncate(slot, 0)
+            tr.forward(torch.tensor([self.long]), cache, [slot], exact=False, last_only=True)
+
+        prefill_ms = _median_ms(prefill, 3)
+        cache.truncate(slot, CONTEXT)
+        curve = {}
+        for t in WIDTHS:
+            def step(t=t):
+                tr.forward(torch.tensor([[5] * t]), cache, [slot])
+                cache.truncate(slot, CONTEXT)
+
+            curve[t] = _median_ms(step)
+        return {"decode": out.decode_tokens_per_s, "prefill": len(self.long) / prefill_ms * 1e3, "curve": curve,
+                "load_s": self.load_s}
 
 
-def transformers_rate(name: str, dtype: str, prompt: str, tokens: int, repeats: int) -> float:
-    from transformers import AutoModelForCausalLM
+# -- llama.cpp --------------------------------------------------------------------------------------
+def llama_cpp_worker(path: str, tokens: int, threads: int) -> dict:
+    """The same measurements through llama-cpp-python (run in the interpreter that has it)."""
+    import numpy as np
+    from llama_cpp import Llama
 
-    from specdec.model.load import load_model
+    t = time.perf_counter()
+    llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                logits_all=True, verbose=False)
+    load_s = time.perf_counter() - t
+    n_vocab = llm.n_vocab()
+
+    def last_logits():
+        return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
+
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=True)
+    llm.reset()
+    llm.eval(prompt)
+    tok = int(last_logits().argmax())
+    t = time.perf_counter()
+    for _ in range(tokens - 1):
+        llm.eval([tok])
+        tok = int(last_logits().argmax())
+    decode = (tokens - 1) / (time.perf_counter() - t)
+
+    long = llm.tokenize(LONG_TEXT.read_text().encode(), add_bos=True)[:256]
+
+    def prefill():
+        llm.reset()
+        llm.eval(long)
+
+    prefill_ms = _median_ms(prefill, 3)
+    llm.reset()
+    llm.eval(long[:CONTEXT])
+    curve = {}
+    for width in WIDTHS:
+        def step(width=width):
+            llm.n_tokens = CONTEXT  # eval drops the cache past n_tokens first
+            llm.eval([5] * width)
+
+        curve[width] = _median_ms(step)
+    import llama_cpp
+
+    return {"decode": decode, "prefill": len(long) / prefill_ms * 1e3, "curve": curve, "load_s": load_s,
+            "version": f"llama-cpp-python {llama_cpp.__version__}"}
+
+
+def run_worker(python: str, path: str, tokens: int, threads: int) -> dict:
+    cmd = [python, __file__, "--worker", path, "--tokens", str(tokens), "--threads", str(threads)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama-cpp-python worker failed: {done.stderr.strip()[-500:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["curve"] = {int(k): v for k, v in out["curve"].items()}
+    return out
+
+
+def llama_bench(binary: str, path: str, tokens: int, threads: int) -> dict:
+    cmd = [binary, "-m", path, "-p", "256", "-n", str(tokens), "-t", str(threads), "-o", "json"]
+    rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=900).stdout)
+    out = {"version": f"llama-bench {rows[0].get('build_commit', '?')}"}
+    for row in rows:
+        out["decode" if row.get("n_gen") else "prefill"] = row["avg_ts"]
+    return out
+
+
+def llama_server(url: str, tokens: int) -> dict:
+    import urllib.request
+
+    body = json.dumps({"prompt": LONG_TEXT.read_text()[:1200], "n_predict": tokens, "temperature": 0,
+                       "cache_prompt": False}).encode()
+    req = urllib.request.Request(url.rstrip("/") + "/completion", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as resp:
+        timings = json.loads(resp.read())["timings"]
+    return {"decode": timings["predicted_per_second"], "prefill": timings["prompt_per_second"],
+            "version": f"llama-server at {url}"}
+
+
+# -- the report --------------------------------------------------------------------------------------
+def _med(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _fmt(v, digits=1):
+    return "" if v is None else f"{v:.{digits}f}"
+
+
+def report(args, results: dict, peer_version: str | None, fidelity: list[str], threads: int) -> str:
+    import torch
+
     from specdec.model.registry import resolve
 
-    path = str(resolve(name))
-    tok = load_model.__globals__["open_checkpoint"](path)[1]
-    ids = torch.tensor([tok.encode(prompt)])
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                 dtype=getattr(torch, dtype))
-    rates = []
-    with torch.no_grad():
-        model.generate(ids, max_new_tokens=4, do_sample=False)
-        for _ in range(repeats):
-            t = time.perf_counter()
-            model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False)
-            prefill = time.perf_counter() - t
-            t = time.perf_counter()
-            out = model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
-            total = time.perf_counter() - t
-            rates.append((out.shape[1] - ids.shape[1] - 1) / (total - prefill))
-    return statistics.median(rates)
+    formats = args.formats.split(",")
+    lines = [
+        "# Runtime speed beside llama.cpp",
+        "",
+        f"Generated by `python scripts/runtime_speed.py {shlex.join(sys.argv[1:])}` on {time.strftime('%Y-%m-%d')} "
+        f"(commit {_commit()}): {_cpu()}, {os.cpu_count()} cores, {threads} threads for every runtime, torch "
+        f"{torch.__version__}; llama.cpp: {peer_version or 'not measured'}. Medians of {args.rounds} rounds; "
+        "the runtimes take turns within each round. Decode: greedy tokens/s after a short code prompt "
+        f"({args.tokens} tokens). Prefill: a 256-token prompt in one forward. Verify cost: one forward of "
+        f"t new tokens after {CONTEXT} tokens of context (what verifying a draft of t - 1 tokens costs; "
+        "llama.cpp's batch asks for the logits of every row, as its speculative decoding does). Formats: "
+        "gguf = the file's own quantized blocks computed as stored (specdec's default for a GGUF file); int8 "
+        "and w8a8 requantize the file per output channel (model/linear.py).",
+        "",
+        "## Decode and prefill (tokens/s)",
+        "",
+        "| model (file) | " + " | ".join(f"specdec {f}" for f in formats) + " | llama.cpp | best specdec / llama.cpp |",
+        "|---|" + "---|" * (len(formats) + 2),
+    ]
+    for kind in ("decode", "prefill"):
+        if kind == "prefill":
+            lines += ["", "| prefill, model | " + " | ".join(f"specdec {f}" for f in formats) +
+                      " | llama.cpp | best specdec / llama.cpp |", "|---|" + "---|" * (len(formats) + 2)]
+        for name, per in results.items():
+            ours = [_med([r[kind] for r in per[f]]) for f in formats]
+            peer = _med([r.get(kind) for r in per.get("llama.cpp", [])])
+            best = max(v for v in ours if v is not None)
+            ratio = f"{best / peer:.2f}x" if peer else ""
+            label = f"{name} ({Path(resolve(name)).name})" if kind == "decode" else name
+            lines.append(f"| {label} | " + " | ".join(_fmt(v) for v in ours) + f" | {_fmt(peer)} | {ratio} |")
+    lines += ["", "## Verify cost: one forward of t new tokens (ms)", "",
+              "| model | runtime | " + " | ".join(f"t={t}" for t in WIDTHS) + " | forward(4) / forward(1) |",
+              "|---|---|" + "---|" * (len(WIDTHS) + 1)]
+    for name, per in results.items():
+        for who, runs in per.items():
+            if not runs or "curve" not in runs[0]:
+                continue
+            curve = {t: _med([r["curve"][t] for r in runs]) for t in WIDTHS}
+            label = who if who == "llama.cpp" else f"specdec {who}"
+            lines.append(f"| {name} | {label} | " + " | ".join(_fmt(curve[t]) for t in WIDTHS) +
+                         f" | {curve[4] / curve[1]:.2f} |")
+    lines += ["", "## Start-up: a second start, ready to generate (s)", "",
+              "| model | " + " | ".join(f"specdec {f}" for f in formats) + " | llama.cpp |",
+              "|---|" + "---|" * (len(formats) + 1)]
+    for name, per in results.items():
+        peer = _med([r.get("load_s") for r in per.get("llama.cpp", [])])
+        lines.append(f"| {name} | " + " | ".join(_fmt(per[f][0]["load_s"], 2) for f in formats) +
+                     f" | {_fmt(peer, 2)} |")
+    if fidelity:
+        lines += ["", "## Fidelity to the file", "",
+                  "Top-1 agreement and mean KL(fp32 || format) of the next-token distribution over 384 positions of "
+                  "a Python source file, against the file's weights dequantized to fp32 (`scripts/fidelity.py`).",
+                  "", "```", *fidelity, "```"]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b")
-    p.add_argument("--formats", default="fp32,bf16,int8,int4")
-    p.add_argument("--hf-dtypes", default="float32,bfloat16")
-    p.add_argument("--tokens", type=int, default=48)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--formats", default="gguf,int8,w8a8")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--llama-cpp", default="auto", help="python interpreter with llama-cpp-python, auto, or none")
+    p.add_argument("--llama-bench", default=None, help="path of llama-bench")
+    p.add_argument("--llama-server", default=None, help="URL of a running llama-server on the first model")
+    p.add_argument("--fidelity", default="", help="models to add the fidelity table for")
+    p.add_argument("--out", default=None, help="write the Markdown report here (default: print it)")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
-    prompt = "def merge_sort(items):\n    \"\"\"Sort a list with merge sort.\"\"\"\n"
-    bw = bandwidth_gb_s()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; memory bandwidth (numpy 1 GiB sum): "
-          f"{bw:.1f} GB/s\n")
-    print("| model | runtime | weights in memory | decode tok/s | weight bytes/token | bandwidth limit tok/s | share |")
-    print("|---|---|---|---|---|---|---|")
-    for name in args.models.split(","):
-        for fmt in args.formats.split(","):
-            rate, nbytes = ours(name, fmt, prompt, args.tokens, args.repeats)
-            limit = bw * 1e9 / nbytes
-            print(f"| {name} | specdec | {fmt} | {rate:.1f} | {nbytes / 1e6:.0f} MB | {limit:.0f} | "
-                  f"{rate / limit:.0%} |", flush=True)
-        for dtype in filter(None, args.hf_dtypes.split(",")):  # --hf-dtypes "" skips transformers
-            rate = transformers_rate(name, dtype, prompt, args.tokens, args.repeats)
-            print(f"| {name} | transformers {__import__('transformers').__version__} generate | {dtype} | "
-                  f"{rate:.1f} | | | |", flush=True)
+    if args.worker:
+        print(json.dumps(llama_cpp_worker(args.worker, args.tokens, args.threads)))
+        return
+
+    import torch
+
+    from specdec.model.registry import resolve
+
+    torch.set_num_threads(args.threads)
+    python = args.llama_cpp
+    if python == "auto":
+        try:
+            import llama_cpp  # noqa: F401
+
+            python = sys.executable
+        except ImportError:
+            python = "none"
+    results: dict = {}
+    peer_version = None
+    for n, name in enumerate(args.models.split(",")):
+        path = str(resolve(name))
+        ours = {f: Ours(name, f, args.tokens) for f in args.formats.split(",")}
+        per: dict = {f: [] for f in ours}
+        per["llama.cpp"] = []
+        for _ in range(args.rounds):
+            for f, o in ours.items():
+                per[f].append(o.measure())
+            if python != "none":
+                per["llama.cpp"].append(run_worker(python, path, args.tokens, args.threads))
+        if args.llama_bench:
+            per["llama.cpp"] = [llama_bench(args.llama_bench, path, args.tokens, args.threads)]
+        elif args.llama_server and n == 0:
+            per["llama.cpp"] = [llama_server(args.llama_server, args.tokens) for _ in range(args.rounds)]
+        if per["llama.cpp"]:
+            peer_version = per["llama.cpp"][0].get("version")
+        results[name] = per
+        del ours
+        print(f"{name}: done", file=sys.stderr, flush=True)
+    fidelity = []
+    for name in filter(None, args.fidelity.split(",")):
+        script = Path(__file__).with_name("fidelity.py")
+        done = subprocess.run([sys.executable, str(script), "--model", name, "--formats", args.formats],
+                              capture_output=True, text=True, check=True)
+        fidelity += done.stdout.strip().splitlines()
+    text = report(args, results, peer_version, fidelity, args.threads)
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ def test_expected_tokens():
 
 def test_cheap_verification_favours_long_drafts_and_costly_short_ones():
     flat = [0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
-    steep = [0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    steep = [0, 1.0, 1.3, 2.6, 3.9, 5.2, 6.5]
     assert best_draft_length(0.8, flat, 0.0, 5) == 5
     assert best_draft_length(0.8, steep, 0.0, 5) == 1
     assert best_draft_length(0.3, [0, 1.0, 1.0, 1.6, 2.2, 2.8], 0.0, 4) == 1
@@ -32,8 +32,8 @@ def test_a_drafter_that_costs_one_pass_is_not_charged_per_token():
     """A block drafter's time is one pass per proposal: charged per token it would cut the draft
     that the same seconds, charged once per step, let run to the end of the block."""
     costly = [0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5]
-    assert best_draft_length(0.7, costly, 0.5, 5) < 5  # 0.5 s per drafted token
-    assert best_draft_length(0.7, costly, 0.0, 5, draft_cost_per_pass=0.5 * 5) == 5  # the same seconds, once
+    assert 0 < best_draft_length(0.7, costly, 0.1, 5) < 5  # 0.1 s per drafted token
+    assert best_draft_length(0.7, costly, 0.0, 5, draft_cost_per_pass=0.1 * 5) == 5  # the same seconds, once
 
 
 def test_adaptive_mode_charges_block_drafters_per_pass(tiny_model, monkeypatch):
@@ -58,8 +58,44 @@ def test_adaptive_mode_charges_block_drafters_per_pass(tiny_model, monkeypatch):
         monkeypatch.setattr(engine, "forward_cost", lambda t: [0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6])
         req = engine.start([5, 6, 7], SamplingParams(), 8)
         req.acceptance_ema = 0.7
-        req.stats.draft_s, req.stats.drafted, req.stats.steps = 10 * 2.5, 10 * 5, 10  # 2.5 s per 5-token proposal
+        req.stats.draft_s, req.stats.drafted, req.stats.steps = 10 * 0.5, 10 * 5, 10  # 0.5 s per 5-token proposal
         engine._adapt(req, 5, 3)
         lengths[drafter.cost_per_pass] = req.draft_length
         engine.finish(req)
     assert lengths[True] > lengths[False]
+
+
+def test_no_draft_length_pays_at_low_acceptance():
+    cost = [0, 1.0, 1.2, 1.4, 1.6]
+    assert best_draft_length(0.1, cost, 0.0, 3) == 0  # 1.1 tokens for 1.2 s: plain's 1 for 1.0 is better
+    assert best_draft_length(0.3, cost, 0.0, 3) >= 1  # 1.3 for 1.2 s pays
+    assert best_draft_length(0.3, cost, 0.2, 3) == 0  # not once drafting costs 0.2 s a token
+
+
+def test_adaptive_mode_pauses_a_drafter_that_never_pays_and_probes_it(tiny_model, monkeypatch):
+    """A drafter whose tokens are always wrong stops being asked after a few steps, but for a 1-token
+    probe every PROBE_EVERY steps; the output stays plain decoding's."""
+    from specdec.drafters.base import Draft, DrafterBase
+    from specdec.engine.config import SpecConfig
+    from specdec.engine.engine import PROBE_EVERY, Engine
+    from specdec.sampling import SamplingParams
+
+    asked = []
+
+    class Wrong(DrafterBase):
+        name = "wrong"
+
+        def propose(self, context, draft_length):
+            asked.append(draft_length)
+            return Draft.chain([(context[-1] + 1) % 7] * draft_length)  # never what the model says here
+
+    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=3, adaptive=True), max_len=128,
+                    drafter_factory=lambda kind, spec: Wrong())
+    monkeypatch.setattr(engine, "forward_cost", lambda t: [0, 1.0, 1.2, 1.4, 1.6, 1.8])
+    prompt = [5, 6, 7, 8]
+    plain = Engine(tiny_model, max_len=128).generate(prompt, SamplingParams(), max_tokens=60)
+    out = engine.generate(prompt, SamplingParams(), max_tokens=60)
+    assert out.token_ids == plain.token_ids
+    assert out.stats.accepted == 0
+    assert asked[0] == 3 and len(asked) <= 8 + 60 // PROBE_EVERY  # 59 steps, but asked only while it might pay
+    assert asked[-3:] == [1, 1, 1]  # the probes

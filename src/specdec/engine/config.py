@@ -33,8 +33,9 @@ class SpecConfig:
     draft_n_max: most tokens drafted per step (llama.cpp --spec-draft-n-max, default 3).
     draft_n_min: drafts shorter than this are not verified (0 = any length).
     draft_p_min: a model drafter stops when its top probability drops below this.
-    adaptive: choose the draft length (1..draft_n_max) with the most expected tokens per second,
-        from recent acceptance and the measured cost of verifying k tokens (engine/cost.py).
+    adaptive: choose the draft length (0..draft_n_max) with the most expected tokens per second,
+        from recent acceptance and the measured cost of verifying k tokens (engine/cost.py); at 0
+        (no length pays) drafting pauses, with a 1-token probe every PROBE_EVERY steps (engine.py).
     draft_model: path or name of the draft model (draft-simple) or head folder (draft-eagle3,
         draft-dflash, draft-dspark).
     cross_tokenizer: allow a draft model with another tokenizer (drafts pass through text).

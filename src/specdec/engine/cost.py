@@ -46,14 +46,17 @@ def expected_tokens(k: int, acceptance: float) -> float:
 
 def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_per_token: float, n_max: int,
                       draft_cost_per_pass: float = 0.0) -> int:
-    """The k in 1..n_max with the most expected tokens per second: a step of k drafts costs the
-    verify forward of k + 1 tokens, k * draft_cost_per_token and draft_cost_per_pass.
+    """The k in 0..n_max with the most expected tokens per second: a step of k drafts costs the
+    verify forward of k + 1 tokens, k * draft_cost_per_token and draft_cost_per_pass; k = 0 is plain
+    decoding (one token for forward_cost[1]), so 0 means that no draft length pays at this acceptance.
 
     >>> best_draft_length(0.9, [0, 1.0, 1.0, 1.2, 1.8, 2.4], 0.0, 5)  # 2.71 tokens / 1.2 s beats 3.44 / 1.8
     2
+    >>> best_draft_length(0.1, [0, 1.0, 1.3, 1.6], 0.0, 2)  # 1.1 tokens / 1.3 s: plain's 1 / 1.0 is better
+    0
     """
     n_max = min(n_max, len(forward_cost) - 2)
-    best, best_rate = 1, -1.0
+    best, best_rate = 0, 1.0 / forward_cost[1]
     for k in range(1, n_max + 1):
         cost = forward_cost[k + 1] + k * draft_cost_per_token + draft_cost_per_pass
         rate = expected_tokens(k, acceptance) / cost

@@ -41,6 +41,7 @@ from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_t
 # Drafter sets kept for this many distinct SpecConfigs (per-request overrides make new ones;
 # a drafter may hold a KV cache, so the number kept is bounded).
 MAX_CACHED_CONFIGS = 8
+PROBE_EVERY = 8  # while adaptive mode has paused drafting, a 1-token draft every this many steps
 
 DrafterBuilder = Callable[[DrafterSpec, SpecConfig], Drafter]
 
@@ -63,6 +64,7 @@ class Request:
     stats: SpecStats = field(default_factory=SpecStats)
     draft_length: int = 0  # current draft length (adaptive mode moves it)
     acceptance_ema: float = 0.6  # recent per-token acceptance of drafted tokens
+    paused_steps: int = 0  # plain steps since adaptive mode paused drafting (draft_length 0) or last probed
     hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -201,8 +203,8 @@ class Engine:
             elif req.prefilled < len(req.prompt):
                 plans.append(self._plan_prefill(req, prefill_chunk))
             else:
-                cap = req.draft_length if draft_caps is None else min(req.draft_length, draft_caps[i])
-                plans.append(self._plan_step(req, cap))
+                cap = self._draft_cap(req)
+                plans.append(self._plan_step(req, cap if draft_caps is None else min(cap, draft_caps[i])))
         live = [p for p in plans if p is not None]
         t1 = time.perf_counter()
         layers = tuple(sorted({h for p in live for h in p.req.hidden_layers}))
@@ -261,6 +263,19 @@ class Engine:
         end = len(req.prompt) if chunk is None else min(len(req.prompt), req.prefilled + chunk)
         tokens = req.prompt[req.prefilled : end]
         return _Plan(req, Segment(torch.tensor(tokens), req.slot, exact=False, last_only=True), tokens)
+
+    @staticmethod
+    def _draft_cap(req: Request) -> int:
+        """The draft length of this step: req.draft_length, except while adaptive mode has paused drafting
+        (no length paid at the recent acceptance): then a 1-token probe every PROBE_EVERY steps, so that
+        drafting comes back when the text turns predictable (its acceptance lifts the estimate)."""
+        if req.draft_length > 0 or not req.spec.adaptive:
+            return req.draft_length
+        req.paused_steps += 1
+        if req.paused_steps < PROBE_EVERY:
+            return 0
+        req.paused_steps = 0
+        return 1
 
     def _plan_step(self, req: Request, cap: int) -> _Plan:
         t0 = time.perf_counter()
