@@ -8,7 +8,9 @@ the cost of one forward of t = 1, 2, 4, 8 new tokens after 100 tokens of context
 step; t is what verifying a draft of t - 1 tokens costs) and the start-up time (a second start: caches
 warm). Each figure is the median over --rounds rounds, the runtimes taking turns within a round.
 
-llama.cpp beside it, never a dependency of specdec, from one of:
+llama.cpp beside it, never a dependency of specdec (for the python peer: `python -m venv /tmp/lcpp &&
+/tmp/lcpp/bin/pip install llama-cpp-python==0.3.36`, which builds llama.cpp from source in ~5 minutes),
+from one of:
   --llama-cpp PYTHON     an interpreter with the llama-cpp-python package (the same measurements, in a
                          child process of that interpreter, one per round); "auto" (default) uses this
                          interpreter when it imports llama_cpp, "none" measures specdec alone

@@ -164,6 +164,7 @@ class QLinear:
                 t = torch.cat([joined.pop()[1], t])
             joined.append((kind, t))
         self.parts = joined
+        self._kernel_parts = None  # kernels.GGUFParts, made on first use
         self.out_features = sum(t.shape[0] for _, t in joined)
         self.bias = None if bias is None else bias.float().contiguous()
         return self
@@ -266,19 +267,9 @@ class QLinear:
         return y
 
     def _gguf_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], self.out_features)
-        quantized = None
-        col = 0
-        for kind, t in self.parts:
-            bias = None if self.bias is None else self.bias[col : col + t.shape[0]]
-            if kind == "F32":
-                kernels.f32_matmul_into(y, col, x, t, bias)
-            else:
-                quantized = quantized if quantized is not None else kernels.gguf_quantize(x)
-                kernels.gguf_matmul_into(y, col, GGUF_KERNEL_TYPES[kind], t, self.in_features, quantized, bias)
-            col += t.shape[0]
-        return y
+        if self._kernel_parts is None:
+            self._kernel_parts = kernels.GGUFParts([(GGUF_KERNEL_TYPES.get(kind, 0), t) for kind, t in self.parts])
+        return kernels.gguf_linear(x, self._kernel_parts, self.bias)
 
     def prefill(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         """self(x, exact=False) for each x (M_i, K), computed as each would be alone.

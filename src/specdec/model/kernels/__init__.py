@@ -125,18 +125,14 @@ def gguf():
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.quantize_rows_sums.argtypes = [p, i64, i64, p, p, p]
     lib.quantize_rows_sums.restype = None
-    lib.gguf_block_bytes.argtypes = [i32]
-    lib.gguf_block_bytes.restype = i64
-    lib.gguf_mm.argtypes = [i32, p, i64, i64, i64, p, p, p, i64, p, p, i64, i32]
-    lib.gguf_mm.restype = None
-    lib.f32_mm.argtypes = [p, i64, i64, p, i64, p, p, i64, i32]
-    lib.f32_mm.restype = None
+    lib.gguf_linear.argtypes = [p, i64, i64, i32, p, p, p, p, p, p, i32]
+    lib.gguf_linear.restype = None
     return lib
 
 
 def gguf_quantize(x):
-    """x (M, K) float32, K % 32 == 0 -> (xq int8 (M, K), xs (M, K/32), xsum (M, K/32)), the activations
-    gguf.c's matmul takes: int8 in blocks of 32 with a float scale each, and xs * sum(xq) per block."""
+    """x (M, K) float32, K % 32 == 0 -> (xq int8 (M, K), xs (M, K/32), xsum (M, K/32)): the activations as
+    gguf.c quantizes them, int8 in blocks of 32 with a float scale each, and xs * sum(xq) per block."""
     import torch
 
     x = x.contiguous()
@@ -148,30 +144,32 @@ def gguf_quantize(x):
     return xq, xs, xsum
 
 
-def gguf_matmul_into(y, col: int, type_id: int, blocks, K: int, quantized, bias=None) -> None:
-    """y[:, col:col + N] = x @ W.T (+ bias) for the (N, K) weight W held as a GGUF tensor's blocks.
+class GGUFParts:
+    """The parts of one gguf-format weight as gguf_linear takes them: [(ggml type id, tensor)], tensor
+    (rows, row_bytes) uint8 of the file's blocks or (rows, K) float32 for type 0 (F32). Holds the tensors."""
 
-    y: (M, ldy) float32, contiguous; blocks: (N, row_bytes) uint8, the file's rows; quantized:
-    `gguf_quantize(x)`; bias: (N,) float32 or None. Needs `gguf()` to have loaded.
-    """
+    def __init__(self, parts):
+        n = len(parts)
+        self.tensors = [t for _, t in parts]
+        self.count = n
+        self.types = (ctypes.c_int32 * n)(*[kind for kind, _ in parts])
+        self.addresses = (ctypes.c_uint64 * n)(*[t.data_ptr() for t in self.tensors])
+        self.rows = (ctypes.c_int64 * n)(*[t.shape[0] for t in self.tensors])
+        self.row_bytes = (ctypes.c_int64 * n)(*[t.shape[1] * t.element_size() for t in self.tensors])
+        self.out_features = sum(t.shape[0] for t in self.tensors)
+
+
+def gguf_linear(x, parts: GGUFParts, bias=None):
+    """x (M, K) float32 @ W.T (+ bias) -> (M, N) float32, W the parts stacked row-wise (gguf.c's
+    gguf_linear: x quantized once, one parallel pass over every output column). Needs `gguf()`."""
     import torch
 
-    xq, xs, xsum = quantized
-    N, row_bytes = blocks.shape
-    M, ldy = y.shape
-    gguf().gguf_mm(type_id, blocks.data_ptr(), N, K, row_bytes, xq.data_ptr(), xs.data_ptr(), xsum.data_ptr(), M,
-                   None if bias is None else bias.data_ptr(), y.data_ptr() + 4 * col, ldy, torch.get_num_threads())
-
-
-def f32_matmul_into(y, col: int, x, weight, bias=None) -> None:
-    """y[:, col:col + N] = x @ weight.T (+ bias), each element summed in one fixed order (gguf.c's
-    f32_mm): x (M, K), weight (N, K) float32, contiguous."""
-    import torch
-
+    x = x.contiguous()
     M, K = x.shape
-    N = weight.shape[0]
-    gguf().f32_mm(x.data_ptr(), M, K, weight.data_ptr(), N, None if bias is None else bias.data_ptr(),
-                  y.data_ptr() + 4 * col, y.shape[1], torch.get_num_threads())
+    y = torch.empty(M, parts.out_features)
+    gguf().gguf_linear(x.data_ptr(), M, K, parts.count, parts.types, parts.addresses, parts.rows, parts.row_bytes,
+                       None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
+    return y
 
 
 def w8a8_matmul(x, weight, scale, bias=None):

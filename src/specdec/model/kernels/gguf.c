@@ -12,12 +12,13 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define BLOCK 32
 
 // ggml type ids
-enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
 // x (M, K) float32 -> xq (M, K) int8, xs (M, K / 32) scales and xsum (M, K / 32) = xs * sum(xq)
 void quantize_rows_sums(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, float *xsum) {
@@ -255,54 +256,12 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
         dot_legacy(type, row, nb, R, x, K, xs, sums, out);
 }
 
-// Bytes of one 32-value block (K-quants: of one 256-value super-block) of each type; 0: not handled
-int64_t gguf_block_bytes(int type) {
-    switch (type) {
-    case Q4_0: return 18;
-    case Q4_1: return 20;
-    case Q5_0: return 22;
-    case Q5_1: return 24;
-    case Q8_0: return 34;
-    case Q4_K: return 144;
-    case Q5_K: return 176;
-    case Q6_K: return 210;
-    default: return 0;
-    }
-}
-
-// y[m * ldy + n] = sum_k w[n, k] x[m, k] (+ bias[n]) for the (N, K) weight of `type` stored row after
-// row (row_bytes each), x as quantize_rows_sums gives it (xq, xs, xsum). K % 32 == 0 (K-quants: % 256).
-void gguf_mm(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes, const int8_t *xq,
-             const float *xs, const float *xsum, int64_t M, const float *bias, float *y, int64_t ldy,
-             int threads) {
-    const int kquant = type == Q4_K || type == Q5_K || type == Q6_K;
-    const int64_t nb = kquant ? K / 256 : K / BLOCK;  // blocks (super-blocks) per weight row
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *row = w + n * row_bytes;
-        for (int64_t m0 = 0; m0 < M; m0 += TILE) {
-            const int R = M - m0 < TILE ? (int)(M - m0) : TILE;
-            const int8_t *x = xq + m0 * K;
-            const float *s = xs + m0 * (K / BLOCK), *sums = xsum + m0 * (K / BLOCK);
-            float out[TILE];
-            switch (R) {
-            case 1: dot_rows(type, row, nb, 1, x, K, s, sums, out); break;
-            case 2: dot_rows(type, row, nb, 2, x, K, s, sums, out); break;
-            case 3: dot_rows(type, row, nb, 3, x, K, s, sums, out); break;
-            default: dot_rows(type, row, nb, 4, x, K, s, sums, out); break;
-            }
-            for (int r = 0; r < R; r++) y[(m0 + r) * ldy + n] = out[r] + (bias ? bias[n] : 0.0f);
-        }
-    }
-}
-
-// The same contract for float32 weights (a GGUF tensor of a type gguf_mm does not handle, dequantized
-// exactly), with float32 activations: x (M, K), w (N, K).
-void f32_mm(const float *x, int64_t M, int64_t K, const float *w, int64_t N, const float *bias, float *y,
-            int64_t ldy, int threads) {
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        const float *wn = w + n * K;
+// Output column n for all M activation rows: weight row `row` (of `type`; F32: float32 values) against x,
+// or its quantized form (xq, xs, xsum) for the block types; y[m * ldy] = dot + b.
+static void column(int type, const uint8_t *row, int64_t K, int64_t M, const float *x, const int8_t *xq,
+                   const float *xs, const float *xsum, float b, float *y, int64_t ldy) {
+    if (type == F32) {
+        const float *wn = (const float *)row;
         for (int64_t m = 0; m < M; m++) {
             const float *xm = x + m * K;
             __m256 acc = _mm256_setzero_ps();
@@ -310,7 +269,55 @@ void f32_mm(const float *x, int64_t M, int64_t K, const float *w, int64_t N, con
             for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wn + k), _mm256_loadu_ps(xm + k), acc);
             float s = hsum_ps(acc);
             for (; k < K; k++) s += wn[k] * xm[k];
-            y[m * ldy + n] = s + (bias ? bias[n] : 0.0f);
+            y[m * ldy] = s + b;
         }
+        return;
     }
+    const int kquant = type == Q4_K || type == Q5_K || type == Q6_K;
+    const int64_t nb = kquant ? K / 256 : K / BLOCK;  // blocks (super-blocks) per weight row
+    for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+        const int R = M - m0 < TILE ? (int)(M - m0) : TILE;
+        const int8_t *xr = xq + m0 * K;
+        const float *s = xs + m0 * (K / BLOCK), *sums = xsum + m0 * (K / BLOCK);
+        float out[TILE];
+        switch (R) {
+        case 1: dot_rows(type, row, nb, 1, xr, K, s, sums, out); break;
+        case 2: dot_rows(type, row, nb, 2, xr, K, s, sums, out); break;
+        case 3: dot_rows(type, row, nb, 3, xr, K, s, sums, out); break;
+        default: dot_rows(type, row, nb, 4, xr, K, s, sums, out); break;
+        }
+        for (int r = 0; r < R; r++) y[(m0 + r) * ldy] = out[r] + b;
+    }
+}
+
+// y (M, N) = x (M, K) @ W.T (+ bias), W the rows of nparts parts stacked in order: part p is rows[p]
+// rows of ggml type types[p] at address weights[p], row_bytes[p] bytes each (F32: float32 values).
+// x is quantized once (quantize_rows_sums) when a part has blocks; K % 32 == 0 then (K-quants: % 256).
+void gguf_linear(const float *x, int64_t M, int64_t K, int nparts, const int32_t *types, const uint64_t *weights,
+                 const int64_t *rows, const int64_t *row_bytes, const float *bias, float *y, int threads) {
+    int64_t N = 0;
+    int blocks = 0;
+    for (int p = 0; p < nparts; p++) {
+        N += rows[p];
+        blocks |= types[p] != F32;
+    }
+    int8_t *xq = NULL;
+    float *xs = NULL, *xsum = NULL;
+    if (blocks && M > 0) {
+        xq = malloc((size_t)(M * K));
+        xs = malloc(sizeof(float) * (size_t)(M * (K / BLOCK)));
+        xsum = malloc(sizeof(float) * (size_t)(M * (K / BLOCK)));
+        quantize_rows_sums(x, M, K, xq, xs, xsum);
+    }
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) {
+        int p = 0;
+        int64_t r = n;
+        while (r >= rows[p]) r -= rows[p++];
+        const uint8_t *row = (const uint8_t *)(uintptr_t)weights[p] + r * row_bytes[p];
+        column(types[p], row, K, M, x, xq, xs, xsum, bias ? bias[n] : 0.0f, y + n, N);
+    }
+    free(xq);
+    free(xs);
+    free(xsum);
 }
