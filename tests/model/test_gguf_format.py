@@ -45,10 +45,11 @@ def quantized_input(x: torch.Tensor) -> torch.Tensor:
 
 
 # -- the kernel ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind", TYPES)
-def test_kernel_computes_the_files_weights(kind):
-    b = blocks_of(kind, 37, 512)
-    x = torch.randn(6, 512)
+@pytest.mark.parametrize("kind,width", [(kind, 512) for kind in TYPES] +  # whole groups of 8 blocks
+                         [(kind, 352) for kind in TYPES if kind not in K_QUANTS])  # and 3 blocks past them
+def test_kernel_computes_the_files_weights(kind, width):
+    b = blocks_of(kind, 37, width)
+    x = torch.randn(6, width)
     y = QLinear.from_gguf([(kind, b)], None)(x)
     ref = quantized_input(x) @ file_values(kind, b).T
     assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
@@ -56,8 +57,9 @@ def test_kernel_computes_the_files_weights(kind):
 
 @pytest.mark.parametrize("kind", TYPES)
 def test_rows_are_bitwise_the_same_in_any_batch_and_at_any_thread_count(kind):
-    lin = QLinear.from_gguf([(kind, blocks_of(kind, 40, 512, seed=1))], torch.randn(40))
-    x = torch.randn(9, 512)
+    width = 512 if kind in K_QUANTS else 352
+    lin = QLinear.from_gguf([(kind, blocks_of(kind, 40, width, seed=1))], torch.randn(40))
+    x = torch.randn(9, width)
     alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
     for m in (2, 4, 5, 9):  # tiles of 4 rows, full and partial
         assert torch.equal(lin(x[:m]), alone[:m]), f"{m} rows"
