@@ -89,6 +89,20 @@ def test_parts_of_several_types_stack_row_wise_with_the_bias():
     assert lin.nbytes() == sum(t.numel() * t.element_size() for _, t in parts) + 4 * 22
 
 
+def test_prefill_takes_the_files_values_rounded_to_bf16():
+    """exact=False with many rows: one bf16 GEMM over the file's values (gguf_to_bf16), not the kernel."""
+    parts = [(kind, blocks_of(kind, 6, 512, seed=i)) for i, kind in enumerate(TYPES)] + [("F32", torch.randn(3, 512))]
+    lin = QLinear.from_gguf(parts, torch.randn(51))
+    x = torch.randn(40, 512)
+    dense = torch.cat([t.double() if kind == "F32" else file_values(kind, t) for kind, t in parts])
+    assert torch.equal(lin.prefill([x])[0], lin(x, exact=False))
+    expected = torch.nn.functional.linear(x.bfloat16(), dense.bfloat16()).float() + lin.bias
+    assert torch.equal(lin(x, exact=False), expected)
+    ref = x.double() @ dense.T + lin.bias.double()
+    assert (lin(x, exact=False).double() - ref).abs().max() <= 0.02 * ref.abs().max()
+    assert torch.equal(lin(x[:31], exact=False), lin(x[:31]))  # fewer rows: the exact kernel
+
+
 def test_bad_parts_are_refused():
     with pytest.raises(ValueError, match="blocks x 34"):
         QLinear.from_gguf([("Q8_0", torch.zeros(4, 33, dtype=torch.uint8))], None)

@@ -127,6 +127,8 @@ def gguf():
     lib.quantize_rows_sums.restype = None
     lib.gguf_linear.argtypes = [p, i64, i64, i32, p, p, p, p, p, p, i32]
     lib.gguf_linear.restype = None
+    lib.gguf_to_bf16.argtypes = [i32, p, i64, i64, i64, p, i32]
+    lib.gguf_to_bf16.restype = None
     return lib
 
 
@@ -170,6 +172,16 @@ def gguf_linear(x, parts: GGUFParts, bias=None):
     gguf().gguf_linear(x.data_ptr(), M, K, parts.count, parts.types, parts.addresses, parts.rows, parts.row_bytes,
                        None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
     return y
+
+
+def gguf_to_bf16(type_id: int, blocks, K: int):
+    """(N, row_bytes) uint8 of a GGUF type -> (N, K) bf16: its values rounded to bf16 (gguf.c)."""
+    import torch
+
+    N = blocks.shape[0]
+    out = torch.empty(N, K, dtype=torch.bfloat16)
+    gguf().gguf_to_bf16(type_id, blocks.data_ptr(), N, K, blocks.shape[1], out.data_ptr(), torch.get_num_threads())
+    return out
 
 
 def w8a8_matmul(x, weight, scale, bias=None):

@@ -321,3 +321,69 @@ void gguf_linear(const float *x, int64_t M, int64_t K, int nparts, const int32_t
     free(xs);
     free(xsum);
 }
+
+// Block b (32 values) of a weight row of any handled type -> q (int8) with w = a0 * q + c for values 0..15
+// and a1 * q + c for 16..31 (a0 != a1 only for Q6_K)
+static inline void block_values(int type, const uint8_t *row, int64_t b, __m256i *q, float *a0, float *a1, float *c) {
+    if (type == Q4_K || type == Q5_K) {
+        const uint8_t *p = row + (b >> 3) * (type == Q4_K ? 144 : 176);
+        const int j = (int)(b & 7);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(p + (type == Q4_K ? 16 : 48) + 32 * (j >> 1)));
+        v = low4((j & 1) ? _mm256_srli_epi16(v, 4) : v);
+        if (type == Q5_K) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(p + 16));
+            v = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)),
+                                                                       _mm256_set1_epi8(1)), 4));
+        }
+        uint8_t sm[16];
+        scales_mins_k4(p + 4, sm);
+        *q = v;
+        *a0 = *a1 = f16(p) * (float)sm[j];
+        *c = -f16(p + 2) * (float)sm[8 + j];
+    } else if (type == Q6_K) {
+        const uint8_t *p = row + (b >> 3) * 210;
+        const int s = (int)(b & 7), h = s >> 2, g = s & 3;
+        const int8_t *sc = (const int8_t *)(p + 192);
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32 * (g & 1)));
+        lo = low4((g >> 1) ? _mm256_srli_epi16(lo, 4) : lo);
+        __m256i hi = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
+        hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
+        *q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+        const float d = f16(p + 208);
+        *a0 = d * (float)sc[8 * h + 2 * g];
+        *a1 = d * (float)sc[8 * h + 2 * g + 1];
+        *c = 0.0f;
+    } else {
+        const Unpacked u = unpack(type, row, b);
+        *q = u.q;
+        *a0 = *a1 = u.a0;
+        *c = u.c;
+    }
+}
+
+// The (N, K) weight of `type` (rows of row_bytes) -> out (N, K) bf16 (as uint16, rounded to nearest even):
+// what a prefill's dense matmul takes (not row-invariant; only exact=False spans use it)
+void gguf_to_bf16(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes, uint16_t *out, int threads) {
+    const int64_t nb = K / BLOCK;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *row = w + n * row_bytes;
+        uint16_t *o = out + n * K;
+        for (int64_t b = 0; b < nb; b++) {
+            __m256i q;
+            float a0, a1, c;
+            block_values(type, row, b, &q, &a0, &a1, &c);
+            for (int i = 0; i < 4; i++) {
+                const __m128i part = i < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+                const __m256i q32 = _mm256_cvtepi8_epi32((i & 1) ? _mm_srli_si128(part, 8) : part);
+                const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q32), _mm256_set1_ps(i < 2 ? a0 : a1), _mm256_set1_ps(c));
+                __m256i bits = _mm256_castps_si256(f);
+                bits = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1)),
+                                                               _mm256_set1_epi32(0x7FFF)));
+                bits = _mm256_srli_epi32(bits, 16);
+                _mm_storeu_si128((__m128i *)(o + b * BLOCK + 8 * i),
+                                 _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+            }
+        }
+    }
+}
