@@ -255,7 +255,8 @@ def report(args, results: dict, peer_version: str | None, fidelity: list[str], t
     if fidelity:
         lines += ["", "## Fidelity to the file", "",
                   "Top-1 agreement and mean KL(fp32 || format) of the next-token distribution over 384 positions of "
-                  "a Python source file, against the file's weights dequantized to fp32 (`scripts/fidelity.py`).",
+                  "a Python source file, against the file's weights dequantized to fp32, each format computing as its "
+                  "decode and verify steps do (`scripts/fidelity.py`).",
                   "", "```", *fidelity, "```"]
     return "\n".join(lines) + "\n"
 
