@@ -23,9 +23,8 @@ Formats, and what one decode step reads per weight element:
 
 from __future__ import annotations
 
-import torch
-
 import numpy as np
+import torch
 
 from specdec.model import kernels
 
