@@ -73,29 +73,31 @@ def test_no_draft_length_pays_at_low_acceptance():
 
 
 def test_adaptive_mode_pauses_a_drafter_that_never_pays_and_probes_it(tiny_model, monkeypatch):
-    """A drafter whose tokens are always wrong stops being asked after a few steps, but for a 1-token
-    probe every PROBE_EVERY steps; the output stays plain decoding's."""
+    """A drafter whose tokens are always wrong stops being asked after a few steps, but for 1-token
+    probes, each rejected one doubling the wait for the next; the output stays plain decoding's."""
     from specdec.drafters.base import Draft, DrafterBase
     from specdec.engine.config import SpecConfig
     from specdec.engine.engine import PROBE_EVERY, Engine
     from specdec.sampling import SamplingParams
 
-    asked = []
+    asked = []  # (context length, draft length) of every proposal asked for
 
     class Wrong(DrafterBase):
         name = "wrong"
 
         def propose(self, context, draft_length):
-            asked.append(draft_length)
+            asked.append((len(context), draft_length))
             return Draft.chain([(context[-1] + 1) % 7] * draft_length)  # never what the model says here
 
-    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=3, adaptive=True), max_len=128,
+    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=3, adaptive=True), max_len=160,
                     drafter_factory=lambda kind, spec: Wrong())
     monkeypatch.setattr(engine, "forward_cost", lambda t: [0, 1.0, 1.2, 1.4, 1.6, 1.8])
     prompt = [5, 6, 7, 8]
-    plain = Engine(tiny_model, max_len=128).generate(prompt, SamplingParams(), max_tokens=60)
-    out = engine.generate(prompt, SamplingParams(), max_tokens=60)
+    plain = Engine(tiny_model, max_len=160).generate(prompt, SamplingParams(), max_tokens=100)
+    out = engine.generate(prompt, SamplingParams(), max_tokens=100)
     assert out.token_ids == plain.token_ids
     assert out.stats.accepted == 0
-    assert asked[0] == 3 and len(asked) <= 8 + 60 // PROBE_EVERY  # 59 steps, but asked only while it might pay
-    assert asked[-3:] == [1, 1, 1]  # the probes
+    assert asked[0][1] == 3 and len(asked) <= 12  # 99 steps, but asked only while it might pay, then probed
+    probes = [n for n, k in asked[-3:]]
+    assert [k for _, k in asked[-3:]] == [1, 1, 1]
+    assert probes[2] - probes[1] == 2 * (probes[1] - probes[0]) == 4 * PROBE_EVERY  # waits of 16, then 32 steps

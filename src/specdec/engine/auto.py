@@ -172,8 +172,8 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
     reasons.insert(0, f"auto chose {spec.method}")
     if spec.adaptive:
         reasons.append(f"draft length 0..{draft_n_max} chosen each step from the measured verify cost and recent "
-                       "acceptance (adaptive; 0: drafting pauses while no length pays, with a 1-token probe every "
-                       "few steps)")
+                       "acceptance (adaptive; 0: drafting pauses while no length pays, with 1-token probes, fewer "
+                       "while they fail)")
     return spec, reasons
 
 

@@ -41,7 +41,8 @@ from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_t
 # Drafter sets kept for this many distinct SpecConfigs (per-request overrides make new ones;
 # a drafter may hold a KV cache, so the number kept is bounded).
 MAX_CACHED_CONFIGS = 8
-PROBE_EVERY = 8  # while adaptive mode has paused drafting, a 1-token draft every this many steps
+PROBE_EVERY = 8  # while adaptive mode has paused drafting, a 1-token draft after this many steps,
+MAX_PROBE_EVERY = 64  # the wait doubling after each probe that was not accepted, up to this
 
 DrafterBuilder = Callable[[DrafterSpec, SpecConfig], Drafter]
 
@@ -65,6 +66,7 @@ class Request:
     draft_length: int = 0  # current draft length (adaptive mode moves it)
     acceptance_ema: float = 0.6  # recent per-token acceptance of drafted tokens
     paused_steps: int = 0  # plain steps since adaptive mode paused drafting (draft_length 0) or last probed
+    probe_every: int = PROBE_EVERY  # steps between probes while paused (doubles after each rejected probe)
     hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -267,12 +269,12 @@ class Engine:
     @staticmethod
     def _draft_cap(req: Request) -> int:
         """The draft length of this step: req.draft_length, except while adaptive mode has paused drafting
-        (no length paid at the recent acceptance): then a 1-token probe every PROBE_EVERY steps, so that
-        drafting comes back when the text turns predictable (its acceptance lifts the estimate)."""
+        (no length paid at the recent acceptance): then a 1-token probe after req.probe_every steps, so
+        that drafting comes back when the text turns predictable (its acceptance lifts the estimate)."""
         if req.draft_length > 0 or not req.spec.adaptive:
             return req.draft_length
         req.paused_steps += 1
-        if req.paused_steps < PROBE_EVERY:
+        if req.paused_steps < req.probe_every:
             return 0
         req.paused_steps = 0
         return 1
@@ -357,6 +359,8 @@ class Engine:
         req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / drafted)
         if not req.spec.adaptive:
             return
+        if req.draft_length == 0:  # a probe: probe sooner after an accepted one, later after a rejected one
+            req.probe_every = PROBE_EVERY if accepted else min(2 * req.probe_every, MAX_PROBE_EVERY)
         per_token = per_pass = 0.0
         if req.drafters and all(d.cost_per_pass for d in req.drafters):
             per_pass = req.stats.draft_s / max(req.stats.steps, 1)  # a block costs one pass, however long
