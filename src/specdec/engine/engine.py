@@ -154,10 +154,8 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        draft_length = spec.draft_n_max
-        if spec.adaptive and spec.enabled:  # from the first step, the length the cost model picks at the prior
-            draft_length = max(1, best_draft_length(Request.acceptance_ema, self.forward_cost(spec.draft_n_max + 1),
-                                                     0.0, spec.draft_n_max))
+        if spec.adaptive and spec.enabled:
+            self.forward_cost(spec.draft_n_max + 1)
         slot = self.cache.allocate()
         try:
             drafters = self._pool.acquire(spec)
@@ -165,7 +163,7 @@ class Engine:
             self.cache.release(slot)
             raise
         req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, sampling.generator(),
-                      stats=SpecStats(method=spec.method), draft_length=draft_length,
+                      stats=SpecStats(method=spec.method), draft_length=spec.draft_n_max,
                       hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
         try:
             for d in drafters:
