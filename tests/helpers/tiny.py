@@ -111,6 +111,23 @@ def random_kquant_blocks(rows: int, cols: int, kind: str, seed: int = 0) -> np.n
     return blocks.reshape(rows, -1)
 
 
+def _add_tensor(w, name: str, t: torch.Tensor, kind: str, seed: int) -> None:
+    """t written to the GGUFWriter w in type `kind` (F32; Q4_0 ... Q8_0 quantized by the gguf package;
+    Q4_K / Q5_K / Q6_K as random super-blocks, Q8_0 where the width is not a multiple of 256)."""
+    import gguf
+
+    array = t.numpy().astype(np.float32)
+    if kind in K_QUANT_BYTES and array.shape[1] % 256 != 0:
+        kind = "Q8_0"
+    qtype = getattr(gguf.GGMLQuantizationType, kind)
+    if kind in K_QUANT_BYTES:
+        w.add_tensor(name, random_kquant_blocks(*array.shape, kind, seed), raw_dtype=qtype)
+    elif kind != "F32":
+        w.add_tensor(name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+    else:
+        w.add_tensor(name, array)
+
+
 def make_gguf_model(path: Path, seed: int = 0, tensor_type: str | list[str] = "F32",
                     extra_weights: dict | None = None, nextn_layers: int = 0, **sizes) -> Path:
     """A tiny llama GGUF, with the llama.cpp q/k row permutation applied.
@@ -173,18 +190,9 @@ def make_gguf_model(path: Path, seed: int = 0, tensor_type: str | list[str] = "F
                 t = permute(t, cfg["num_key_value_heads"])
         else:
             gname = names[name]
-        array = t.numpy().astype(np.float32)
         kind = types[matrices % len(types)] if t.dim() == 2 else "F32"
         matrices += t.dim() == 2
-        if kind in K_QUANT_BYTES and array.shape[1] % 256 != 0:
-            kind = "Q8_0"
-        qtype = getattr(gguf.GGMLQuantizationType, kind)
-        if kind in K_QUANT_BYTES:
-            w.add_tensor(gname, random_kquant_blocks(*array.shape, kind, seed + matrices), raw_dtype=qtype)
-        elif kind != "F32":
-            w.add_tensor(gname, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(gname, array)
+        _add_tensor(w, gname, t, kind, seed + matrices)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -265,7 +273,7 @@ GEMMA3_GGUF_NAMES = {
 }
 
 
-def make_gemma3_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", **config) -> Path:
+def make_gemma3_gguf_model(path: Path, seed: int = 0, tensor_type: str | list[str] = "F32", **config) -> Path:
     """The tiny Gemma 3 of make_gemma3_hf_model (same config and seed, same weights) as llama.cpp's converter
     writes it: gemma3 names, no q/k permutation, 1 added to every norm weight, no output.weight (tied).
     llama.cpp knows no layer_types: every 6th layer is global, so keep the default pattern."""
@@ -310,18 +318,9 @@ def make_gemma3_gguf_model(path: Path, seed: int = 0, tensor_type: str = "F32", 
                      "lm_head.weight": "output.weight"}[name]
         if name.endswith("norm.weight"):
             t = t + 1  # the converter's norm_shift: Gemma3RMSNorm multiplies by 1 + w
-        array = t.numpy().astype(np.float32)
         kind = types[matrices % len(types)] if t.dim() == 2 else "F32"
         matrices += t.dim() == 2
-        if kind in K_QUANT_BYTES and array.shape[1] % 256 != 0:
-            kind = "Q8_0"
-        qtype = getattr(gguf.GGMLQuantizationType, kind)
-        if kind in K_QUANT_BYTES:
-            w.add_tensor(gname, random_kquant_blocks(*array.shape, kind, seed + matrices), raw_dtype=qtype)
-        elif kind != "F32":
-            w.add_tensor(gname, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-        else:
-            w.add_tensor(gname, array)
+        _add_tensor(w, gname, t, kind, seed + matrices)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

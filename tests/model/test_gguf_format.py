@@ -168,17 +168,21 @@ def test_gguf_computes_the_model_the_file_holds(mixed, mixed_gguf):
     assert not torch.equal(a, b)
 
 
-def test_multi_token_forward_equals_single_steps_bitwise(mixed):
-    tr = mixed.transformer
-    cache = tr.new_cache(64)
+def assert_k_tokens_equal_k_steps(tr, prompt: list[int], label: str = "") -> None:
+    """After `prompt`, one exact forward of NEW gives bitwise the logits of len(NEW) one-token forwards."""
+    cache = tr.new_cache(128)
     slot = cache.allocate()
-    tr.forward(torch.tensor([PROMPT]), cache, [slot], exact=False, last_only=True)
+    tr.forward(torch.tensor([prompt]), cache, [slot], exact=False, last_only=True)
     start = cache.lengths[slot]
     singles = [tr.forward(torch.tensor([[t]]), cache, [slot]).logits[0, 0] for t in NEW]
     cache.truncate(slot, start)
     multi = tr.forward(torch.tensor([NEW]), cache, [slot]).logits[0]
     for i, single in enumerate(singles):
-        assert torch.equal(multi[i], single), f"row {i}"
+        assert torch.equal(multi[i], single), f"{label} row {i}"
+
+
+def test_multi_token_forward_equals_single_steps_bitwise(mixed):
+    assert_k_tokens_equal_k_steps(mixed.transformer, PROMPT)
 
 
 def test_greedy_speculative_output_equals_plain(mixed, mixed_gguf):
@@ -212,17 +216,7 @@ def test_real_file_multi_token_forward_equals_single_steps_bitwise(name):
     from helpers.models import real_model
 
     model = real_model(name, "gguf")
-    tr = model.transformer
-    ids = model.tokenizer.encode(CODE_PROMPT)
-    cache = tr.new_cache(128)
-    slot = cache.allocate()
-    tr.forward(torch.tensor([ids]), cache, [slot], exact=False, last_only=True)
-    start = cache.lengths[slot]
-    singles = [tr.forward(torch.tensor([[t]]), cache, [slot]).logits[0, 0] for t in NEW]
-    cache.truncate(slot, start)
-    multi = tr.forward(torch.tensor([NEW]), cache, [slot]).logits[0]
-    for i, single in enumerate(singles):
-        assert torch.equal(multi[i], single), f"{name} row {i}"
+    assert_k_tokens_equal_k_steps(model.transformer, model.tokenizer.encode(CODE_PROMPT), name)
 
 
 @pytest.mark.slow

@@ -163,7 +163,7 @@ class QLinear:
                 t = torch.cat([joined.pop()[1], t])
             joined.append((kind, t))
         self.parts = joined
-        self._kernel_parts = None  # kernels.GGUFParts, made on first use
+        self._kernel_parts = kernels.GGUFParts([(GGUF_KERNEL_TYPES.get(kind, 0), t) for kind, t in joined])
         self.out_features = sum(t.shape[0] for _, t in joined)
         self.bias = None if bias is None else bias.float().contiguous()
         return self
@@ -266,8 +266,6 @@ class QLinear:
         return y
 
     def _gguf_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self._kernel_parts is None:
-            self._kernel_parts = kernels.GGUFParts([(GGUF_KERNEL_TYPES.get(kind, 0), t) for kind, t in self.parts])
         return kernels.gguf_linear(x, self._kernel_parts, self.bias)
 
     def prefill(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:

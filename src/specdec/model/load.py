@@ -69,10 +69,8 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
     when not (model/weight_cache.py); False, or SPECDEC_NO_WEIGHT_CACHE=1, converts from the checkpoint."""
     from tqdm import tqdm
 
-    if weights_format is not None and weights_format not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {weights_format!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
     path = resolve(name_or_path)
-    weights_format = weights_format_for(path, weights_format)
+    weights_format = weights_format_for(path, weights_format)  # checks the name too
     checkpoint, tokenizer = open_checkpoint(path)
     c = checkpoint.config
     sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(Path(path))
