@@ -72,6 +72,19 @@ def test_rows_are_bitwise_the_same_in_any_batch_and_at_any_thread_count(kind):
     assert torch.equal(one_thread, alone)
 
 
+@pytest.mark.skipif(not kernels.has_vnni(), reason="this CPU has no AVX512-VNNI: only the AVX2 build runs here")
+@pytest.mark.parametrize("kind", TYPES)
+def test_the_vnni_build_gives_the_avx2_builds_bits(kind):
+    width = 512 if kind in K_QUANTS else 352
+    b = blocks_of(kind, 45, width, seed=3)
+    parts = kernels.GGUFParts([(GGUF_KERNEL_TYPES[kind], b)])
+    x, bias = torch.randn(6, width) * 4, torch.randn(45)
+    avx2, vnni = kernels.gguf_build(False), kernels.gguf_build(True)
+    assert avx2 is not None and vnni is not None and avx2 is not vnni
+    for m in (1, 3, 4, 6):
+        assert torch.equal(kernels.gguf_linear(x[:m], parts, bias, lib=vnni), kernels.gguf_linear(x[:m], parts, bias, lib=avx2))
+
+
 def test_parts_of_several_types_stack_row_wise_with_the_bias():
     parts = [("Q4_K", blocks_of("Q4_K", 8, 256)), ("Q4_K", blocks_of("Q4_K", 3, 256, seed=2)),
              ("F32", torch.randn(5, 256)), ("Q6_K", blocks_of("Q6_K", 4, 256)), ("Q8_0", blocks_of("Q8_0", 2, 256))]

@@ -64,6 +64,19 @@ def test_every_row_is_the_same_alone_in_any_batch_and_thread_count():
         torch.set_num_threads(threads)
 
 
+@needs_kernel
+@pytest.mark.skipif(not kernels.has_vnni(), reason="this CPU has no AVX512-VNNI: only the AVX2 build runs here")
+def test_the_vnni_build_gives_the_avx2_builds_bits():
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn(6, 576, generator=g) * 3, torch.randint(-127, 128, (70, 576), generator=g, dtype=torch.int8)
+    scale, bias = torch.rand(70, generator=g), torch.randn(70, generator=g)
+    avx2, vnni = kernels.w8a8_build(False), kernels.w8a8_build(True)
+    assert avx2 is not None and vnni is not None and avx2 is not vnni
+    for m in (1, 4, 6):
+        assert torch.equal(kernels.w8a8_matmul(x[:m], w, scale, bias, lib=vnni),
+                           kernels.w8a8_matmul(x[:m], w, scale, bias, lib=avx2))
+
+
 def test_without_the_kernel_w8a8_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(kernels, "w8a8", lambda: None)
     monkeypatch.setattr(kernels, "why_unavailable", lambda: "no C compiler (cc) found; install gcc")

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec.model import kernels
+
 # attend(q (N, nh, hd), k (N, nkv, hd), v (N, nkv, hd)) -> (N, nh, hd); q and k already rotated
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -46,9 +48,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     otherwise (bf16 activations, float32 weights under autocast) the normed x is rounded to x's dtype
     before the weight multiplies it, and the result has the wider dtype.
     """
+    if _row_kernel(x, weight):
+        return kernels.rms_norm_rows(x, weight, eps)
     if x.dtype == weight.dtype:
         return F.rms_norm(x, weight.shape, weight, eps)
     return F.rms_norm(x, weight.shape, None, eps) * weight
+
+
+def _row_kernel(*tensors: torch.Tensor) -> bool:
+    """Whether model/kernels' rows.c takes this call: float32 CPU tensors that do not require grad (the
+    runtime's; a trainable module's stay on torch, under no_grad too, so one module computes one way).
+    Never by layout, so that a row's bits do not depend on whether it came as a one-row slice or not."""
+    if kernels.rows() is None or any(t.requires_grad for t in tensors):
+        return False
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
 def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
@@ -91,6 +104,8 @@ def rope_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: (N, heads, hd); cos, sin: (N, 1, hd) -> x rotated (rotate-half layout). Elementwise per row."""
+    if x.dim() == 3 and cos.shape == (x.shape[0], 1, x.shape[2]) == sin.shape and _row_kernel(x, cos, sin):
+        return kernels.rope(x, cos, sin)  # the same products and sums, one call
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin

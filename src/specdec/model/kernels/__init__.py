@@ -8,6 +8,9 @@ gguf.c: a matmul over a GGUF file's own quantized blocks (Q4_0 ... Q8_0, Q4_K, Q
 inside the kernel, with activations quantized as w8a8.c's and integer dot products: the weights the
 file holds, exactly (model/linear.py, the gguf format). Row-invariant the same way.
 
+rows.c: RMS norm and the rotary embedding of a forward's rows, one call each where torch took ~20 us
+(several small ops); row-wise, and the rotation bitwise torch's.
+
 w8a8.c: int8 weights x int8 activations (blocks of 32, llama.cpp's Q8_0 layout) with AVX2 integer
 dot products. torch's weight-only int8 kernel (bf16 activations) reads ~9 GB/s for one row and
 costs ~4x for four; this one reads ~13-15 GB/s per core and costs ~2x for four rows, which is what
@@ -16,8 +19,10 @@ so a k-token forward stays bitwise k one-token forwards (model/transformer.py, N
 
 The library is compiled with the system C compiler (`cc`, or $CC) into $SPECDEC_HOME/kernels/,
 named by a digest of the source and flags, and loaded with ctypes: no torch headers, about a
-second to build. `w8a8()` returns None, with `why_unavailable()` saying why, on a machine without
-a compiler or without AVX2/FMA.
+second to build. Where the CPU has AVX512-VNNI (with VL), gguf.c and w8a8.c are built with it: their
+integer dot products then take one vpdpbusd instead of maddubs + madd, the same integers exactly, so
+the same bits as the AVX2 build (SPECDEC_KERNEL_AVX2=1 keeps the AVX2 build). `w8a8()` returns None,
+with `why_unavailable()` saying why, on a machine without a compiler or without AVX2/FMA.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("w8a8.c")
 ATTEND_SOURCE = Path(__file__).with_name("attend.c")
 GGUF_SOURCE = Path(__file__).with_name("gguf.c")
+ROWS_SOURCE = Path(__file__).with_name("rows.c")
 ATTEND_MAX_HEAD_DIM = 512  # attend.c's MAX_HEAD_DIM
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+VNNI_FLAGS = ("-mavx512vnni", "-mavx512vl")  # 256-bit vpdpbusd (EVEX); AMD Zen 4, Intel Ice Lake and later
 BLOCK = 32  # activations are quantized in blocks of this many values
 
 _why: dict[str, str] = {}
@@ -46,18 +53,27 @@ def why_unavailable(kernel: str = "w8a8") -> str | None:
     return _why.get(kernel)
 
 
-def _cpu_flags() -> set[str]:
+@lru_cache(maxsize=1)
+def _cpu_flags() -> frozenset[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
-def _build(source: Path):
-    """source compiled (once per source and flags digest) and loaded, or None with the reason kept."""
+@lru_cache(maxsize=1)
+def has_vnni() -> bool:
+    """Whether the integer-dot kernels are built with AVX512-VNNI here (see the module docstring; the
+    environment is read once, at the first kernel call)."""
+    return {"avx512_vnni", "avx512vl"} <= _cpu_flags() and not os.environ.get("SPECDEC_KERNEL_AVX2")
+
+
+def _build(source: Path, extra: tuple[str, ...] = ()):
+    """source compiled with FLAGS + extra (once per source and flags digest) and loaded, or None with
+    the reason kept."""
     kernel = source.stem
     missing = {"avx2", "fma", "f16c"} - _cpu_flags()
     if missing:
@@ -69,7 +85,8 @@ def _build(source: Path):
         return None
     from specdec.model.registry import specdec_home
 
-    digest = hashlib.sha256(source.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    flags = (*FLAGS, *extra)
+    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
     folder = specdec_home() / "kernels"
     target = folder / f"{kernel}-{digest}.so"
     if not target.is_file():
@@ -77,7 +94,7 @@ def _build(source: Path):
             folder.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=folder) as tmp:
                 built = Path(tmp) / target.name
-                subprocess.run([compiler, *FLAGS, str(source), "-o", str(built), "-lm"], check=True,
+                subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], check=True,
                                capture_output=True, text=True, timeout=120)
                 os.replace(built, target)  # atomic: a concurrent build leaves one whole file
         except (OSError, subprocess.SubprocessError) as exc:
@@ -87,10 +104,15 @@ def _build(source: Path):
     return ctypes.CDLL(str(target))
 
 
-@lru_cache(maxsize=1)
 def w8a8():
     """The loaded W8A8 library (ctypes.CDLL), or None."""
-    lib = _build(SOURCE)
+    return w8a8_build(has_vnni())
+
+
+@lru_cache(maxsize=2)
+def w8a8_build(vnni: bool):
+    """w8a8.c built with AVX512-VNNI or with AVX2 alone (the same bits; tests compare them), or None."""
+    lib = _build(SOURCE, VNNI_FLAGS if vnni else ())
     if lib is None:
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_int64
@@ -116,10 +138,15 @@ def attend():
     return lib
 
 
-@lru_cache(maxsize=1)
 def gguf():
     """The loaded GGUF-blocks library (ctypes.CDLL), or None (`why_unavailable("gguf")`)."""
-    lib = _build(GGUF_SOURCE)
+    return gguf_build(has_vnni())
+
+
+@lru_cache(maxsize=2)
+def gguf_build(vnni: bool):
+    """gguf.c built with AVX512-VNNI or with AVX2 alone (the same bits; tests compare them), or None."""
+    lib = _build(GGUF_SOURCE, VNNI_FLAGS if vnni else ())
     if lib is None:
         return None
     p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -130,6 +157,47 @@ def gguf():
     lib.gguf_to_bf16.argtypes = [i32, p, i64, i64, i64, p, i32]
     lib.gguf_to_bf16.restype = None
     return lib
+
+
+@lru_cache(maxsize=1)
+def rows():
+    """The loaded row-ops library (ctypes.CDLL), or None (`why_unavailable("rows")`)."""
+    if os.environ.get("SPECDEC_NO_ROWS_KERNEL"):
+        _why["rows"] = "SPECDEC_NO_ROWS_KERNEL is set"
+        return None
+    lib = _build(ROWS_SOURCE)
+    if lib is None:
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.rms_norm_rows.argtypes = [p, p, i64, i64, ctypes.c_float, p]
+    lib.rms_norm_rows.restype = None
+    lib.rope_rows.argtypes = [p, p, p, i64, i64, i64, p]
+    lib.rope_rows.restype = None
+    return lib
+
+
+def rms_norm_rows(x, weight, eps: float):
+    """x (..., n) float32, weight (n,) float32 or None -> rms_norm(x) * weight (rows.c)."""
+    import torch
+
+    x = x.contiguous()
+    weight = None if weight is None else weight.contiguous()
+    y = torch.empty_like(x)
+    n = x.shape[-1]
+    rows().rms_norm_rows(x.data_ptr(), None if weight is None else weight.data_ptr(), x.numel() // n, n, eps,
+                         y.data_ptr())
+    return y
+
+
+def rope(x, cos, sin):
+    """x (N, heads, hd) float32, cos, sin (N, 1, hd) float32 -> x rotated (rows.c)."""
+    import torch
+
+    x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+    y = torch.empty_like(x)
+    N, heads, hd = x.shape
+    rows().rope_rows(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), N, heads, hd, y.data_ptr())
+    return y
 
 
 def gguf_quantize(x):
@@ -161,15 +229,16 @@ class GGUFParts:
         self.out_features = sum(t.shape[0] for t in self.tensors)
 
 
-def gguf_linear(x, parts: GGUFParts, bias=None):
+def gguf_linear(x, parts: GGUFParts, bias=None, lib=None):
     """x (M, K) float32 @ W.T (+ bias) -> (M, N) float32, W the parts stacked row-wise (gguf.c's
-    gguf_linear: x quantized once, one parallel pass over every output column). Needs `gguf()`."""
+    gguf_linear: x quantized once, one parallel pass over every output column). Needs `gguf()`;
+    lib: another build of gguf.c (`gguf_build`)."""
     import torch
 
     x = x.contiguous()
     M, K = x.shape
     y = torch.empty(M, parts.out_features)
-    gguf().gguf_linear(x.data_ptr(), M, K, parts.count, parts.types, parts.addresses, parts.rows, parts.row_bytes,
+    (lib or gguf()).gguf_linear(x.data_ptr(), M, K, parts.count, parts.types, parts.addresses, parts.rows, parts.row_bytes,
                        None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
     return y
 
@@ -184,15 +253,15 @@ def gguf_to_bf16(type_id: int, blocks, K: int):
     return out
 
 
-def w8a8_matmul(x, weight, scale, bias=None):
+def w8a8_matmul(x, weight, scale, bias=None, lib=None):
     """y = (x quantized to int8 per block of 32) @ weight.T * scale (+ bias).
 
     x: (M, K) float32, K % 32 == 0; weight: (N, K) int8; scale: (N,) float32; bias: (N,) or None.
-    Returns (M, N) float32. Needs `w8a8()` to have loaded.
+    Returns (M, N) float32. Needs `w8a8()` to have loaded; lib: another build of w8a8.c (`w8a8_build`).
     """
     import torch
 
-    lib = w8a8()
+    lib = lib or w8a8()
     x = x.contiguous()
     M, K = x.shape
     N = weight.shape[0]

@@ -6,6 +6,9 @@
 // K-quant weights with one scale per 256 values (Q8_K), which is faster for 4-row verify batches but
 // measured 5x the KL from the file's own model on qwen2.5-coder-1.5b; specdec keeps blocks of 32.
 //
+// The integer dots take one vpdpbusd each where AVX512-VNNI is compiled in (model/kernels builds it so
+// where the CPU has it), else maddubs + madd: the same integers, so the same bits on either build.
+//
 // Row invariance: each output element is one function of its weight row and its activation row,
 // summed in one fixed order, so its bits do not depend on the other rows of the batch or on the
 // thread count.
@@ -123,6 +126,20 @@ static inline Unpacked unpack(int type, const uint8_t *row, int64_t b) {
 
 static inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0xF)); }
 
+// u (32 x uint8) . s (32 x int8) -> 8 int32 lanes, lane i = the sum of products 4i..4i+3, exactly: one
+// vpdpbusd where AVX512-VNNI is compiled in, else maddubs (int16 pairs; callers keep |u * s| pairs below
+// 2^15) and madd with ones. Both give the same integers, so the same bits follow.
+static inline __m256i dot4(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// lane k of v in every lane
+static inline __m256 lane(__m256 v, int k) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(k)); }
+
 // Every dot below takes one weight row and R <= TILE activation rows, unpacks each block of the weight
 // once for all R, and computes each row's sum in the same order whatever R is. They are inlined with R
 // constant (dot_rows), so that the accumulators stay in registers.
@@ -132,7 +149,6 @@ static inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_e
 static inline __attribute__((always_inline)) void dot_legacy(int type, const uint8_t *row, int64_t nb, int R, const int8_t *xq, int64_t K,
                        const float *xs, const float *xsum, float *out) {
     const int has_min = type == Q4_1 || type == Q5_1;
-    const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[TILE];
     float mins[TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
@@ -141,11 +157,10 @@ static inline __attribute__((always_inline)) void dot_legacy(int type, const uin
         const __m256i aq = _mm256_abs_epi8(u.q);
         for (int r = 0; r < R; r++) {
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * K + b * BLOCK));
-            // unsigned values (with a min) go into maddubs as they are; signed ones as |q| * (x with q's
-            // sign): |q| <= 128, |x| <= 127, so the int16 pairs cannot saturate
-            const __m256i prod = has_min ? _mm256_maddubs_epi16(u.q, xv)
-                                         : _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, u.q));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(prod, ones)),
+            // unsigned values (with a min) go into dot4 as they are; signed ones as |q| * (x with q's
+            // sign): |q| <= 128, |x| <= 127, so maddubs's int16 pairs cannot saturate
+            const __m256i prod = has_min ? dot4(u.q, xv) : dot4(aq, _mm256_sign_epi8(xv, u.q));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod),
                                      _mm256_set1_ps(u.a0 * xs[r * nb + b]), acc[r]);
             if (has_min) mins[r] += u.c * xsum[r * nb + b];
         }
@@ -173,7 +188,7 @@ static inline __attribute__((always_inline)) void dot_q45k(int type, const uint8
                                                          const float *xsum, float *out) {
     const int bytes = type == Q4_K ? 144 : 176;
     const int64_t nb = K / BLOCK;
-    const __m256i one = _mm256_set1_epi8(1), ones = _mm256_set1_epi16(1);
+    const __m256i one = _mm256_set1_epi8(1);
     __m256 acc[TILE], accm[TILE];
     for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
@@ -185,6 +200,10 @@ static inline __attribute__((always_inline)) void dot_q45k(int type, const uint8
         const float d = f16(p), dmin = f16(p + 2);
         const __m256 mins = _mm256_mul_ps(_mm256_set1_ps(-dmin),
                                           _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8)))));
+        // a_s = d * sc_s for the 8 sub-blocks, and per row a_s * xs_s (the float factor of sub-block s)
+        const __m256 a = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm))));
+        __m256 f[TILE];
+        for (int r = 0; r < R; r++) f[r] = _mm256_mul_ps(a, _mm256_loadu_ps(xs + r * nb + i * 8));
         for (int j = 0; j < 4; j++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
             __m256i lo = low4(q), hi = low4(_mm256_srli_epi16(q, 4));
@@ -194,14 +213,12 @@ static inline __attribute__((always_inline)) void dot_q45k(int type, const uint8
                 hi = _mm256_or_si256(hi, _mm256_slli_epi16(
                     _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j + 1)), one), 4));
             }
-            const float a0 = d * (float)sm[2 * j], a1 = d * (float)sm[2 * j + 1];
             for (int r = 0; r < R; r++) {
-                const int64_t b = r * nb + i * 8 + 2 * j;  // this sub-block's activation block
                 const int8_t *x = xq + r * K + i * 256 + 64 * j;
-                const __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)x)), ones);
-                const __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(x + 32))), ones);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), _mm256_set1_ps(a0 * xs[b]), acc[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), _mm256_set1_ps(a1 * xs[b + 1]), acc[r]);
+                const __m256i plo = dot4(lo, _mm256_loadu_si256((const __m256i *)x));
+                const __m256i phi = dot4(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), lane(f[r], 2 * j), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), lane(f[r], 2 * j + 1), acc[r]);
             }
         }
         for (int r = 0; r < R; r++)  // the 8 sub-blocks' mins against their activation sums, lane by lane
@@ -220,7 +237,9 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
     for (int64_t i = 0; i < nsb; i++) {
         const uint8_t *p = row + i * 210;
         const int8_t *sc = (const int8_t *)(p + 192);
-        const float d = f16(p + 208);
+        const __m256 d = _mm256_set1_ps(f16(p + 208));
+        __m256 f[TILE];  // d * xs per 32-value group, per row
+        for (int r = 0; r < R; r++) f[r] = _mm256_mul_ps(d, _mm256_loadu_ps(xs + r * nb + i * 8));
         for (int h = 0; h < 2; h++) {
             const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
             const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
@@ -233,11 +252,10 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
                 const __m256i aq = _mm256_abs_epi8(q);
                 const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]), _mm_set1_epi16(sc[8 * h + 2 * g]));
                 for (int r = 0; r < R; r++) {
-                    const int64_t b = r * nb + i * 8 + 4 * h + g;
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * K + i * 256 + 128 * h + 32 * g));
                     // |q| <= 32 and |x| <= 127: the int16 pairs and the scaled int32 lanes cannot overflow
                     const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q)), scv);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * xs[b]), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), lane(f[r], 4 * h + g), acc[r]);
                 }
             }
         }

@@ -34,10 +34,16 @@ static inline float hsum_ps(__m256 s) {
 }
 
 static inline __m256i dot32(__m256i w, __m256i x) {
-    // sum of w * x in 8 int32 lanes; |w|, |x| <= 127 so the int16 pairs cannot saturate
+    // sum of w * x in 8 int32 lanes (lane i: products 4i..4i+3) as |x| . (w with x's sign); |w|, |x| <= 127
+    // so maddubs's int16 pairs cannot saturate, and vpdpbusd (AVX512-VNNI, where built) gives the same
+    // integers in one instruction
     __m256i ax = _mm256_sign_epi8(x, x);
     __m256i sw = _mm256_sign_epi8(w, x);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sw);
+#else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), _mm256_set1_epi16(1));
+#endif
 }
 
 void w8a8_mm(const int8_t *xq, const float *xs, int64_t M, int64_t K, const int8_t *w, const float *scale,
