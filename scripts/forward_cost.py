@@ -3,16 +3,17 @@
     python scripts/forward_cost.py --model smollm2-135m --formats int8,w8a8 --rounds 5 --threads 1
 
 One forward of t tokens after a 100-token context is what verifying a draft of t-1 tokens costs
-(t=1 is plain decoding); the median of 8 per round, then the median over rounds.
+(t=1 is plain decoding): engine/cost.measure_forward_cost, the median of 8 per round, then the median
+over rounds.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from specdec.engine.cost import measure_forward_cost
 from specdec.model.load import load_model
 
 WIDTHS = (1, 2, 4, 8)
@@ -27,25 +28,14 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     fmts = args.formats.split(",")
-    state = {}
-    for f in fmts:
-        tr = load_model(args.model, f, progress=False).transformer
-        cache = tr.new_cache(512)
-        slot = cache.allocate()
-        tr.forward(torch.tensor([list(range(3, 103))]), cache, [slot], exact=False, last_only=True)
-        state[f] = (tr, cache, slot)
+    models = {f: load_model(args.model, f, progress=False).transformer for f in fmts}
+    caches = {f: tr.new_cache(512) for f, tr in models.items()}
     times: dict = {(f, t): [] for f in fmts for t in WIDTHS}
     for _ in range(args.rounds):
-        for f in fmts:
-            tr, cache, slot = state[f]
+        for f in fmts:  # the curve adaptive mode measures (engine/cost.py), one round per format in turn
+            cost = measure_forward_cost(models[f], caches[f], max(WIDTHS), context=100, repeats=8)
             for t in WIDTHS:
-                runs = []
-                for _ in range(8):
-                    t0 = time.perf_counter()
-                    tr.forward(torch.tensor([[5] * t]), cache, [slot])
-                    runs.append(time.perf_counter() - t0)
-                    cache.truncate(slot, 100)
-                times[(f, t)].append(sorted(runs)[4])
+                times[(f, t)].append(cost[t])
     for f in fmts:
         ms = {t: sorted(times[(f, t)])[args.rounds // 2] * 1e3 for t in WIDTHS}
         cells = "  ".join(f"t={t} {v:.1f} ms" for t, v in ms.items())

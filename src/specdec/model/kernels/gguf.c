@@ -236,7 +236,7 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const uint8_t *p = row + i * 210;
-        const int8_t *sc = (const int8_t *)(p + 192);
+        const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));  // 16 x int16
         const __m256 d = _mm256_set1_ps(f16(p + 208));
         __m256 f[TILE];  // d * xs per 32-value group, per row
         for (int r = 0; r < R; r++) f[r] = _mm256_mul_ps(d, _mm256_loadu_ps(xs + r * nb + i * 8));
@@ -250,7 +250,11 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
                 const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
                 const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
                 const __m256i aq = _mm256_abs_epi8(q);
-                const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[8 * h + 2 * g + 1]), _mm_set1_epi16(sc[8 * h + 2 * g]));
+                // [sc[2s] x 8 | sc[2s + 1] x 8], s = 4h + g: the pair of int16 scales in every lane, then
+                // the first of it in the low half and the second in the high half
+                const __m256i scv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(scales, _mm256_set1_epi32(4 * h + g)),
+                                                        _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302,
+                                                                          0x0100010001000100, 0x0100010001000100));
                 for (int r = 0; r < R; r++) {
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * K + i * 256 + 128 * h + 32 * g));
                     // |q| <= 32 and |x| <= 127: the int16 pairs and the scaled int32 lanes cannot overflow
