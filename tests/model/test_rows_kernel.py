@@ -68,3 +68,13 @@ def test_without_the_kernel_the_layers_compute_with_torch(monkeypatch):
     assert not layers._row_kernel(x, w)
     assert torch.allclose(rms_norm(x, w, 1e-5), with_kernel[0], rtol=1e-6, atol=1e-7)
     assert torch.equal(apply_rope(q, cos, sin), with_kernel[1])
+
+
+def test_store_rows_writes_what_the_strided_copy_writes():
+    g = torch.Generator().manual_seed(5)
+    layer = torch.randn(3, 2, 40, 16, generator=g)
+    new = torch.randn(7, 2, 16, generator=g)
+    want = layer.clone()
+    want[1, :, 30:37] = new.transpose(0, 1)
+    kernels.store_rows(new, layer, 1, 30)
+    assert torch.equal(layer, want)

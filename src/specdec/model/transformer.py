@@ -294,10 +294,15 @@ class Transformer:
         Writes each sequence's new K/V into its cache slot, then attends: the exact rows of every
         sequence in one attend.c call where it loaded (each row over its own key list, in order),
         the others (prefill) sequence by sequence with fused attention."""
+        store = cache.k.dtype == torch.float32 and kernels.rows() is not None
         for seg, start, (rows, _) in zip(segments, starts, spans):
-            size = rows.stop - rows.start
-            cache.k[li, seg.slot, :, start : start + size] = k[rows].transpose(0, 1)
-            cache.v[li, seg.slot, :, start : start + size] = v[rows].transpose(0, 1)
+            if store:  # one C call each instead of a strided torch copy
+                kernels.store_rows(k[rows], cache.k[li], seg.slot, start)
+                kernels.store_rows(v[rows], cache.v[li], seg.slot, start)
+            else:
+                size = rows.stop - rows.start
+                cache.k[li, seg.slot, :, start : start + size] = k[rows].transpose(0, 1)
+                cache.v[li, seg.slot, :, start : start + size] = v[rows].transpose(0, 1)
         kernel = self._attend_kernel and cache.k.dtype == torch.float32 and any(exact for _, exact in spans)
         if kernel and window not in key_lists:
             key_lists[window] = self._exact_key_lists(segments, starts, spans, positions, window)

@@ -8,8 +8,8 @@ gguf.c: a matmul over a GGUF file's own quantized blocks (Q4_0 ... Q8_0, Q4_K, Q
 inside the kernel, with activations quantized as w8a8.c's and integer dot products: the weights the
 file holds, exactly (model/linear.py, the gguf format). Row-invariant the same way.
 
-rows.c: RMS norm and the rotary embedding of a forward's rows, one call each where torch took ~20 us
-(several small ops); row-wise, and the rotation bitwise torch's.
+rows.c: RMS norm, the rotary embedding and the KV-cache write of a forward's rows, one call each where
+torch took ~5-20 us a call (several small ops); row-wise, the rotation bitwise torch's.
 
 w8a8.c: int8 weights x int8 activations (blocks of 32, llama.cpp's Q8_0 layout) with AVX2 integer
 dot products. torch's weight-only int8 kernel (bf16 activations) reads ~9 GB/s for one row and
@@ -173,6 +173,8 @@ def rows():
     lib.rms_norm_rows.restype = None
     lib.rope_rows.argtypes = [p, p, p, i64, i64, i64, p]
     lib.rope_rows.restype = None
+    lib.store_rows.argtypes = [p, i64, i64, i64, p, i64, i64, i64]
+    lib.store_rows.restype = None
     return lib
 
 
@@ -198,6 +200,14 @@ def rope(x, cos, sin):
     N, heads, hd = x.shape
     rows().rope_rows(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), N, heads, hd, y.data_ptr())
     return y
+
+
+def store_rows(new, layer, slot: int, start: int):
+    """new (T, nkv, hd) float32 -> layer[slot, :, start:start + T] (layer: (slots, nkv, max_len, hd) float32,
+    contiguous), as layer[slot, :, start:start + T] = new.transpose(0, 1) (rows.c)."""
+    new = new.contiguous()
+    T, nkv, hd = new.shape
+    rows().store_rows(new.data_ptr(), T, nkv, hd, layer.data_ptr(), slot, layer.shape[2], start)
 
 
 def gguf_quantize(x):

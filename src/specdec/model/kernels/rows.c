@@ -1,5 +1,5 @@
-// The small row-wise ops of a decode step in one call each, where torch spends ~20 us per call on a
-// few thousand floats (its CPU rms_norm is several ops): RMS norm and the rotary embedding.
+// The small row-wise ops of a decode step in one call each, where torch spends ~5-20 us per call on a
+// few thousand floats (its CPU rms_norm is several ops): RMS norm, the rotary embedding, the KV-cache write.
 // Each output row is a function of its own input row only, in a fixed order, so a k-token forward
 // stays bitwise k one-token forwards. Compiled without -ffast-math and with -ffp-contract=off.
 #include <immintrin.h>
@@ -54,4 +54,17 @@ void rope_rows(const float *x, const float *cos, const float *sin, int64_t N, in
             }
         }
     }
+}
+
+// New keys or values (T, nkv, hd) into one layer of the cache, (slots, nkv, max_len, hd), at slot
+// `slot`, offsets start .. start + T - 1: what cache.k[layer, slot, :, start:start + T] = new.transpose(0, 1)
+// does, one call instead of a strided torch copy
+void store_rows(const float *src, int64_t T, int64_t nkv, int64_t hd, float *layer, int64_t slot, int64_t max_len,
+                int64_t start) {
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < nkv; h++) {
+            const float *s = src + (t * nkv + h) * hd;
+            float *d = layer + ((slot * nkv + h) * max_len + start + t) * hd;
+            for (int64_t i = 0; i < hd; i++) d[i] = s[i];
+        }
 }
