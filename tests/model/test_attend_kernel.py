@@ -46,7 +46,7 @@ KEY_LISTS = [list(range(0, 1)), list(range(0, 8)), list(range(0, 37)), list(rang
 SLOT_OF = [0, 1, 2, 0, 1, 2]
 
 
-@pytest.mark.parametrize("hd", [8, 64, 256])
+@pytest.mark.parametrize("hd", [8, 64, 80, 256])  # 80: 64 values in registers, then the rest
 def test_rows_compute_softmax_attention(hd):
     k, v = cache(hd)
     q = torch.randn(len(KEY_LISTS), 4, hd, generator=torch.Generator().manual_seed(1))

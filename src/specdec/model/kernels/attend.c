@@ -6,7 +6,10 @@
  * Each (row, kv head) is computed by one thread in a fixed order that depends only on the row's
  * own key list (8-wide dot products over head_dim, exp in blocks of 8 from j = 0, the tail of the
  * list one key at a time), so a row's bits never depend on which other rows share the call: the
- * property a k-token verify forward relies on to equal k one-token steps.
+ * property a k-token verify forward relies on to equal k one-token steps. The q . k products run 8 keys
+ * at a time (the q loads shared; the 8 lane sums reduced together in hsum8's own order, so each is
+ * bitwise the one-key dot), and p . v keeps 64 values of the output in registers across the keys:
+ * ~1.5x the speed of one key at a time, the same bits.
  *
  * q: (n, nh, hd); k, v: one layer of the cache, (slots, nkv, max_len, hd); slot: (n,); off: (n + 1,);
  * out: (n, nh, hd). hd % 8 == 0, hd <= MAX_HEAD_DIM. Built by kernels/__init__.py with -O3 -mavx2 -mfma -ffp-contract=off.
@@ -24,6 +27,22 @@ static inline float hsum8(__m256 v) {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+/* lane i = hsum8(v[i]), summed in hsum8's order ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), so
+ * the same bits, for 8 vectors at once */
+static inline __m256 hsum8x8(const __m256 v[8]) {
+    __m256 h[4], u[2];
+    for (int i = 0; i < 4; i++)  /* [v2i lanes l_k + l_k+4 | v2i+1 lanes l_k + l_k+4], k = 0..3 */
+        h[i] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(v[2 * i], v[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)  /* per half: [x0 + x2, x1 + x3] of h[2i], then of h[2i + 1] */
+        u[i] = _mm256_add_ps(_mm256_shuffle_ps(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(h[2 * i], h[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* lanes: [v0, v2, v4, v6 | v1, v3, v5, v7], then in order */
+    const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(u[0], u[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
 static inline float dot(const float *a, const float *b, int64_t n) {
@@ -82,7 +101,22 @@ void attend_rows(const float *q, const float *k, const float *v, const int64_t *
         const float *kb = k + (slot[r] * nkv + g) * max_len * hd;
         const float *vb = v + (slot[r] * nkv + g) * max_len * hd;
         float *s = malloc(sizeof(float) * (size_t)(group * L));
-        for (int64_t j = 0; j < L; j++) {
+        int64_t j0 = 0;
+        for (; j0 + 8 <= L; j0 += 8) {  // 8 keys at a time: the q loads shared, the 8 sums reduced together
+            const float *kr[8];
+            for (int i = 0; i < 8; i++) kr[i] = kb + keys[j0 + i] * hd;
+            for (int64_t a = 0; a < group; a++) {
+                const float *qa = q + (r * nh + g * group + a) * hd;
+                __m256 acc[8];
+                for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+                for (int64_t d = 0; d < hd; d += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qa + d);
+                    for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[i] + d), acc[i]);
+                }
+                _mm256_storeu_ps(s + a * L + j0, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+            }
+        }
+        for (int64_t j = j0; j < L; j++) {
             const float *kr = kb + keys[j] * hd;
             for (int64_t a = 0; a < group; a++)
                 s[a * L + j] = dot(q + (r * nh + g * group + a) * hd, kr, hd) * scale;
@@ -103,17 +137,37 @@ void attend_rows(const float *q, const float *k, const float *v, const int64_t *
                 sa[j] = exp1(sa[j] - m);
                 sum += sa[j];
             }
-            float acc[MAX_HEAD_DIM];
-            for (int64_t d = 0; d < hd; d++) acc[d] = 0.0f;
-            for (int64_t jj = 0; jj < L; jj++) {
-                const float *vr = vb + keys[jj] * hd;
-                const __m256 p = _mm256_set1_ps(sa[jj]);
-                for (int64_t d = 0; d < hd; d += 8)
-                    _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + d), _mm256_loadu_ps(acc + d)));
-            }
             float *o = out + (r * nh + g * group + a) * hd;
             const __m256 total = _mm256_set1_ps(sum);
-            for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(acc + d), total));
+            int64_t d0 = 0;
+            for (; d0 + 64 <= hd; d0 += 64) {  // 64 values at a time in 8 registers across the keys
+                __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+                for (int64_t jj = 0; jj < L; jj++) {
+                    const float *vr = vb + keys[jj] * hd + d0;
+                    const __m256 p = _mm256_set1_ps(sa[jj]);
+                    c0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr), c0);
+                    c1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8), c1);
+                    c2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 16), c2);
+                    c3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 24), c3);
+                    c4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 32), c4);
+                    c5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 40), c5);
+                    c6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 48), c6);
+                    c7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 56), c7);
+                }
+                const __m256 c[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + d0 + 8 * i, _mm256_div_ps(c[i], total));
+            }
+            if (d0 < hd) {  // the rest (head_dim not a multiple of 64), through memory: the same sums
+                float acc[MAX_HEAD_DIM];
+                for (int64_t d = d0; d < hd; d++) acc[d] = 0.0f;
+                for (int64_t jj = 0; jj < L; jj++) {
+                    const float *vr = vb + keys[jj] * hd;
+                    const __m256 p = _mm256_set1_ps(sa[jj]);
+                    for (int64_t d = d0; d < hd; d += 8)
+                        _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + d), _mm256_loadu_ps(acc + d)));
+                }
+                for (int64_t d = d0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(acc + d), total));
+            }
         }
         free(s);
     }
