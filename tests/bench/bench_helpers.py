@@ -35,8 +35,8 @@ def validate_results(r: dict) -> None:
         assert key in r["settings"], key
     for key in ("source", "license", "name"):
         assert key in r["settings"]["prompt_set"], key
-    for key in ("specdec_version", "torch_version", "python", "platform", "cpu_model", "cpu_count", "threads",
-                "peak_rss_bytes"):
+    for key in ("specdec_version", "torch_version", "python", "platform", "cpu_model", "cpu_count", "kernel_isa",
+                "threads", "peak_rss_bytes"):
         assert key in r["runtime"], key
     target = r["artifacts"]["target"]
     for key in ("name", "path", "sha256", "arch", "quant", "weights_dtype", "params", "file_bytes"):

@@ -52,7 +52,7 @@ def markdown(r: dict, plots: dict[str, str] | None = None) -> str:
         lines.append(f"| {title} | {art['target'].get(key, '–')} | {draft.get(key, '–') if draft else '–'} |")
     lines += ["", "## Runtime", ""]
     for key in ("specdec_version", "torch_version", "transformers_version", "python", "platform", "cpu_model",
-                "cpu_count", "threads", "peak_rss_bytes"):
+                "cpu_count", "kernel_isa", "threads", "peak_rss_bytes"):
         if key in rt:
             lines.append(f"- {key.replace('_', ' ')}: {rt[key]}")
     lines += ["", "## Settings", ""]

@@ -71,6 +71,13 @@ def has_vnni() -> bool:
     return {"avx512_vnni", "avx512vl"} <= _cpu_flags() and not os.environ.get("SPECDEC_KERNEL_AVX2")
 
 
+def kernel_isa() -> str:
+    """What specdec's C kernels run on here, for reports: "avx512-vnni", "avx2", or "none (why)"."""
+    if gguf() is None and w8a8() is None:
+        return f"none ({why_unavailable('gguf') or why_unavailable()})"
+    return "avx512-vnni" if has_vnni() else "avx2"
+
+
 def _build(source: Path, extra: tuple[str, ...] = ()):
     """source compiled with FLAGS + extra (once per source and flags digest) and loaded, or None with
     the reason kept."""
