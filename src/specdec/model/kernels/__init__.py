@@ -111,6 +111,24 @@ def _build(source: Path, extra: tuple[str, ...] = ()):
     return ctypes.CDLL(str(target))
 
 
+P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+def _load(source: Path, signatures: dict[str, list], extra: tuple[str, ...] = (), off: str | None = None):
+    """source built with FLAGS + extra (`_build`) and its functions' argument types set (each returns
+    nothing), or None with the reason kept; the environment variable `off`, when set, turns it off."""
+    if off and os.environ.get(off):
+        _why[source.stem] = f"{off} is set"
+        return None
+    lib = _build(source, extra)
+    if lib is None:
+        return None
+    for name, argtypes in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = argtypes, None
+    return lib
+
+
 def w8a8():
     """The loaded W8A8 library (ctypes.CDLL), or None."""
     return w8a8_build(has_vnni())
@@ -119,30 +137,15 @@ def w8a8():
 @lru_cache(maxsize=2)
 def w8a8_build(vnni: bool):
     """w8a8.c built with AVX512-VNNI or with AVX2 alone (the same bits; tests compare them), or None."""
-    lib = _build(SOURCE, VNNI_FLAGS if vnni else ())
-    if lib is None:
-        return None
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.quantize_rows.argtypes = [p, i64, i64, p, p]
-    lib.quantize_rows.restype = None
-    lib.w8a8_mm.argtypes = [p, p, i64, i64, p, p, p, p, i64, ctypes.c_int]
-    lib.w8a8_mm.restype = None
-    return lib
+    return _load(SOURCE, {"quantize_rows": [P, I64, I64, P, P], "w8a8_mm": [P, P, I64, I64, P, P, P, P, I64, I32]},
+                 VNNI_FLAGS if vnni else ())
 
 
 @lru_cache(maxsize=1)
 def attend():
     """The loaded exact-attention library (ctypes.CDLL), or None (`why_unavailable("attend")`)."""
-    if os.environ.get("SPECDEC_NO_ATTEND_KERNEL"):
-        _why["attend"] = "SPECDEC_NO_ATTEND_KERNEL is set"
-        return None
-    lib = _build(ATTEND_SOURCE)
-    if lib is None:
-        return None
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.attend_rows.argtypes = [p, p, p, p, p, p, p, i64, i64, i64, i64, i64, ctypes.c_float, ctypes.c_int]
-    lib.attend_rows.restype = None
-    return lib
+    return _load(ATTEND_SOURCE, {"attend_rows": [P, P, P, P, P, P, P, I64, I64, I64, I64, I64, F32, I32]},
+                 off="SPECDEC_NO_ATTEND_KERNEL")
 
 
 def gguf():
@@ -153,36 +156,16 @@ def gguf():
 @lru_cache(maxsize=2)
 def gguf_build(vnni: bool):
     """gguf.c built with AVX512-VNNI or with AVX2 alone (the same bits; tests compare them), or None."""
-    lib = _build(GGUF_SOURCE, VNNI_FLAGS if vnni else ())
-    if lib is None:
-        return None
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.quantize_rows_sums.argtypes = [p, i64, i64, p, p, p]
-    lib.quantize_rows_sums.restype = None
-    lib.gguf_linear.argtypes = [p, i64, i64, i32, p, p, p, p, p, p, i32]
-    lib.gguf_linear.restype = None
-    lib.gguf_to_bf16.argtypes = [i32, p, i64, i64, i64, p, i32]
-    lib.gguf_to_bf16.restype = None
-    return lib
+    return _load(GGUF_SOURCE, {"quantize_rows_sums": [P, I64, I64, P, P, P],
+                               "gguf_linear": [P, I64, I64, I32, P, P, P, P, P, P, I32],
+                               "gguf_to_bf16": [I32, P, I64, I64, I64, P, I32]}, VNNI_FLAGS if vnni else ())
 
 
 @lru_cache(maxsize=1)
 def rows():
     """The loaded row-ops library (ctypes.CDLL), or None (`why_unavailable("rows")`)."""
-    if os.environ.get("SPECDEC_NO_ROWS_KERNEL"):
-        _why["rows"] = "SPECDEC_NO_ROWS_KERNEL is set"
-        return None
-    lib = _build(ROWS_SOURCE)
-    if lib is None:
-        return None
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.rms_norm_rows.argtypes = [p, p, i64, i64, ctypes.c_float, p]
-    lib.rms_norm_rows.restype = None
-    lib.rope_rows.argtypes = [p, p, p, i64, i64, i64, p]
-    lib.rope_rows.restype = None
-    lib.store_rows.argtypes = [p, i64, i64, i64, p, i64, i64, i64]
-    lib.store_rows.restype = None
-    return lib
+    return _load(ROWS_SOURCE, {"rms_norm_rows": [P, P, I64, I64, F32, P], "rope_rows": [P, P, P, I64, I64, I64, P],
+                               "store_rows": [P, I64, I64, I64, P, I64, I64, I64]}, off="SPECDEC_NO_ROWS_KERNEL")
 
 
 def rms_norm_rows(x, weight, eps: float):
