@@ -158,7 +158,8 @@ def gguf_build(vnni: bool):
     """gguf.c built with AVX512-VNNI or with AVX2 alone (the same bits; tests compare them), or None."""
     return _load(GGUF_SOURCE, {"quantize_rows_sums": [P, I64, I64, P, P, P],
                                "gguf_linear": [P, I64, I64, I32, P, P, P, P, P, P, I32],
-                               "gguf_to_bf16": [I32, P, I64, I64, I64, P, I32]}, VNNI_FLAGS if vnni else ())
+                               "gguf_to_bf16": [I32, P, I64, I64, I64, P, I32],
+                               "gguf_repack": [I32, P, I64, I64, P, I32]}, VNNI_FLAGS if vnni else ())
 
 
 @lru_cache(maxsize=1)
@@ -214,13 +215,30 @@ def gguf_quantize(x):
     return xq, xs, xsum
 
 
+K_QUANT_IDS = (12, 13, 14)  # Q4_K, Q5_K, Q6_K: gguf.c keeps them interleaved (gguf_repack)
+
+
+def gguf_repack(type_id: int, blocks):
+    """(rows, row_bytes) uint8 of a GGUF type -> a new tensor in gguf.c's layout: K-quant super-blocks with
+    their bits moved so that one vector holds 4 values of each of 8 sub-blocks (see gguf.c), the same
+    bytes per super-block, values and scales; other types: a copy."""
+    import torch
+
+    blocks = blocks.contiguous()
+    out = torch.empty_like(blocks)
+    gguf().gguf_repack(type_id, blocks.data_ptr(), blocks.shape[0], blocks.shape[1], out.data_ptr(), torch.get_num_threads())
+    return out
+
+
 class GGUFParts:
-    """The parts of one gguf-format weight as gguf_linear takes them: [(ggml type id, tensor)], tensor
-    (rows, row_bytes) uint8 of the file's blocks or (rows, K) float32 for type 0 (F32). Holds the tensors."""
+    """The parts of one gguf-format weight as gguf_linear takes them, from [(ggml type id, tensor)]: tensor
+    (rows, row_bytes) uint8 of the file's blocks or (rows, K) float32 for type 0 (F32). K-quant parts are
+    held in gguf.c's interleaved layout (gguf_repack), every other part as given; `parts` lists them."""
 
     def __init__(self, parts):
         n = len(parts)
-        self.tensors = [t for _, t in parts]
+        self.parts = [(kind, gguf_repack(kind, t) if kind in K_QUANT_IDS else t) for kind, t in parts]
+        self.tensors = [t for _, t in self.parts]
         self.count = n
         self.types = (ctypes.c_int32 * n)(*[kind for kind, _ in parts])
         self.addresses = (ctypes.c_uint64 * n)(*[t.data_ptr() for t in self.tensors])
@@ -244,7 +262,8 @@ def gguf_linear(x, parts: GGUFParts, bias=None, lib=None):
 
 
 def gguf_to_bf16(type_id: int, blocks, K: int):
-    """(N, row_bytes) uint8 of a GGUF type -> (N, K) bf16: its values rounded to bf16 (gguf.c)."""
+    """(N, row_bytes) uint8 of a GGUF type in gguf.c's layout (a GGUFParts part) -> (N, K) bf16: its values
+    rounded to bf16 (gguf.c)."""
     import torch
 
     N = blocks.shape[0]

@@ -137,9 +137,6 @@ static inline __m256i dot4(__m256i u, __m256i s) {
 #endif
 }
 
-// lane k of v in every lane
-static inline __m256 lane(__m256 v, int k) { return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(k)); }
-
 // Every dot below takes one weight row and R <= TILE activation rows, unpacks each block of the weight
 // once for all R, and computes each row's sum in the same order whatever R is. They are inlined with R
 // constant (dot_rows), so that the accumulators stay in registers.
@@ -181,111 +178,251 @@ static inline void scales_mins_k4(const uint8_t *packed, uint8_t out[16]) {
     memcpy(out, u, 16);
 }
 
-// One Q4_K / Q5_K row (nsb super-blocks: d, dmin, scales[12], (Q5_K: qh[32]), qs[128]) . R activation
-// rows: sub-block s contributes d * sc_s * xs_s * q.x - dmin * m_s * xs_s * sum(x)
+// -- K-quants, interleaved ---------------------------------------------------------------------------
+// The kernel keeps a K-quant tensor's super-blocks with their bits moved (gguf_repack: the same bytes
+// per super-block, the same values and scales) so that one 32-byte vector holds 4 values of each of the
+// 8 sub-blocks of 32: step t (0..7) holds values 4t..4t+3 of sub-block l in bytes 4l..4l+3. The
+// activations are quantized in the same order (interleave_rows). Then the integer dots of 8 steps sum
+// into one vector whose lane l is sub-block l's whole dot, and a super-block takes one conversion and
+// one fma per row, with the 8 sub-blocks' float factors as one vector, where the file's layout took one
+// per sub-block. The layout, per super-block (q: the value's bits without scale; q6 of Q6_K in 0..63):
+//   Q4_K (144 bytes): d, dmin, scales[12] as in the file; qs[32c + 4l + e]: low nibble = q of step c,
+//                     high nibble = q of step c + 4 (sub-block l, value 4t + e)
+//   Q5_K (176): d, dmin, scales[12]; qh[4l + e]: bit t = bit 4 of q of step t; qs as Q4_K's (bits 0..3)
+//   Q6_K (210): ql[128] as Q4_K's qs (bits 0..3); qh[32h + 4l + e]: bits 2u..2u+1 = bits 4..5 of q of
+//               step 4h + u; scales[16]: the 8 sub-blocks' first-half scales, then their second-half
+//               ones (steps 0..3 are values 0..15, which share a scale); d
+// k_unpack reads a super-block's 256 q (the bits without scale, unsigned) in either layout, k_pack writes
+// them in the interleaved one, and transpose_steps turns one order into the other.
+
+static inline int k_bytes(int type) { return type == Q4_K ? 144 : type == Q5_K ? 176 : 210; }
+
+static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline void store32(uint8_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
+// bits `shift`.. of every byte of v, `mask` wide (shift + width <= 8)
+static inline __m256i bits_at(__m256i v, int shift, int mask) {
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
+}
+// v's bytes (each below 2^(8 - shift)) moved up by shift
+static inline __m256i bits_to(__m256i v, int shift) { return _mm256_sll_epi16(v, _mm_cvtsi32_si128(shift)); }
+
+// The super-block at p -> q[256]: in the file's layout, value v of sub-block l at q[32l + v]; in the
+// interleaved one, step t's 32 bytes at q[32t]
+static void k_unpack(int type, int interleaved, const uint8_t *p, uint8_t q[256]) {
+    const uint8_t *qs = p + (type == Q4_K ? 16 : type == Q5_K ? 48 : 0);
+    for (int c = 0; c < 4; c++) {  // 32 bytes of nibbles: two sub-blocks (the file's) or steps c, c + 4
+        const __m256i v = load32(qs + 32 * c);
+        __m256i lo = bits_at(v, 0, 0xF), hi = bits_at(v, 4, 0xF);
+        int at_lo = interleaved ? c : 2 * c, at_hi = interleaved ? c + 4 : 2 * c + 1;
+        if (type == Q6_K && !interleaved) {  // half h = c / 2: bytes 32 (c % 2) hold groups c % 2 and 2 + c % 2
+            at_lo = 4 * (c >> 1) + (c & 1), at_hi = at_lo + 2;
+        }
+        if (type == Q5_K) {
+            const __m256i qh = load32(p + 16);  // bit k of byte w: the 5th bit of sub-block (file) / step k
+            lo = _mm256_or_si256(lo, bits_to(bits_at(qh, at_lo, 1), 4));
+            hi = _mm256_or_si256(hi, bits_to(bits_at(qh, at_hi, 1), 4));
+        } else if (type == Q6_K) {  // 32 bytes per half; bits 2u..2u+1: group (file) / step 4h + u
+            lo = _mm256_or_si256(lo, bits_to(bits_at(load32(p + 128 + 32 * (at_lo >> 2)), 2 * (at_lo & 3), 3), 4));
+            hi = _mm256_or_si256(hi, bits_to(bits_at(load32(p + 128 + 32 * (at_hi >> 2)), 2 * (at_hi & 3), 3), 4));
+        }
+        store32(q + 32 * at_lo, lo);
+        store32(q + 32 * at_hi, hi);
+    }
+}
+
+// q[256] in the interleaved order (step t at q[32t]) -> the bits of the super-block at p (other fields kept)
+static void k_pack(int type, const uint8_t q[256], uint8_t *p) {
+    uint8_t *qs = p + (type == Q4_K ? 16 : type == Q5_K ? 48 : 0);
+    __m256i high[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int t = 0; t < 8; t++) {
+        const __m256i v = load32(q + 32 * t);
+        if (type == Q5_K) high[0] = _mm256_or_si256(high[0], bits_to(bits_at(v, 4, 1), t));
+        if (type == Q6_K) high[t >> 2] = _mm256_or_si256(high[t >> 2], bits_to(bits_at(v, 4, 3), 2 * (t & 3)));
+    }
+    for (int c = 0; c < 4; c++)
+        store32(qs + 32 * c, _mm256_or_si256(bits_at(load32(q + 32 * c), 0, 0xF),
+                                             bits_to(bits_at(load32(q + 32 * (c + 4)), 0, 0xF), 4)));
+    if (type == Q5_K) store32(p + 16, high[0]);
+    if (type == Q6_K) store32(p + 128, high[0]), store32(p + 160, high[1]);
+}
+
+// The file's order (q[32l + 4t + e]) <-> the interleaved one (q[32t + 4l + e]): an 8 x 8 transpose of
+// 4-byte words, its own inverse
+static inline void transpose_steps(const uint8_t *src, uint8_t *dst) {
+    for (int l = 0; l < 8; l++)
+        for (int t = 0; t < 8; t++) memcpy(dst + 32 * t + 4 * l, src + 32 * l + 4 * t, 4);
+}
+
+// One super-block from the file's layout to the interleaved one
+static void k_move(int type, const uint8_t *src, uint8_t *dst) {
+    uint8_t q[256], qi[256];
+    memcpy(dst, src, (size_t)k_bytes(type));  // d, dmin, scales (Q6_K: reordered below)
+    k_unpack(type, 0, src, q);
+    transpose_steps(q, qi);
+    k_pack(type, qi, dst);
+    if (type == Q6_K)  // file: scale j for values 16j..16j+15; interleaved: [sc[2l] for l], then [sc[2l+1] for l]
+        for (int l = 0; l < 8; l++) dst[192 + l] = src[192 + 2 * l], dst[200 + l] = src[192 + 2 * l + 1];
+}
+
+// A K-quant tensor (N rows of row_bytes) in the file's layout -> dst in the kernel's (interleaved); other
+// types are copied as they are
+void gguf_repack(int type, const uint8_t *src, int64_t N, int64_t row_bytes, uint8_t *dst, int threads) {
+    if (type != Q4_K && type != Q5_K && type != Q6_K) {
+        memcpy(dst, src, (size_t)(N * row_bytes));
+        return;
+    }
+    const int bytes = k_bytes(type);
+    const int64_t nsb = row_bytes / bytes;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t i = 0; i < nsb; i++)
+            k_move(type, src + n * row_bytes + i * bytes, dst + n * row_bytes + i * bytes);
+}
+
+// xq (M, K) in blocks of 32 -> xi (M, K) in the interleaved order of each 256 values (K % 256 == 0):
+// xi[32t + 4l + e] = xq[32l + 4t + e]; and s16 (M, K / 256, 16) int32: each sub-block's sum of its
+// first 16 values, then of its last 16 (what Q6_K's offset of 32 takes off)
+static void interleave_rows(const int8_t *xq, int64_t M, int64_t K, int8_t *xi, int32_t *s16) {
+    for (int64_t m = 0; m < M; m++) {
+        for (int64_t i = 0; i < K / 256; i++) {
+            const int8_t *src = xq + m * K + i * 256;
+            int8_t *dst = xi + m * K + i * 256;
+            int32_t *sums = s16 + (m * (K / 256) + i) * 16;
+            for (int l = 0; l < 8; l++) {
+                int lo = 0, hi = 0;
+                for (int w = 0; w < 16; w++) lo += src[32 * l + w], hi += src[32 * l + 16 + w];
+                sums[l] = lo, sums[8 + l] = hi;
+                for (int t = 0; t < 8; t++) memcpy(dst + 32 * t + 4 * l, src + 32 * l + 4 * t, 4);
+            }
+        }
+    }
+}
+
+// acc + the 8 lanes' sums of 4 products of u (32 x uint8) . s (32 x int8), exactly (see dot4)
+static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+static inline __m256 cvt8_ps(const uint8_t *p) {  // 8 uint8 -> 8 floats
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+// One interleaved Q4_K / Q5_K row (nsb super-blocks) . R activation rows (xi interleaved): sub-block l
+// contributes d * sc_l * xs_l * q.x - dmin * m_l * xs_l * sum(x)
 static inline __attribute__((always_inline)) void dot_q45k(int type, const uint8_t *row, int64_t nsb, int R,
-                                                         const int8_t *xq, int64_t K, const float *xs,
+                                                         const int8_t *xi, int64_t K, const float *xs,
                                                          const float *xsum, float *out) {
-    const int bytes = type == Q4_K ? 144 : 176;
+    const int bytes = k_bytes(type);
     const int64_t nb = K / BLOCK;
-    const __m256i one = _mm256_set1_epi8(1);
+    const __m256i nib = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
     __m256 acc[TILE], accm[TILE];
     for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const uint8_t *p = row + i * bytes;
         const uint8_t *qs = p + (type == Q4_K ? 16 : 48);
-        const __m256i qh = type == Q5_K ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
         uint8_t sm[16];
         scales_mins_k4(p + 4, sm);
-        const float d = f16(p), dmin = f16(p + 2);
-        const __m256 mins = _mm256_mul_ps(_mm256_set1_ps(-dmin),
-                                          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8)))));
-        // a_s = d * sc_s for the 8 sub-blocks, and per row a_s * xs_s (the float factor of sub-block s)
-        const __m256 a = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm))));
-        __m256 f[TILE];
-        for (int r = 0; r < R; r++) f[r] = _mm256_mul_ps(a, _mm256_loadu_ps(xs + r * nb + i * 8));
-        for (int j = 0; j < 4; j++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            __m256i lo = low4(q), hi = low4(_mm256_srli_epi16(q, 4));
+        const __m256 a = _mm256_mul_ps(_mm256_set1_ps(f16(p)), cvt8_ps(sm));          // d * sc_l
+        const __m256 mins = _mm256_mul_ps(_mm256_set1_ps(-f16(p + 2)), cvt8_ps(sm + 8));  // -dmin * m_l
+        const __m256i qh = type == Q5_K ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+        __m256i dots[TILE];
+        for (int r = 0; r < R; r++) dots[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(q, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
             if (type == Q5_K) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j)), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(
-                    _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j + 1)), one), 4));
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, c), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, c + 4), one), 4));
             }
             for (int r = 0; r < R; r++) {
-                const int8_t *x = xq + r * K + i * 256 + 64 * j;
-                const __m256i plo = dot4(lo, _mm256_loadu_si256((const __m256i *)x));
-                const __m256i phi = dot4(hi, _mm256_loadu_si256((const __m256i *)(x + 32)));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(plo), lane(f[r], 2 * j), acc[r]);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(phi), lane(f[r], 2 * j + 1), acc[r]);
+                const int8_t *x = xi + r * K + i * 256;
+                dots[r] = dot4_add(dots[r], lo, _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
+                dots[r] = dot4_add(dots[r], hi, _mm256_loadu_si256((const __m256i *)(x + 32 * (c + 4))));
             }
         }
-        for (int r = 0; r < R; r++)  // the 8 sub-blocks' mins against their activation sums, lane by lane
+        for (int r = 0; r < R; r++) {
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(a, _mm256_loadu_ps(xs + r * nb + i * 8)),
+                                     acc[r]);
             accm[r] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xsum + r * nb + i * 8), accm[r]);
+        }
     }
     for (int r = 0; r < R; r++) out[r] = hsum_ps(acc[r]) + hsum_ps(accm[r]);
 }
 
-// One Q6_K row (ql[128], qh[64], scales[16] int8, d) . R activation rows: 32-value group s contributes
-// d * xs_s * (sc * (q - 32)).x with a scale per 16 values and q in 0..63
+// One interleaved Q6_K row . R activation rows: sub-block l contributes d * xs_l * (sc_first * (q - 32).x
+// over its first 16 values + sc_second * the same over its last 16), q in 0..63; the offset 32 comes off
+// the exact integer dots as 32 * s16
 static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, int64_t nsb, int R,
-                                                        const int8_t *xq, int64_t K, const float *xs, float *out) {
+                                                        const int8_t *xi, int64_t K, const float *xs,
+                                                        const int32_t *s16, float *out) {
     const int64_t nb = K / BLOCK;
+    const __m256i nib = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(3);
     __m256 acc[TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < nsb; i++) {
         const uint8_t *p = row + i * 210;
-        const __m256i scales = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(p + 192)));  // 16 x int16
         const __m256 d = _mm256_set1_ps(f16(p + 208));
-        __m256 f[TILE];  // d * xs per 32-value group, per row
-        for (int r = 0; r < R; r++) f[r] = _mm256_mul_ps(d, _mm256_loadu_ps(xs + r * nb + i * 8));
-        for (int h = 0; h < 2; h++) {
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-            const __m256i ql0 = _mm256_loadu_si256((const __m256i *)(p + 64 * h));
-            const __m256i ql1 = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32));
-            for (int g = 0; g < 4; g++) {
-                __m256i lo = (g & 1) ? ql1 : ql0;
-                lo = low4((g >> 1) ? _mm256_srli_epi16(lo, 4) : lo);
-                const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-                const __m256i aq = _mm256_abs_epi8(q);
-                // [sc[2s] x 8 | sc[2s + 1] x 8], s = 4h + g: the pair of int16 scales in every lane, then
-                // the first of it in the low half and the second in the high half
-                const __m256i scv = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(scales, _mm256_set1_epi32(4 * h + g)),
-                                                        _mm256_set_epi64x(0x0302030203020302, 0x0302030203020302,
-                                                                          0x0100010001000100, 0x0100010001000100));
-                for (int r = 0; r < R; r++) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * K + i * 256 + 128 * h + 32 * g));
-                    // |q| <= 32 and |x| <= 127: the int16 pairs and the scaled int32 lanes cannot overflow
-                    const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q)), scv);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), lane(f[r], 4 * h + g), acc[r]);
-                }
+        const __m256 sa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 192)))));
+        const __m256 sb = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 200)))));
+        const __m256i qh0 = _mm256_loadu_si256((const __m256i *)(p + 128));
+        const __m256i qh1 = _mm256_loadu_si256((const __m256i *)(p + 160));
+        __m256i da[TILE], db[TILE];  // steps 0..3 (first halves), 4..7 (second halves)
+        for (int r = 0; r < R; r++) da[r] = db[r] = _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 32 * c));
+            const __m256i ua = _mm256_or_si256(_mm256_and_si256(q, nib),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh0, 2 * c), two), 4));
+            const __m256i ub = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), nib),
+                                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh1, 2 * c), two), 4));
+            for (int r = 0; r < R; r++) {
+                const int8_t *x = xi + r * K + i * 256;
+                da[r] = dot4_add(da[r], ua, _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
+                db[r] = dot4_add(db[r], ub, _mm256_loadu_si256((const __m256i *)(x + 32 * (c + 4))));
             }
+        }
+        for (int r = 0; r < R; r++) {
+            const int32_t *sums = s16 + (r * (K / 256) + i) * 16;
+            const __m256i ia = _mm256_sub_epi32(da[r], _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)sums), 5));
+            const __m256i ib = _mm256_sub_epi32(db[r], _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sums + 8)), 5));
+            const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), sb, _mm256_mul_ps(_mm256_cvtepi32_ps(ia), sa));
+            acc[r] = _mm256_fmadd_ps(t, _mm256_loadu_ps(xs + r * nb + i * 8), acc[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = hsum_ps(acc[r]);
 }
 
+// The activations of one call as the dots read them: xq (M, K) in blocks of 32 with scales xs and
+// xs * sum(xq) per block (xsum); where K-quant parts are present, xi and s16 too (interleave_rows)
+typedef struct {
+    const float *x;
+    const int8_t *xq, *xi;
+    const float *xs, *xsum;
+    const int32_t *s16;
+} Acts;
+
 static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *row, int64_t nb, int R,
-                                                         const int8_t *x, int64_t K, const float *xs,
-                                                         const float *sums, float *out) {
+                                                         const Acts *a, int64_t m0, int64_t K, float *out) {
+    const float *xs = a->xs + m0 * (K / BLOCK), *sums = a->xsum + m0 * (K / BLOCK);
     if (type == Q6_K)
-        dot_q6k(row, nb, R, x, K, xs, out);
+        dot_q6k(row, nb, R, a->xi + m0 * K, K, xs, a->s16 + m0 * (K / 16), out);
     else if (type == Q4_K || type == Q5_K)
-        dot_q45k(type, row, nb, R, x, K, xs, sums, out);
+        dot_q45k(type, row, nb, R, a->xi + m0 * K, K, xs, sums, out);
     else
-        dot_legacy(type, row, nb, R, x, K, xs, sums, out);
+        dot_legacy(type, row, nb, R, a->xq + m0 * K, K, xs, sums, out);
 }
 
-// Output column n for all M activation rows: weight row `row` (of `type`; F32: float32 values) against x,
-// or its quantized form (xq, xs, xsum) for the block types; y[m * ldy] = dot + b.
-static void column(int type, const uint8_t *row, int64_t K, int64_t M, const float *x, const int8_t *xq,
-                   const float *xs, const float *xsum, float b, float *y, int64_t ldy) {
+// Output column n for all M activation rows: weight row `row` (of `type`; F32: float32 values) against the
+// activations; y[m * ldy] = dot + b.
+static void column(int type, const uint8_t *row, int64_t K, int64_t M, const Acts *a, float b, float *y,
+                   int64_t ldy) {
     if (type == F32) {
         const float *wn = (const float *)row;
         for (int64_t m = 0; m < M; m++) {
-            const float *xm = x + m * K;
+            const float *xm = a->x + m * K;
             __m256 acc = _mm256_setzero_ps();
             int64_t k = 0;
             for (; k + 8 <= K; k += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(wn + k), _mm256_loadu_ps(xm + k), acc);
@@ -299,112 +436,106 @@ static void column(int type, const uint8_t *row, int64_t K, int64_t M, const flo
     const int64_t nb = kquant ? K / 256 : K / BLOCK;  // blocks (super-blocks) per weight row
     for (int64_t m0 = 0; m0 < M; m0 += TILE) {
         const int R = M - m0 < TILE ? (int)(M - m0) : TILE;
-        const int8_t *xr = xq + m0 * K;
-        const float *s = xs + m0 * (K / BLOCK), *sums = xsum + m0 * (K / BLOCK);
         float out[TILE];
         switch (R) {
-        case 1: dot_rows(type, row, nb, 1, xr, K, s, sums, out); break;
-        case 2: dot_rows(type, row, nb, 2, xr, K, s, sums, out); break;
-        case 3: dot_rows(type, row, nb, 3, xr, K, s, sums, out); break;
-        default: dot_rows(type, row, nb, 4, xr, K, s, sums, out); break;
+        case 1: dot_rows(type, row, nb, 1, a, m0, K, out); break;
+        case 2: dot_rows(type, row, nb, 2, a, m0, K, out); break;
+        case 3: dot_rows(type, row, nb, 3, a, m0, K, out); break;
+        default: dot_rows(type, row, nb, 4, a, m0, K, out); break;
         }
         for (int r = 0; r < R; r++) y[(m0 + r) * ldy] = out[r] + b;
     }
 }
 
 // y (M, N) = x (M, K) @ W.T (+ bias), W the rows of nparts parts stacked in order: part p is rows[p]
-// rows of ggml type types[p] at address weights[p], row_bytes[p] bytes each (F32: float32 values).
-// x is quantized once (quantize_rows_sums) when a part has blocks; K % 32 == 0 then (K-quants: % 256).
+// rows of ggml type types[p] at address weights[p], row_bytes[p] bytes each (F32: float32 values; K-quants
+// interleaved, gguf_repack). x is quantized once when a part has blocks; K % 32 == 0 then (K-quants: % 256).
 void gguf_linear(const float *x, int64_t M, int64_t K, int nparts, const int32_t *types, const uint64_t *weights,
                  const int64_t *rows, const int64_t *row_bytes, const float *bias, float *y, int threads) {
     int64_t N = 0;
-    int blocks = 0;
+    int blocks = 0, kquants = 0;
     for (int p = 0; p < nparts; p++) {
         N += rows[p];
         blocks |= types[p] != F32;
+        kquants |= types[p] == Q4_K || types[p] == Q5_K || types[p] == Q6_K;
     }
-    int8_t *xq = NULL;
+    Acts a = {x, NULL, NULL, NULL, NULL, NULL};
+    int8_t *xq = NULL, *xi = NULL;
     float *xs = NULL, *xsum = NULL;
+    int32_t *s16 = NULL;
     if (blocks && M > 0) {
         xq = malloc((size_t)(M * K));
         xs = malloc(sizeof(float) * (size_t)(M * (K / BLOCK)));
         xsum = malloc(sizeof(float) * (size_t)(M * (K / BLOCK)));
         quantize_rows_sums(x, M, K, xq, xs, xsum);
+        if (kquants) {
+            xi = malloc((size_t)(M * K));
+            s16 = malloc(sizeof(int32_t) * (size_t)(M * (K / 16)));
+            interleave_rows(xq, M, K, xi, s16);
+        }
     }
+    a.xq = xq, a.xi = xi, a.xs = xs, a.xsum = xsum, a.s16 = s16;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
         int p = 0;
         int64_t r = n;
         while (r >= rows[p]) r -= rows[p++];
         const uint8_t *row = (const uint8_t *)(uintptr_t)weights[p] + r * row_bytes[p];
-        column(types[p], row, K, M, x, xq, xs, xsum, bias ? bias[n] : 0.0f, y + n, N);
+        column(types[p], row, K, M, &a, bias ? bias[n] : 0.0f, y + n, N);
     }
     free(xq);
+    free(xi);
     free(xs);
     free(xsum);
+    free(s16);
 }
 
-// Block b (32 values) of a weight row of any handled type -> q (int8) with w = a0 * q + c for values 0..15
-// and a1 * q + c for 16..31 (a0 != a1 only for Q6_K)
-static inline void block_values(int type, const uint8_t *row, int64_t b, __m256i *q, float *a0, float *a1, float *c) {
-    if (type == Q4_K || type == Q5_K) {
-        const uint8_t *p = row + (b >> 3) * (type == Q4_K ? 144 : 176);
-        const int j = (int)(b & 7);
-        __m256i v = _mm256_loadu_si256((const __m256i *)(p + (type == Q4_K ? 16 : 48) + 32 * (j >> 1)));
-        v = low4((j & 1) ? _mm256_srli_epi16(v, 4) : v);
-        if (type == Q5_K) {
-            const __m256i h = _mm256_loadu_si256((const __m256i *)(p + 16));
-            v = _mm256_or_si256(v, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(j)),
-                                                                       _mm256_set1_epi8(1)), 4));
-        }
-        uint8_t sm[16];
-        scales_mins_k4(p + 4, sm);
-        *q = v;
-        *a0 = *a1 = f16(p) * (float)sm[j];
-        *c = -f16(p + 2) * (float)sm[8 + j];
-    } else if (type == Q6_K) {
-        const uint8_t *p = row + (b >> 3) * 210;
-        const int s = (int)(b & 7), h = s >> 2, g = s & 3;
-        const int8_t *sc = (const int8_t *)(p + 192);
-        __m256i lo = _mm256_loadu_si256((const __m256i *)(p + 64 * h + 32 * (g & 1)));
-        lo = low4((g >> 1) ? _mm256_srli_epi16(lo, 4) : lo);
-        __m256i hi = _mm256_loadu_si256((const __m256i *)(p + 128 + 32 * h));
-        hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
-        *q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-        const float d = f16(p + 208);
-        *a0 = d * (float)sc[8 * h + 2 * g];
-        *a1 = d * (float)sc[8 * h + 2 * g + 1];
-        *c = 0.0f;
-    } else {
-        const Unpacked u = unpack(type, row, b);
-        *q = u.q;
-        *a0 = *a1 = u.a0;
-        *c = u.c;
+// 32 values w = a0 * q + c (values 0..15) and a1 * q + c (16..31) -> out[0..31] bf16 (as uint16, rounded to
+// nearest even)
+static inline void store_bf16(__m256i q, float a0, float a1, float c, uint16_t *out) {
+    for (int i = 0; i < 4; i++) {
+        const __m128i part = i < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
+        const __m256i q32 = _mm256_cvtepi8_epi32((i & 1) ? _mm_srli_si128(part, 8) : part);
+        const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q32), _mm256_set1_ps(i < 2 ? a0 : a1), _mm256_set1_ps(c));
+        __m256i bits = _mm256_castps_si256(f);
+        bits = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1)),
+                                                       _mm256_set1_epi32(0x7FFF)));
+        bits = _mm256_srli_epi32(bits, 16);
+        _mm_storeu_si128((__m128i *)(out + 8 * i), _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
     }
 }
 
-// The (N, K) weight of `type` (rows of row_bytes) -> out (N, K) bf16 (as uint16, rounded to nearest even):
-// what a prefill's dense matmul takes (not row-invariant; only exact=False spans use it)
+// The (N, K) weight of `type` (rows of row_bytes; K-quants interleaved, as gguf_linear takes them) -> out
+// (N, K) bf16: what a prefill's dense matmul takes (not row-invariant; only exact=False spans use it)
 void gguf_to_bf16(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes, uint16_t *out, int threads) {
-    const int64_t nb = K / BLOCK;
+    const int kquant = type == Q4_K || type == Q5_K || type == Q6_K;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = w + n * row_bytes;
         uint16_t *o = out + n * K;
-        for (int64_t b = 0; b < nb; b++) {
-            __m256i q;
-            float a0, a1, c;
-            block_values(type, row, b, &q, &a0, &a1, &c);
-            for (int i = 0; i < 4; i++) {
-                const __m128i part = i < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
-                const __m256i q32 = _mm256_cvtepi8_epi32((i & 1) ? _mm_srli_si128(part, 8) : part);
-                const __m256 f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q32), _mm256_set1_ps(i < 2 ? a0 : a1), _mm256_set1_ps(c));
-                __m256i bits = _mm256_castps_si256(f);
-                bits = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1)),
-                                                               _mm256_set1_epi32(0x7FFF)));
-                bits = _mm256_srli_epi32(bits, 16);
-                _mm_storeu_si128((__m128i *)(o + b * BLOCK + 8 * i),
-                                 _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+        if (!kquant) {
+            for (int64_t b = 0; b < K / BLOCK; b++) {
+                const Unpacked u = unpack(type, row, b);
+                store_bf16(u.q, u.a0, u.a0, u.c, o + b * BLOCK);
+            }
+            continue;
+        }
+        for (int64_t i = 0; i < K / 256; i++) {
+            const uint8_t *p = row + i * k_bytes(type);
+            uint8_t qi[256], q[256], sm[16];
+            k_unpack(type, 1, p, qi);
+            transpose_steps(qi, q);  // sub-block l's 32 values at q[32l]
+            if (type != Q6_K) scales_mins_k4(p + 4, sm);
+            for (int l = 0; l < 8; l++) {
+                const __m256i v = load32(q + 32 * l);
+                if (type == Q6_K) {
+                    const float d = f16(p + 208);
+                    store_bf16(_mm256_sub_epi8(v, _mm256_set1_epi8(32)), d * (float)(int8_t)p[192 + l],
+                               d * (float)(int8_t)p[200 + l], 0.0f, o + i * 256 + 32 * l);
+                } else {
+                    const float a = f16(p) * (float)sm[l];
+                    store_bf16(v, a, a, -f16(p + 2) * (float)sm[8 + l], o + i * 256 + 32 * l);
+                }
             }
         }
     }
