@@ -45,8 +45,9 @@ def quantized_input(x: torch.Tensor) -> torch.Tensor:
 
 
 # -- the kernel ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("kind,width", [(kind, 512) for kind in TYPES] +  # whole groups of 8 blocks
-                         [(kind, 352) for kind in TYPES if kind not in K_QUANTS])  # and 3 blocks past them
+@pytest.mark.parametrize("kind,width", [(kind, 512) for kind in TYPES] +  # whole groups of 256 values
+                         [(kind, 352) for kind in TYPES if kind not in K_QUANTS] +  # and 3 blocks past them
+                         [(kind, 96) for kind in TYPES if kind not in K_QUANTS])  # no whole group
 def test_kernel_computes_the_files_weights(kind, width):
     b = blocks_of(kind, 37, width)
     x = torch.randn(6, width)
@@ -102,11 +103,13 @@ def test_parts_of_several_types_stack_row_wise_with_the_bias():
     assert lin.nbytes() == sum(t.numel() * t.element_size() for _, t in parts) + 4 * 22
 
 
-def test_prefill_takes_the_files_values_rounded_to_bf16():
+@pytest.mark.parametrize("width", [512, 352])  # whole groups of 256 values; one and 3 blocks past it (legacy)
+def test_prefill_takes_the_files_values_rounded_to_bf16(width):
     """exact=False with many rows: one bf16 GEMM over the file's values (gguf_to_bf16), not the kernel."""
-    parts = [(kind, blocks_of(kind, 6, 512, seed=i)) for i, kind in enumerate(TYPES)] + [("F32", torch.randn(3, 512))]
-    lin = QLinear.from_gguf(parts, torch.randn(51))
-    x = torch.randn(40, 512)
+    kinds = [kind for kind in TYPES if width % 256 == 0 or kind not in K_QUANTS]
+    parts = [(kind, blocks_of(kind, 6, width, seed=i)) for i, kind in enumerate(kinds)] + [("F32", torch.randn(3, width))]
+    lin = QLinear.from_gguf(parts, torch.randn(6 * len(kinds) + 3))
+    x = torch.randn(40, width)
     dense = torch.cat([t.double() if kind == "F32" else file_values(kind, t) for kind, t in parts])
     assert torch.equal(lin.prefill([x])[0], lin(x, exact=False))
     expected = torch.nn.functional.linear(x.bfloat16(), dense.bfloat16()).float() + lin.bias

@@ -215,29 +215,28 @@ def gguf_quantize(x):
     return xq, xs, xsum
 
 
-K_QUANT_IDS = (12, 13, 14)  # Q4_K, Q5_K, Q6_K: gguf.c keeps them interleaved (gguf_repack)
-
-
 def gguf_repack(type_id: int, blocks):
-    """(rows, row_bytes) uint8 of a GGUF type -> a new tensor in gguf.c's layout: K-quant super-blocks with
-    their bits moved so that one vector holds 4 values of each of 8 sub-blocks (see gguf.c), the same
-    bytes per super-block, values and scales; other types: a copy."""
+    """(rows, row_bytes) uint8 of a GGUF type -> a new tensor in gguf.c's layout: each
+    row's groups of 256 values (a K-quant super-block, 8 blocks of the others) with their bits moved so that
+    one vector holds 4 values of each of 8 sub-blocks of 32 (see gguf.c): the same bytes per group, the same
+    values and scales; the rest of a row as it was."""
     import torch
 
     blocks = blocks.contiguous()
     out = torch.empty_like(blocks)
-    gguf().gguf_repack(type_id, blocks.data_ptr(), blocks.shape[0], blocks.shape[1], out.data_ptr(), torch.get_num_threads())
+    gguf().gguf_repack(type_id, blocks.data_ptr(), blocks.shape[0], blocks.shape[1], out.data_ptr(),
+                       torch.get_num_threads())
     return out
 
 
 class GGUFParts:
     """The parts of one gguf-format weight as gguf_linear takes them, from [(ggml type id, tensor)]: tensor
-    (rows, row_bytes) uint8 of the file's blocks or (rows, K) float32 for type 0 (F32). K-quant parts are
-    held in gguf.c's interleaved layout (gguf_repack), every other part as given; `parts` lists them."""
+    (rows, row_bytes) uint8 of the file's blocks or (rows, K) float32 for type 0 (F32). The blocks are held
+    in gguf.c's interleaved layout (gguf_repack), F32 parts as given; `parts` lists them."""
 
     def __init__(self, parts):
         n = len(parts)
-        self.parts = [(kind, gguf_repack(kind, t) if kind in K_QUANT_IDS else t) for kind, t in parts]
+        self.parts = [(kind, gguf_repack(kind, t) if kind else t) for kind, t in parts]
         self.tensors = [t for _, t in self.parts]
         self.count = n
         self.types = (ctypes.c_int32 * n)(*[kind for kind, _ in parts])

@@ -1,10 +1,14 @@
 // Matmul over a GGUF file's own quantized blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) for
-// AVX2: the weights stay as the file stores them and are unpacked inside the kernel; activations are
+// AVX2: the weights keep the file's values and scales, unpacked inside the kernel; activations are
 // quantized to int8 in blocks of 32 with a float scale each (Q8_0's layout, as w8a8.c), and each 32
 // values contribute xs * a * sum(q * xq) + c * xs * sum(xq), where the file's block gives w = a * q + c
 // (a per 16 values for Q6_K) and the integer sums are exact. llama.cpp quantizes the activations of
 // K-quant weights with one scale per 256 values (Q8_K), which is faster for 4-row verify batches but
 // measured 5x the KL from the file's own model on qwen2.5-coder-1.5b; specdec keeps blocks of 32.
+//
+// At load, each row's groups of 256 values get their bits reordered (gguf_repack, see "Groups of 256
+// values, interleaved"), so that the float work of a block of 32 (a conversion, a product, an fma per
+// activation row) is done for 8 blocks at once.
 //
 // The integer dots take one vpdpbusd each where AVX512-VNNI is compiled in (model/kernels builds it so
 // where the CPU has it), else maddubs + madd: the same integers, so the same bits on either build.
@@ -124,8 +128,6 @@ static inline Unpacked unpack(int type, const uint8_t *row, int64_t b) {
     return u;
 }
 
-static inline __m256i low4(__m256i v) { return _mm256_and_si256(v, _mm256_set1_epi8(0xF)); }
-
 // u (32 x uint8) . s (32 x int8) -> 8 int32 lanes, lane i = the sum of products 4i..4i+3, exactly: one
 // vpdpbusd where AVX512-VNNI is compiled in, else maddubs (int16 pairs; callers keep |u * s| pairs below
 // 2^15) and madd with ones. Both give the same integers, so the same bits follow.
@@ -143,13 +145,16 @@ static inline __m256i dot4(__m256i u, __m256i s) {
 #define TILE 4
 
 // One weight row of a legacy type (blocks of 32, each with its own scale) . R activation rows
-static inline __attribute__((always_inline)) void dot_legacy(int type, const uint8_t *row, int64_t nb, int R, const int8_t *xq, int64_t K,
-                       const float *xs, const float *xsum, float *out) {
+// Blocks b0..nb-1 of one weight row of a legacy type (blocks of 32 in the file's layout: a row's last
+// nb % 8 blocks, past its interleaved groups) . R activation rows
+static inline __attribute__((always_inline)) void dot_legacy(int type, const uint8_t *row, int64_t b0, int64_t nb, int R,
+                                                           const int8_t *xq, int64_t K, const float *xs,
+                                                           const float *xsum, float *out) {
     const int has_min = type == Q4_1 || type == Q5_1;
     __m256 acc[TILE];
     float mins[TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps(), mins[r] = 0.0f;
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = b0; b < nb; b++) {
         const Unpacked u = unpack(type, row, b);
         const __m256i aq = _mm256_abs_epi8(u.q);
         for (int r = 0; r < R; r++) {
@@ -178,24 +183,51 @@ static inline void scales_mins_k4(const uint8_t *packed, uint8_t out[16]) {
     memcpy(out, u, 16);
 }
 
-// -- K-quants, interleaved ---------------------------------------------------------------------------
-// The kernel keeps a K-quant tensor's super-blocks with their bits moved (gguf_repack: the same bytes
-// per super-block, the same values and scales) so that one 32-byte vector holds 4 values of each of the
-// 8 sub-blocks of 32: step t (0..7) holds values 4t..4t+3 of sub-block l in bytes 4l..4l+3. The
-// activations are quantized in the same order (interleave_rows). Then the integer dots of 8 steps sum
-// into one vector whose lane l is sub-block l's whole dot, and a super-block takes one conversion and
-// one fma per row, with the 8 sub-blocks' float factors as one vector, where the file's layout took one
-// per sub-block. The layout, per super-block (q: the value's bits without scale; q6 of Q6_K in 0..63):
+// -- Groups of 256 values, interleaved ---------------------------------------------------------------
+// The kernel keeps a tensor's groups of 256 values (a K-quant super-block, or 8 blocks of a legacy type)
+// with their bits moved (gguf_repack: the same bytes per group, the same values and scales) so that one
+// 32-byte vector holds 4 values of each of the 8 sub-blocks of 32: step t (0..7) holds values 4t..4t+3 of
+// sub-block l in bytes 4l..4l+3. The activations are quantized in the same order (interleave_rows). Then
+// the integer dots of 8 steps sum into one vector whose lane l is sub-block l's whole dot, and a group
+// takes one conversion and one fma per row, with the 8 sub-blocks' float factors as one vector, where
+// the file's layout took one per sub-block. q is a value's bits without scale or offset (unsigned, but
+// Q8_0's int8); the interleaved layout of a group:
 //   Q4_K (144 bytes): d, dmin, scales[12] as in the file; qs[32c + 4l + e]: low nibble = q of step c,
 //                     high nibble = q of step c + 4 (sub-block l, value 4t + e)
 //   Q5_K (176): d, dmin, scales[12]; qh[4l + e]: bit t = bit 4 of q of step t; qs as Q4_K's (bits 0..3)
 //   Q6_K (210): ql[128] as Q4_K's qs (bits 0..3); qh[32h + 4l + e]: bits 2u..2u+1 = bits 4..5 of q of
 //               step 4h + u; scales[16]: the 8 sub-blocks' first-half scales, then their second-half
 //               ones (steps 0..3 are values 0..15, which share a scale); d
-// k_unpack reads a super-block's 256 q (the bits without scale, unsigned) in either layout, k_pack writes
-// them in the interleaved one, and transpose_steps turns one order into the other.
+//   Q4_0, Q4_1, Q5_0, Q5_1 (8 blocks' bytes): the 8 fp16 scales d, (with a min) the 8 fp16 mins, then
+//               (Q5) qh as Q5_K's and qs as Q4_K's
+//   Q8_0 (272): the 8 fp16 scales, then step t's 32 int8 at 16 + 32t
+// A row's blocks past its last whole group (legacy types, K % 256 != 0) stay as the file has them.
+// k_unpack reads a group's 256 q in either layout, k_pack writes them in the interleaved one, and
+// transpose_steps turns one order into the other.
 
-static inline int k_bytes(int type) { return type == Q4_K ? 144 : type == Q5_K ? 176 : 210; }
+static inline int is_kquant(int type) { return type == Q4_K || type == Q5_K || type == Q6_K; }
+static inline int block_bytes(int type) {  // a legacy block of 32
+    return type == Q4_0 ? 18 : type == Q4_1 ? 20 : type == Q5_0 ? 22 : type == Q5_1 ? 24 : 34;
+}
+static inline int group_bytes(int type) {
+    return type == Q4_K ? 144 : type == Q5_K ? 176 : type == Q6_K ? 210 : 8 * block_bytes(type);
+}
+static inline int has_min(int type) { return type == Q4_1 || type == Q5_1; }
+// where the interleaved layout keeps a group's low nibbles (qs) and high bits (qh), and how many of those
+typedef struct {
+    int qs, qh, high;
+} Bits;
+static inline Bits interleaved_bits(int type) {
+    switch (type) {
+    case Q4_K: return (Bits){16, 0, 0};
+    case Q5_K: return (Bits){48, 16, 1};
+    case Q6_K: return (Bits){0, 128, 2};
+    case Q4_0: return (Bits){16, 0, 0};
+    case Q4_1: return (Bits){32, 0, 0};
+    case Q5_0: return (Bits){48, 16, 1};
+    default: return (Bits){64, 32, 1};  // Q5_1
+    }
+}
 
 static inline __m256i load32(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)p); }
 static inline void store32(uint8_t *p, __m256i v) { _mm256_storeu_si256((__m256i *)p, v); }
@@ -206,44 +238,56 @@ static inline __m256i bits_at(__m256i v, int shift, int mask) {
 // v's bytes (each below 2^(8 - shift)) moved up by shift
 static inline __m256i bits_to(__m256i v, int shift) { return _mm256_sll_epi16(v, _mm_cvtsi32_si128(shift)); }
 
-// The super-block at p -> q[256]: in the file's layout, value v of sub-block l at q[32l + v]; in the
+// step (interleaved) or sub-block (file) `at`'s q from its nibbles and, where the type has them, high bits
+static inline __m256i with_high(int type, const uint8_t *qh, __m256i nibbles, int at) {
+    const int high = type == Q6_K ? 2 : (type == Q5_K || type == Q5_0 || type == Q5_1) ? 1 : 0;
+    if (high == 1)  // bit k of byte w: sub-block / step k's
+        return _mm256_or_si256(nibbles, bits_to(bits_at(load32(qh), at, 1), 4));
+    if (high == 2)  // 32 bytes per 4 sub-blocks / steps; bits 2u..2u+1: the u-th of them
+        return _mm256_or_si256(nibbles, bits_to(bits_at(load32(qh + 32 * (at >> 2)), 2 * (at & 3), 3), 4));
+    return nibbles;
+}
+
+// The group at p -> q[256]: in the file's layout, value v of sub-block l at q[32l + v]; in the
 // interleaved one, step t's 32 bytes at q[32t]
 static void k_unpack(int type, int interleaved, const uint8_t *p, uint8_t q[256]) {
-    const uint8_t *qs = p + (type == Q4_K ? 16 : type == Q5_K ? 48 : 0);
-    for (int c = 0; c < 4; c++) {  // 32 bytes of nibbles: two sub-blocks (the file's) or steps c, c + 4
-        const __m256i v = load32(qs + 32 * c);
-        __m256i lo = bits_at(v, 0, 0xF), hi = bits_at(v, 4, 0xF);
-        int at_lo = interleaved ? c : 2 * c, at_hi = interleaved ? c + 4 : 2 * c + 1;
-        if (type == Q6_K && !interleaved) {  // half h = c / 2: bytes 32 (c % 2) hold groups c % 2 and 2 + c % 2
-            at_lo = 4 * (c >> 1) + (c & 1), at_hi = at_lo + 2;
+    if (type == Q8_0 && interleaved) {
+        memcpy(q, p + 16, 256);
+    } else if (!is_kquant(type) && !interleaved) {  // a legacy type's 8 blocks, offsets added back
+        const int offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
+        for (int l = 0; l < 8; l++) store32(q + 32 * l, _mm256_add_epi8(unpack(type, p, l).q, _mm256_set1_epi8((char)offset)));
+    } else {
+        const Bits bits = interleaved ? interleaved_bits(type) : (Bits){type == Q4_K ? 16 : type == Q5_K ? 48 : 0,
+                                                                        type == Q5_K ? 16 : 128, 0};
+        for (int c = 0; c < 4; c++) {  // 32 bytes of nibbles: steps c and c + 4, or two of the file's sub-blocks
+            const __m256i v = load32(p + bits.qs + 32 * c);
+            int at_lo = interleaved ? c : 2 * c, at_hi = interleaved ? c + 4 : 2 * c + 1;
+            if (type == Q6_K && !interleaved)  // half c / 2: bytes 32 (c % 2) hold groups c % 2 and 2 + c % 2
+                at_lo = 4 * (c >> 1) + (c & 1), at_hi = at_lo + 2;
+            store32(q + 32 * at_lo, with_high(type, p + bits.qh, bits_at(v, 0, 0xF), at_lo));
+            store32(q + 32 * at_hi, with_high(type, p + bits.qh, bits_at(v, 4, 0xF), at_hi));
         }
-        if (type == Q5_K) {
-            const __m256i qh = load32(p + 16);  // bit k of byte w: the 5th bit of sub-block (file) / step k
-            lo = _mm256_or_si256(lo, bits_to(bits_at(qh, at_lo, 1), 4));
-            hi = _mm256_or_si256(hi, bits_to(bits_at(qh, at_hi, 1), 4));
-        } else if (type == Q6_K) {  // 32 bytes per half; bits 2u..2u+1: group (file) / step 4h + u
-            lo = _mm256_or_si256(lo, bits_to(bits_at(load32(p + 128 + 32 * (at_lo >> 2)), 2 * (at_lo & 3), 3), 4));
-            hi = _mm256_or_si256(hi, bits_to(bits_at(load32(p + 128 + 32 * (at_hi >> 2)), 2 * (at_hi & 3), 3), 4));
-        }
-        store32(q + 32 * at_lo, lo);
-        store32(q + 32 * at_hi, hi);
     }
 }
 
-// q[256] in the interleaved order (step t at q[32t]) -> the bits of the super-block at p (other fields kept)
+// q[256] in the interleaved order (step t at q[32t]) -> the bits of the group at p (other fields kept)
 static void k_pack(int type, const uint8_t q[256], uint8_t *p) {
-    uint8_t *qs = p + (type == Q4_K ? 16 : type == Q5_K ? 48 : 0);
-    __m256i high[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    if (type == Q8_0) {
+        memcpy(p + 16, q, 256);
+        return;
+    }
+    const Bits bits = interleaved_bits(type);
+    const int high = type == Q6_K ? 2 : bits.qh ? 1 : 0;
+    __m256i hb[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int t = 0; t < 8; t++) {
         const __m256i v = load32(q + 32 * t);
-        if (type == Q5_K) high[0] = _mm256_or_si256(high[0], bits_to(bits_at(v, 4, 1), t));
-        if (type == Q6_K) high[t >> 2] = _mm256_or_si256(high[t >> 2], bits_to(bits_at(v, 4, 3), 2 * (t & 3)));
+        if (high == 1) hb[0] = _mm256_or_si256(hb[0], bits_to(bits_at(v, 4, 1), t));
+        if (high == 2) hb[t >> 2] = _mm256_or_si256(hb[t >> 2], bits_to(bits_at(v, 4, 3), 2 * (t & 3)));
     }
     for (int c = 0; c < 4; c++)
-        store32(qs + 32 * c, _mm256_or_si256(bits_at(load32(q + 32 * c), 0, 0xF),
-                                             bits_to(bits_at(load32(q + 32 * (c + 4)), 0, 0xF), 4)));
-    if (type == Q5_K) store32(p + 16, high[0]);
-    if (type == Q6_K) store32(p + 128, high[0]), store32(p + 160, high[1]);
+        store32(p + bits.qs + 32 * c, _mm256_or_si256(bits_at(load32(q + 32 * c), 0, 0xF),
+                                                      bits_to(bits_at(load32(q + 32 * (c + 4)), 0, 0xF), 4)));
+    for (int h = 0; h < high; h++) store32(p + bits.qh + 32 * h, hb[h]);
 }
 
 // The file's order (q[32l + 4t + e]) <-> the interleaved one (q[32t + 4l + e]): an 8 x 8 transpose of
@@ -253,10 +297,17 @@ static inline void transpose_steps(const uint8_t *src, uint8_t *dst) {
         for (int t = 0; t < 8; t++) memcpy(dst + 32 * t + 4 * l, src + 32 * l + 4 * t, 4);
 }
 
-// One super-block from the file's layout to the interleaved one
+// One group from the file's layout to the interleaved one
 static void k_move(int type, const uint8_t *src, uint8_t *dst) {
     uint8_t q[256], qi[256];
-    memcpy(dst, src, (size_t)k_bytes(type));  // d, dmin, scales (Q6_K: reordered below)
+    memcpy(dst, src, (size_t)group_bytes(type));  // K-quants: d, dmin, scales (Q6_K: reordered below)
+    if (!is_kquant(type)) {  // the blocks' scales (and mins) first
+        const int bb = block_bytes(type);
+        for (int l = 0; l < 8; l++) {
+            memcpy(dst + 2 * l, src + l * bb, 2);
+            if (has_min(type)) memcpy(dst + 16 + 2 * l, src + l * bb + 2, 2);
+        }
+    }
     k_unpack(type, 0, src, q);
     transpose_steps(q, qi);
     k_pack(type, qi, dst);
@@ -264,36 +315,33 @@ static void k_move(int type, const uint8_t *src, uint8_t *dst) {
         for (int l = 0; l < 8; l++) dst[192 + l] = src[192 + 2 * l], dst[200 + l] = src[192 + 2 * l + 1];
 }
 
-// A K-quant tensor (N rows of row_bytes) in the file's layout -> dst in the kernel's (interleaved); other
-// types are copied as they are
+// A tensor (N rows of row_bytes) in the file's layout -> dst in the kernel's: each row's whole groups of
+// 256 values interleaved, the rest (F32; a legacy row's last K % 256 values) copied
 void gguf_repack(int type, const uint8_t *src, int64_t N, int64_t row_bytes, uint8_t *dst, int threads) {
-    if (type != Q4_K && type != Q5_K && type != Q6_K) {
-        memcpy(dst, src, (size_t)(N * row_bytes));
-        return;
-    }
-    const int bytes = k_bytes(type);
-    const int64_t nsb = row_bytes / bytes;
+    memcpy(dst, src, (size_t)(N * row_bytes));
+    if (type == F32) return;
+    const int bytes = group_bytes(type);
+    const int64_t K = is_kquant(type) ? row_bytes / bytes * 256 : row_bytes / block_bytes(type) * BLOCK;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++)
-        for (int64_t i = 0; i < nsb; i++)
+        for (int64_t i = 0; i < K / 256; i++)
             k_move(type, src + n * row_bytes + i * bytes, dst + n * row_bytes + i * bytes);
 }
 
-// xq (M, K) in blocks of 32 -> xi (M, K) in the interleaved order of each 256 values (K % 256 == 0):
-// xi[32t + 4l + e] = xq[32l + 4t + e]; and s16 (M, K / 256, 16) int32: each sub-block's sum of its
-// first 16 values, then of its last 16 (what Q6_K's offset of 32 takes off)
+// xq (M, K) in blocks of 32 -> xi (M, K): each whole 256 values in the interleaved order, xi[32t + 4l + e]
+// = xq[32l + 4t + e] (the rest not written); s16 (M, K / 256, 16) int32: each sub-block's sum of its
+// first 16 values, then of its last 16 (what the types' offsets take off)
 static void interleave_rows(const int8_t *xq, int64_t M, int64_t K, int8_t *xi, int32_t *s16) {
     for (int64_t m = 0; m < M; m++) {
         for (int64_t i = 0; i < K / 256; i++) {
             const int8_t *src = xq + m * K + i * 256;
-            int8_t *dst = xi + m * K + i * 256;
             int32_t *sums = s16 + (m * (K / 256) + i) * 16;
             for (int l = 0; l < 8; l++) {
                 int lo = 0, hi = 0;
                 for (int w = 0; w < 16; w++) lo += src[32 * l + w], hi += src[32 * l + 16 + w];
                 sums[l] = lo, sums[8 + l] = hi;
-                for (int t = 0; t < 8; t++) memcpy(dst + 32 * t + 4 * l, src + 32 * l + 4 * t, 4);
             }
+            transpose_steps((const uint8_t *)src, (uint8_t *)(xi + m * K + i * 256));
         }
     }
 }
@@ -310,44 +358,68 @@ static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
 static inline __m256 cvt8_ps(const uint8_t *p) {  // 8 uint8 -> 8 floats
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
+static inline __m256 cvt8_ph(const uint8_t *p) {  // 8 fp16 -> 8 floats
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
 
-// One interleaved Q4_K / Q5_K row (nsb super-blocks) . R activation rows (xi interleaved): sub-block l
-// contributes d * sc_l * xs_l * q.x - dmin * m_l * xs_l * sum(x)
-static inline __attribute__((always_inline)) void dot_q45k(int type, const uint8_t *row, int64_t nsb, int R,
-                                                         const int8_t *xi, int64_t K, const float *xs,
-                                                         const float *xsum, float *out) {
-    const int bytes = k_bytes(type);
+// One row's interleaved groups (ng of them) . R activation rows (xi interleaved), every type but Q6_K:
+// sub-block l contributes a_l * xs_l * (q - offset).x + c_l * xs_l * sum(x), with a_l = d * sc_l and
+// c_l = -dmin * m_l (Q4_K, Q5_K), a_l = d_l and c_l = m_l (Q4_1, Q5_1), a_l = d_l and c_l = 0 otherwise;
+// the offset (Q4_0: 8, Q5_0: 16) comes off the exact integer dot as offset * sum(xq)
+static inline __attribute__((always_inline)) void dot_groups(int type, const uint8_t *row, int64_t ng, int R,
+                                                           const int8_t *xi, int64_t K, const float *xs,
+                                                           const float *xsum, const int32_t *s16, float *out) {
+    const int bytes = group_bytes(type), kquant = is_kquant(type), mins = kquant || has_min(type);
+    const int offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
     const int64_t nb = K / BLOCK;
-    const __m256i nib = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+    const Bits bits = type == Q8_0 ? (Bits){16, 0, 0} : interleaved_bits(type);
     __m256 acc[TILE], accm[TILE];
     for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nsb; i++) {
+    for (int64_t i = 0; i < ng; i++) {
         const uint8_t *p = row + i * bytes;
-        const uint8_t *qs = p + (type == Q4_K ? 16 : 48);
-        uint8_t sm[16];
-        scales_mins_k4(p + 4, sm);
-        const __m256 a = _mm256_mul_ps(_mm256_set1_ps(f16(p)), cvt8_ps(sm));          // d * sc_l
-        const __m256 mins = _mm256_mul_ps(_mm256_set1_ps(-f16(p + 2)), cvt8_ps(sm + 8));  // -dmin * m_l
-        const __m256i qh = type == Q5_K ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+        __m256 a, c = _mm256_setzero_ps();
+        if (kquant) {
+            uint8_t sm[16];
+            scales_mins_k4(p + 4, sm);
+            a = _mm256_mul_ps(_mm256_set1_ps(f16(p)), cvt8_ps(sm));
+            c = _mm256_mul_ps(_mm256_set1_ps(-f16(p + 2)), cvt8_ps(sm + 8));
+        } else {
+            a = cvt8_ph(p);
+            if (mins) c = cvt8_ph(p + 16);
+        }
         __m256i dots[TILE];
         for (int r = 0; r < R; r++) dots[r] = _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-            __m256i lo = _mm256_and_si256(q, nib), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), nib);
-            if (type == Q5_K) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, c), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, c + 4), one), 4));
+        for (int c4 = 0; c4 < 4; c4++) {
+            __m256i lo, hi;
+            if (type == Q8_0) {
+                lo = load32(p + 16 + 32 * c4), hi = load32(p + 16 + 32 * (c4 + 4));
+            } else {
+                const __m256i v = load32(p + bits.qs + 32 * c4);
+                lo = with_high(type, p + bits.qh, bits_at(v, 0, 0xF), c4);
+                hi = with_high(type, p + bits.qh, bits_at(v, 4, 0xF), c4 + 4);
             }
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xi + r * K + i * 256;
-                dots[r] = dot4_add(dots[r], lo, _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
-                dots[r] = dot4_add(dots[r], hi, _mm256_loadu_si256((const __m256i *)(x + 32 * (c + 4))));
+                const __m256i xlo = load32((const uint8_t *)(x + 32 * c4)), xhi = load32((const uint8_t *)(x + 32 * (c4 + 4)));
+                if (type == Q8_0) {  // signed: |q| . (x with q's sign), as dot_legacy
+                    dots[r] = dot4_add(dots[r], _mm256_abs_epi8(lo), _mm256_sign_epi8(xlo, lo));
+                    dots[r] = dot4_add(dots[r], _mm256_abs_epi8(hi), _mm256_sign_epi8(xhi, hi));
+                } else {
+                    dots[r] = dot4_add(dots[r], lo, xlo);
+                    dots[r] = dot4_add(dots[r], hi, xhi);
+                }
             }
         }
         for (int r = 0; r < R; r++) {
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(a, _mm256_loadu_ps(xs + r * nb + i * 8)),
-                                     acc[r]);
-            accm[r] = _mm256_fmadd_ps(mins, _mm256_loadu_ps(xsum + r * nb + i * 8), accm[r]);
+            __m256i d = dots[r];
+            if (offset) {
+                const int32_t *sums = s16 + (r * (K / 256) + i) * 16;
+                const __m256i sum = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)sums),
+                                                     _mm256_loadu_si256((const __m256i *)(sums + 8)));
+                d = _mm256_sub_epi32(d, _mm256_sll_epi32(sum, _mm_cvtsi32_si128(offset == 8 ? 3 : 4)));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), _mm256_mul_ps(a, _mm256_loadu_ps(xs + r * nb + i * 8)), acc[r]);
+            if (mins) accm[r] = _mm256_fmadd_ps(c, _mm256_loadu_ps(xsum + r * nb + i * 8), accm[r]);
         }
     }
     for (int r = 0; r < R; r++) out[r] = hsum_ps(acc[r]) + hsum_ps(accm[r]);
@@ -404,15 +476,25 @@ typedef struct {
     const int32_t *s16;
 } Acts;
 
-static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *row, int64_t nb, int R,
-                                                         const Acts *a, int64_t m0, int64_t K, float *out) {
-    const float *xs = a->xs + m0 * (K / BLOCK), *sums = a->xsum + m0 * (K / BLOCK);
-    if (type == Q6_K)
-        dot_q6k(row, nb, R, a->xi + m0 * K, K, xs, a->s16 + m0 * (K / 16), out);
-    else if (type == Q4_K || type == Q5_K)
-        dot_q45k(type, row, nb, R, a->xi + m0 * K, K, xs, sums, out);
-    else
-        dot_legacy(type, row, nb, R, a->xq + m0 * K, K, xs, sums, out);
+static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *row, int R, const Acts *a,
+                                                         int64_t m0, int64_t K, float *out) {
+    const int64_t nb = K / BLOCK, ng = K / 256;
+    const float *xs = a->xs + m0 * nb, *sums = a->xsum + m0 * nb;
+    const int8_t *xi = a->xi + m0 * K;
+    const int32_t *s16 = a->s16 + m0 * ng * 16;
+    if (type == Q6_K) {
+        dot_q6k(row, ng, R, xi, K, xs, s16, out);
+    } else if (is_kquant(type)) {
+        dot_groups(type, row, ng, R, xi, K, xs, sums, s16, out);
+    } else {  // the whole groups, then the blocks past them
+        float tail[TILE];
+        if (ng) dot_groups(type, row, ng, R, xi, K, xs, sums, s16, out);
+        else for (int r = 0; r < R; r++) out[r] = 0.0f;
+        if (ng * 8 < nb) {
+            dot_legacy(type, row, ng * 8, nb, R, a->xq + m0 * K, K, xs, sums, tail);
+            for (int r = 0; r < R; r++) out[r] += tail[r];
+        }
+    }
 }
 
 // Output column n for all M activation rows: weight row `row` (of `type`; F32: float32 values) against the
@@ -432,32 +514,29 @@ static void column(int type, const uint8_t *row, int64_t K, int64_t M, const Act
         }
         return;
     }
-    const int kquant = type == Q4_K || type == Q5_K || type == Q6_K;
-    const int64_t nb = kquant ? K / 256 : K / BLOCK;  // blocks (super-blocks) per weight row
     for (int64_t m0 = 0; m0 < M; m0 += TILE) {
         const int R = M - m0 < TILE ? (int)(M - m0) : TILE;
         float out[TILE];
         switch (R) {
-        case 1: dot_rows(type, row, nb, 1, a, m0, K, out); break;
-        case 2: dot_rows(type, row, nb, 2, a, m0, K, out); break;
-        case 3: dot_rows(type, row, nb, 3, a, m0, K, out); break;
-        default: dot_rows(type, row, nb, 4, a, m0, K, out); break;
+        case 1: dot_rows(type, row, 1, a, m0, K, out); break;
+        case 2: dot_rows(type, row, 2, a, m0, K, out); break;
+        case 3: dot_rows(type, row, 3, a, m0, K, out); break;
+        default: dot_rows(type, row, 4, a, m0, K, out); break;
         }
         for (int r = 0; r < R; r++) y[(m0 + r) * ldy] = out[r] + b;
     }
 }
 
 // y (M, N) = x (M, K) @ W.T (+ bias), W the rows of nparts parts stacked in order: part p is rows[p]
-// rows of ggml type types[p] at address weights[p], row_bytes[p] bytes each (F32: float32 values; K-quants
+// rows of ggml type types[p] at address weights[p], row_bytes[p] bytes each (F32: float32 values; the others
 // interleaved, gguf_repack). x is quantized once when a part has blocks; K % 32 == 0 then (K-quants: % 256).
 void gguf_linear(const float *x, int64_t M, int64_t K, int nparts, const int32_t *types, const uint64_t *weights,
                  const int64_t *rows, const int64_t *row_bytes, const float *bias, float *y, int threads) {
     int64_t N = 0;
-    int blocks = 0, kquants = 0;
+    int blocks = 0;
     for (int p = 0; p < nparts; p++) {
         N += rows[p];
         blocks |= types[p] != F32;
-        kquants |= types[p] == Q4_K || types[p] == Q5_K || types[p] == Q6_K;
     }
     Acts a = {x, NULL, NULL, NULL, NULL, NULL};
     int8_t *xq = NULL, *xi = NULL;
@@ -468,7 +547,7 @@ void gguf_linear(const float *x, int64_t M, int64_t K, int nparts, const int32_t
         xs = malloc(sizeof(float) * (size_t)(M * (K / BLOCK)));
         xsum = malloc(sizeof(float) * (size_t)(M * (K / BLOCK)));
         quantize_rows_sums(x, M, K, xq, xs, xsum);
-        if (kquants) {
+        if (K >= 256) {
             xi = malloc((size_t)(M * K));
             s16 = malloc(sizeof(int32_t) * (size_t)(M * (K / 16)));
             interleave_rows(xq, M, K, xi, s16);
@@ -505,38 +584,40 @@ static inline void store_bf16(__m256i q, float a0, float a1, float c, uint16_t *
     }
 }
 
-// The (N, K) weight of `type` (rows of row_bytes; K-quants interleaved, as gguf_linear takes them) -> out
-// (N, K) bf16: what a prefill's dense matmul takes (not row-invariant; only exact=False spans use it)
+// The (N, K) weight of `type` (rows of row_bytes, interleaved as gguf_linear takes them) -> out (N, K)
+// bf16: what a prefill's dense matmul takes (not row-invariant; only exact=False spans use it)
 void gguf_to_bf16(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes, uint16_t *out, int threads) {
-    const int kquant = type == Q4_K || type == Q5_K || type == Q6_K;
+    const int64_t ng = K / 256;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *row = w + n * row_bytes;
         uint16_t *o = out + n * K;
-        if (!kquant) {
-            for (int64_t b = 0; b < K / BLOCK; b++) {
-                const Unpacked u = unpack(type, row, b);
-                store_bf16(u.q, u.a0, u.a0, u.c, o + b * BLOCK);
-            }
-            continue;
-        }
-        for (int64_t i = 0; i < K / 256; i++) {
-            const uint8_t *p = row + i * k_bytes(type);
+        for (int64_t i = 0; i < ng; i++) {
+            const uint8_t *p = row + i * group_bytes(type);
             uint8_t qi[256], q[256], sm[16];
             k_unpack(type, 1, p, qi);
             transpose_steps(qi, q);  // sub-block l's 32 values at q[32l]
-            if (type != Q6_K) scales_mins_k4(p + 4, sm);
+            if (is_kquant(type) && type != Q6_K) scales_mins_k4(p + 4, sm);
             for (int l = 0; l < 8; l++) {
                 const __m256i v = load32(q + 32 * l);
+                uint16_t *dst = o + i * 256 + 32 * l;
                 if (type == Q6_K) {
                     const float d = f16(p + 208);
                     store_bf16(_mm256_sub_epi8(v, _mm256_set1_epi8(32)), d * (float)(int8_t)p[192 + l],
-                               d * (float)(int8_t)p[200 + l], 0.0f, o + i * 256 + 32 * l);
-                } else {
+                               d * (float)(int8_t)p[200 + l], 0.0f, dst);
+                } else if (is_kquant(type)) {
                     const float a = f16(p) * (float)sm[l];
-                    store_bf16(v, a, a, -f16(p + 2) * (float)sm[8 + l], o + i * 256 + 32 * l);
+                    store_bf16(v, a, a, -f16(p + 2) * (float)sm[8 + l], dst);
+                } else {
+                    const int offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
+                    const float a = f16(p + 2 * l), c = has_min(type) ? f16(p + 16 + 2 * l) : 0.0f;
+                    store_bf16(_mm256_sub_epi8(v, _mm256_set1_epi8((char)offset)), a, a, c, dst);
                 }
             }
+        }
+        for (int64_t b = ng * 8; b < K / BLOCK; b++) {  // a legacy row's blocks past its groups
+            const Unpacked u = unpack(type, row, b);
+            store_bf16(u.q, u.a0, u.a0, u.c, o + b * BLOCK);
         }
     }
 }
