@@ -355,6 +355,17 @@ static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
 #endif
 }
 
+// The integer dots of a row run in up to CHAINS independent sums, fewer the more rows there are, so that
+// one row is not held up by the latency of one long chain; integers, so the total is the same
+#define CHAINS 4
+static inline int chains(int R) { return R == 1 ? 4 : R == 2 ? 2 : 1; }
+static inline int chain(int R, int k) { return k % chains(R); }
+static inline __m256i chains_sum(const __m256i *d, int R) {
+    __m256i s = d[0];
+    for (int k = 1; k < chains(R); k++) s = _mm256_add_epi32(s, d[k]);
+    return s;
+}
+
 static inline __m256 cvt8_ps(const uint8_t *p) {  // 8 uint8 -> 8 floats
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
@@ -387,8 +398,9 @@ static inline __attribute__((always_inline)) void dot_groups(int type, const uin
             a = cvt8_ph(p);
             if (mins) c = cvt8_ph(p + 16);
         }
-        __m256i dots[TILE];
-        for (int r = 0; r < R; r++) dots[r] = _mm256_setzero_si256();
+        __m256i dots[TILE][CHAINS];
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < CHAINS; k++) dots[r][k] = _mm256_setzero_si256();
         for (int c4 = 0; c4 < 4; c4++) {
             __m256i lo, hi;
             if (type == Q8_0) {
@@ -402,16 +414,16 @@ static inline __attribute__((always_inline)) void dot_groups(int type, const uin
                 const int8_t *x = xi + r * K + i * 256;
                 const __m256i xlo = load32((const uint8_t *)(x + 32 * c4)), xhi = load32((const uint8_t *)(x + 32 * (c4 + 4)));
                 if (type == Q8_0) {  // signed: |q| . (x with q's sign), as dot_legacy
-                    dots[r] = dot4_add(dots[r], _mm256_abs_epi8(lo), _mm256_sign_epi8(xlo, lo));
-                    dots[r] = dot4_add(dots[r], _mm256_abs_epi8(hi), _mm256_sign_epi8(xhi, hi));
+                    dots[r][chain(R, 2 * c4)] = dot4_add(dots[r][chain(R, 2 * c4)], _mm256_abs_epi8(lo), _mm256_sign_epi8(xlo, lo));
+                    dots[r][chain(R, 2 * c4 + 1)] = dot4_add(dots[r][chain(R, 2 * c4 + 1)], _mm256_abs_epi8(hi), _mm256_sign_epi8(xhi, hi));
                 } else {
-                    dots[r] = dot4_add(dots[r], lo, xlo);
-                    dots[r] = dot4_add(dots[r], hi, xhi);
+                    dots[r][chain(R, 2 * c4)] = dot4_add(dots[r][chain(R, 2 * c4)], lo, xlo);
+                    dots[r][chain(R, 2 * c4 + 1)] = dot4_add(dots[r][chain(R, 2 * c4 + 1)], hi, xhi);
                 }
             }
         }
         for (int r = 0; r < R; r++) {
-            __m256i d = dots[r];
+            __m256i d = chains_sum(dots[r], R);
             if (offset) {
                 const int32_t *sums = s16 + (r * (K / 256) + i) * 16;
                 const __m256i sum = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)sums),
@@ -442,8 +454,9 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
         const __m256 sb = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 200)))));
         const __m256i qh0 = _mm256_loadu_si256((const __m256i *)(p + 128));
         const __m256i qh1 = _mm256_loadu_si256((const __m256i *)(p + 160));
-        __m256i da[TILE], db[TILE];  // steps 0..3 (first halves), 4..7 (second halves)
-        for (int r = 0; r < R; r++) da[r] = db[r] = _mm256_setzero_si256();
+        __m256i da[TILE][CHAINS], db[TILE][CHAINS];  // steps 0..3 (first halves), 4..7 (second halves)
+        for (int r = 0; r < R; r++)
+            for (int k = 0; k < CHAINS; k++) da[r][k] = db[r][k] = _mm256_setzero_si256();
         for (int c = 0; c < 4; c++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 32 * c));
             const __m256i ua = _mm256_or_si256(_mm256_and_si256(q, nib),
@@ -452,14 +465,14 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh1, 2 * c), two), 4));
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xi + r * K + i * 256;
-                da[r] = dot4_add(da[r], ua, _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
-                db[r] = dot4_add(db[r], ub, _mm256_loadu_si256((const __m256i *)(x + 32 * (c + 4))));
+                da[r][chain(R, c)] = dot4_add(da[r][chain(R, c)], ua, _mm256_loadu_si256((const __m256i *)(x + 32 * c)));
+                db[r][chain(R, c)] = dot4_add(db[r][chain(R, c)], ub, _mm256_loadu_si256((const __m256i *)(x + 32 * (c + 4))));
             }
         }
         for (int r = 0; r < R; r++) {
             const int32_t *sums = s16 + (r * (K / 256) + i) * 16;
-            const __m256i ia = _mm256_sub_epi32(da[r], _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)sums), 5));
-            const __m256i ib = _mm256_sub_epi32(db[r], _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sums + 8)), 5));
+            const __m256i ia = _mm256_sub_epi32(chains_sum(da[r], R), _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)sums), 5));
+            const __m256i ib = _mm256_sub_epi32(chains_sum(db[r], R), _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sums + 8)), 5));
             const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), sb, _mm256_mul_ps(_mm256_cvtepi32_ps(ia), sa));
             acc[r] = _mm256_fmadd_ps(t, _mm256_loadu_ps(xs + r * nb + i * 8), acc[r]);
         }
