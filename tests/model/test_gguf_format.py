@@ -138,12 +138,22 @@ def test_without_the_kernel_gguf_is_a_clear_error_and_not_the_default(monkeypatc
     assert weights_format_for(make_gguf_model(tmp_path / "m.gguf")) == "int8"
 
 
-def test_embedding_rows_are_the_files_values():
-    b = blocks_of("Q5_1", 50, 64)
-    rows = BlockRows("Q5_1", b)
+@pytest.mark.parametrize("kind", TYPES)
+def test_embedding_rows_are_the_files_values(kind):
+    """gguf.c's row lookup gives exactly the gguf package's float32 values."""
+    width = 512 if kind in K_QUANTS else 96
+    b = blocks_of(kind, 50, width, seed=4)
+    rows = BlockRows(kind, b)
     ids = torch.tensor([[3, 7], [49, 0]])
-    assert rows.shape == (50, 64)
-    assert torch.equal(rows[ids], file_values("Q5_1", b).float()[ids])
+    assert rows.shape == (50, width)
+    expected = torch.from_numpy(dequantize(b.numpy(), GGMLQuantizationType[kind])).reshape(50, width)
+    assert torch.equal(rows[ids], expected[ids])
+    with pytest.raises(IndexError, match="out of range"):
+        rows[torch.tensor([50])]
+    # a tied output head's blocks, in the kernel's layout, serve the lookups as well
+    kernel_blocks = kernels.GGUFParts([(GGUF_KERNEL_TYPES[kind], b)]).tensors[0]
+    assert not torch.equal(kernel_blocks, b) or width < 256  # interleaved: the bytes moved
+    assert torch.equal(BlockRows(kind, kernel_blocks, interleaved=True)[ids], expected[ids])
 
 
 # -- a tiny GGUF of mixed types ----------------------------------------------------------------------

@@ -58,9 +58,14 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
             progress(1)
     if weights_format == "gguf":  # the embedding's rows are dequantized as they are looked up
         kind, blocks = source.blocks("model.embed_tokens.weight")
-        embed = blocks if kind == "F32" else BlockRows(kind, blocks)
-        head = [(kind, blocks)] if c.tie_embeddings else [source.blocks("lm_head.weight")]
-        return Transformer(c, embed, layers, get("model.norm.weight"), QLinear.from_gguf(head, None), weights_format)
+        lm_head = QLinear.from_gguf([(kind, blocks)] if c.tie_embeddings else [source.blocks("lm_head.weight")], None)
+        if kind == "F32":
+            embed = blocks
+        elif c.tie_embeddings and lm_head.in_features % 32 == 0:  # the head's blocks, held once
+            embed = BlockRows(kind, lm_head.parts[0][1], interleaved=True)
+        else:
+            embed = BlockRows(kind, blocks)
+        return Transformer(c, embed, layers, get("model.norm.weight"), lm_head, weights_format)
     embed = get("model.embed_tokens.weight")
     head = embed if c.tie_embeddings else get("lm_head.weight")
     lm_head = QLinear(head, None, weights_format)

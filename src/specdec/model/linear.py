@@ -77,17 +77,24 @@ def dequantize_blocks(kind: str, blocks: torch.Tensor) -> torch.Tensor:
 
 
 class BlockRows:
-    """A (V, H) table (the embedding) held as a GGUF tensor's blocks; looked-up rows are dequantized
-    then, to exactly the file's values. rows[ids] -> (*ids.shape, H) float32, like a tensor's."""
+    """A (V, H) table (the embedding) held as a GGUF tensor's blocks, in the file's layout or interleaved (a
+    gguf-format QLinear's part, gguf.c's layout: a tied output head's blocks are held once); looked-up rows
+    are dequantized then, to exactly the file's values. rows[ids] -> (*ids.shape, H) float32, like a tensor's."""
 
-    def __init__(self, kind: str, blocks: torch.Tensor):
-        self.kind, self.blocks = kind, blocks
+    def __init__(self, kind: str, blocks: torch.Tensor, interleaved: bool = False):
+        self.kind, self.blocks, self.interleaved = kind, blocks, interleaved
         self.shape = (blocks.shape[0], _values_per_row(kind, blocks))
         self.dtype = torch.float32
 
     def __getitem__(self, ids) -> torch.Tensor:
         ids = torch.as_tensor(ids)
-        rows = dequantize_blocks(self.kind, self.blocks[ids.reshape(-1)])
+        flat = ids.reshape(-1)
+        if flat.numel() and not 0 <= int(flat.min()) <= int(flat.max()) < self.shape[0]:
+            raise IndexError(f"row ids out of range for a table of {self.shape[0]} rows")
+        if self.interleaved or (self.kind in GGUF_KERNEL_TYPES and kernels.gguf() is not None):  # one C call
+            rows = kernels.gguf_rows(GGUF_KERNEL_TYPES[self.kind], self.blocks, flat, self.shape[1], self.interleaved)
+        else:
+            rows = dequantize_blocks(self.kind, self.blocks[flat])
         return rows.reshape(*ids.shape, self.shape[1])
 
     def row_bytes(self) -> int:
@@ -162,8 +169,9 @@ class QLinear:
             if joined and joined[-1][0] == kind:
                 t = torch.cat([joined.pop()[1], t])
             joined.append((kind, t))
-        self.parts = joined
+        # held once, in gguf.c's layout (the blocks interleaved; the same bytes and values)
         self._kernel_parts = kernels.GGUFParts([(GGUF_KERNEL_TYPES.get(kind, 0), t) for kind, t in joined])
+        self.parts = [(kind, t) for (kind, _), t in zip(joined, self._kernel_parts.tensors)]
         self.out_features = sum(t.shape[0] for _, t in joined)
         self.bias = None if bias is None else bias.float().contiguous()
         return self
@@ -171,7 +179,7 @@ class QLinear:
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor this QLinear holds, by attribute name: weight, and scale / scale_zero / bias where
         it has them (a format that grows another tensor must list it in _layout, or from_tensors refuses);
-        the gguf format's parts as part{i}.{type}."""
+        the gguf format's parts as part{i}.{type} (in gguf.c's layout: the file's bytes reordered)."""
         out = {name: t for name, t in vars(self).items() if isinstance(t, torch.Tensor)}
         for i, (kind, t) in enumerate(getattr(self, "parts", ())):
             out[f"part{i}.{kind}"] = t
@@ -234,7 +242,10 @@ class QLinear:
     def dense_weight(self) -> torch.Tensor:
         """(N, K) float32: the weight as this format represents it."""
         if self.fmt == "gguf":
-            return torch.cat([t if kind == "F32" else dequantize_blocks(kind, t) for kind, t in self.parts])
+            return torch.cat([t if kind == "F32" else
+                              kernels.gguf_rows(GGUF_KERNEL_TYPES[kind], t, torch.arange(t.shape[0]), self.in_features,
+                                                interleaved=True)
+                              for kind, t in self.parts])
         if self.fmt in ("fp32", "bf16"):
             return self.weight.float()
         if self.fmt in ("int8", "w8a8"):

@@ -159,7 +159,8 @@ def gguf_build(vnni: bool):
     return _load(GGUF_SOURCE, {"quantize_rows_sums": [P, I64, I64, P, P, P],
                                "gguf_linear": [P, I64, I64, I32, P, P, P, P, P, P, I32],
                                "gguf_to_bf16": [I32, P, I64, I64, I64, P, I32],
-                               "gguf_repack": [I32, P, I64, I64, P, I32]}, VNNI_FLAGS if vnni else ())
+                               "gguf_repack": [I32, P, I64, I64, P, I32],
+                               "gguf_rows": [I32, P, P, I64, I64, I64, I32, P]}, VNNI_FLAGS if vnni else ())
 
 
 @lru_cache(maxsize=1)
@@ -258,6 +259,19 @@ def gguf_linear(x, parts: GGUFParts, bias=None, lib=None):
     (lib or gguf()).gguf_linear(x.data_ptr(), M, K, parts.count, parts.types, parts.addresses, parts.rows, parts.row_bytes,
                        None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
     return y
+
+
+def gguf_rows(type_id: int, blocks, ids, K: int, interleaved: bool = False):
+    """Rows ids (n,) of (V, row_bytes) uint8 blocks of a GGUF type with K values a row, in the file's layout
+    or in gguf.c's (a GGUFParts part: interleaved) -> (n, K) float32, exactly the gguf package's dequantized
+    values (gguf.c)."""
+    import torch
+
+    ids = torch.as_tensor(ids).to(torch.int64).contiguous()
+    out = torch.empty(ids.shape[0], K)
+    gguf().gguf_rows(type_id, blocks.data_ptr(), ids.data_ptr(), ids.shape[0], K, blocks.shape[1], int(interleaved),
+                     out.data_ptr())
+    return out
 
 
 def gguf_to_bf16(type_id: int, blocks, K: int):

@@ -634,3 +634,48 @@ void gguf_to_bf16(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_
         }
     }
 }
+
+// Rows ids[0..n-1] of a (V, K) tensor of `type` (rows of row_bytes; in the file's layout, or interleaved as
+// gguf_linear takes them) -> out (n, K) float32: exactly the values the gguf package's dequantize gives (a
+// product, then a sum, in float32: d * q, d * q + m, (d * sc) * q - dmin * m), for the embedding's
+// lookups and the dense weight
+void gguf_rows(int type, const uint8_t *w, const int64_t *ids, int64_t n, int64_t K, int64_t row_bytes,
+               int interleaved, float *out) {
+    const int64_t ng = K / 256;
+    const int offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
+    for (int64_t j = 0; j < n; j++) {
+        const uint8_t *row = w + ids[j] * row_bytes;
+        float *o = out + j * K;
+        int64_t done = 0;  // values written
+        if (is_kquant(type) || interleaved) {
+            for (int64_t i = 0; i < ng; i++, done += 256) {
+                const uint8_t *p = row + i * group_bytes(type);
+                uint8_t qi[256], q[256], sm[16];
+                k_unpack(type, interleaved, p, interleaved ? qi : q);
+                if (interleaved) transpose_steps(qi, q);  // sub-block l's values at q[32l]
+                if (type == Q4_K || type == Q5_K) scales_mins_k4(p + 4, sm);
+                for (int v = 0; v < 256; v++) {
+                    const int l = v / 32, h = (v / 16) & 1;
+                    float x;
+                    if (type == Q6_K)
+                        x = (f16(p + 208) * (float)(int8_t)p[interleaved ? 192 + 8 * h + l : 192 + v / 16]) *
+                            (float)((int)q[v] - 32);
+                    else if (is_kquant(type))
+                        x = (f16(p) * (float)sm[l]) * (float)q[v] - f16(p + 2) * (float)sm[8 + l];
+                    else {  // a legacy group: the blocks' scales (and mins) first
+                        const float qv = type == Q8_0 ? (float)(int8_t)q[v] : (float)((int)q[v] - offset);
+                        x = has_min(type) ? f16(p + 2 * l) * qv + f16(p + 16 + 2 * l) : f16(p + 2 * l) * qv;
+                    }
+                    o[done + v] = x;
+                }
+            }
+        }
+        for (int64_t b = done / BLOCK; b < K / BLOCK; b++) {  // legacy blocks in the file's layout
+            const Unpacked u = unpack(type, row, b);  // q offset already (Q4_0, Q5_0): w = a0 * q + c
+            int8_t q[32];
+            _mm256_storeu_si256((__m256i *)q, u.q);
+            for (int v = 0; v < 32; v++)
+                o[b * BLOCK + v] = has_min(type) ? u.a0 * (float)q[v] + u.c : u.a0 * (float)q[v];
+        }
+    }
+}
