@@ -70,6 +70,9 @@ def test_no_draft_length_pays_at_low_acceptance():
     assert best_draft_length(0.1, cost, 0.0, 3) == 0  # 1.1 tokens for 1.2 s: plain's 1 for 1.0 is better
     assert best_draft_length(0.3, cost, 0.0, 3) >= 1  # 1.3 for 1.2 s pays
     assert best_draft_length(0.3, cost, 0.2, 3) == 0  # not once drafting costs 0.2 s a token
+    # a draft must beat plain decoding by the margin: 1.24 tokens for 1.2 s is 3% over plain
+    assert best_draft_length(0.24, cost, 0.0, 3) == 0
+    assert best_draft_length(0.24, cost, 0.0, 3, margin=0.0) == 1
 
 
 def test_adaptive_mode_pauses_a_drafter_that_never_pays_and_probes_it(tiny_model, monkeypatch):
@@ -77,7 +80,7 @@ def test_adaptive_mode_pauses_a_drafter_that_never_pays_and_probes_it(tiny_model
     probes, each rejected one doubling the wait for the next; the output stays plain decoding's."""
     from specdec.drafters.base import Draft, DrafterBase
     from specdec.engine.config import SpecConfig
-    from specdec.engine.engine import PROBE_EVERY, Engine
+    from specdec.engine.engine import PRIOR_ACCEPTANCE, PROBE_EVERY, Engine
     from specdec.sampling import SamplingParams
 
     asked = []  # (context length, draft length) of every proposal asked for
@@ -91,13 +94,16 @@ def test_adaptive_mode_pauses_a_drafter_that_never_pays_and_probes_it(tiny_model
 
     engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=3, adaptive=True), max_len=160,
                     drafter_factory=lambda kind, spec: Wrong())
-    monkeypatch.setattr(engine, "forward_cost", lambda t: [0, 1.0, 1.2, 1.4, 1.6, 1.8])
+    cost = [0, 1.0, 1.2, 1.4, 1.6, 1.8]
+    monkeypatch.setattr(engine, "forward_cost", lambda t: cost)
     prompt = [5, 6, 7, 8]
     plain = Engine(tiny_model, max_len=160).generate(prompt, SamplingParams(), max_tokens=100)
     out = engine.generate(prompt, SamplingParams(), max_tokens=100)
     assert out.token_ids == plain.token_ids
     assert out.stats.accepted == 0
-    assert asked[0][1] == 3 and len(asked) <= 12  # 99 steps, but asked only while it might pay, then probed
+    # the first draft as long as the prior acceptance pays for (1.96 tokens for 1.4 s: 2 of 3)
+    assert asked[0][1] == best_draft_length(PRIOR_ACCEPTANCE, cost, 0.0, 3) == 2
+    assert len(asked) <= 12  # 99 steps, but asked only while it might pay, then probed
     probes = [n for n, k in asked[-3:]]
     assert [k for _, k in asked[-3:]] == [1, 1, 1]
     assert probes[2] - probes[1] == 2 * (probes[1] - probes[0]) == 4 * PROBE_EVERY  # waits of 16, then 32 steps

@@ -44,19 +44,30 @@ def expected_tokens(k: int, acceptance: float) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
+# Drafting must promise this much more than plain decoding's tokens per second to be chosen: the
+# acceptance estimate is an average of a few steps, the forward costs move by a few percent between
+# measurements, and a step that drafts pays more than its forward (proposing, verifying, rolling back).
+# Without it, text that rarely repeats kept 1-token drafts going at an acceptance of 0.1-0.2 and ran
+# 2-9% slower than plain decoding (docs/bench/qwen2.5-coder-1.5b-gguf-auto, prose and chat).
+DRAFT_MARGIN = 0.05
+
+
 def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_per_token: float, n_max: int,
-                      draft_cost_per_pass: float = 0.0) -> int:
+                      draft_cost_per_pass: float = 0.0, margin: float = DRAFT_MARGIN) -> int:
     """The k in 0..n_max with the most expected tokens per second: a step of k drafts costs the
     verify forward of k + 1 tokens, k * draft_cost_per_token and draft_cost_per_pass; k = 0 is plain
-    decoding (one token for forward_cost[1]), so 0 means that no draft length pays at this acceptance.
+    decoding (one token for forward_cost[1]), which a draft must beat by `margin` (a fraction), so 0
+    means that no draft length pays at this acceptance.
 
     >>> best_draft_length(0.9, [0, 1.0, 1.0, 1.2, 1.8, 2.4], 0.0, 5)  # 2.71 tokens / 1.2 s beats 3.44 / 1.8
     2
     >>> best_draft_length(0.1, [0, 1.0, 1.3, 1.6], 0.0, 2)  # 1.1 tokens / 1.3 s: plain's 1 / 1.0 is better
     0
+    >>> best_draft_length(0.2, [0, 1.0, 1.15, 1.5], 0.0, 2)  # 1.2 / 1.15 s is 4% over plain: not enough
+    0
     """
     n_max = min(n_max, len(forward_cost) - 2)
-    best, best_rate = 0, 1.0 / forward_cost[1]
+    best, best_rate = 0, (1.0 + margin) / forward_cost[1]
     for k in range(1, n_max + 1):
         cost = forward_cost[k + 1] + k * draft_cost_per_token + draft_cost_per_pass
         rate = expected_tokens(k, acceptance) / cost

@@ -43,6 +43,7 @@ from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_t
 MAX_CACHED_CONFIGS = 8
 PROBE_EVERY = 8  # while adaptive mode has paused drafting, a 1-token draft after this many steps,
 MAX_PROBE_EVERY = 64  # the wait doubling after each probe that was not accepted, up to this
+PRIOR_ACCEPTANCE = 0.6  # what a request's acceptance estimate starts from, before its first draft
 
 DrafterBuilder = Callable[[DrafterSpec, SpecConfig], Drafter]
 
@@ -64,7 +65,7 @@ class Request:
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
     stats: SpecStats = field(default_factory=SpecStats)
     draft_length: int = 0  # current draft length (adaptive mode moves it)
-    acceptance_ema: float = 0.6  # recent per-token acceptance of drafted tokens
+    acceptance_ema: float = PRIOR_ACCEPTANCE  # recent per-token acceptance of drafted tokens
     paused_steps: int = 0  # plain steps since adaptive mode paused drafting (draft_length 0) or last probed
     probe_every: int = PROBE_EVERY  # steps between probes while paused (doubles after each rejected probe)
     hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
@@ -154,8 +155,10 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        if spec.adaptive and spec.enabled:
-            self.forward_cost(spec.draft_n_max + 1)
+        draft_length = spec.draft_n_max
+        if spec.adaptive and spec.enabled:  # the first draft as long as the prior acceptance pays for
+            draft_length = best_draft_length(PRIOR_ACCEPTANCE, self.forward_cost(spec.draft_n_max + 1), 0.0,
+                                             spec.draft_n_max)
         slot = self.cache.allocate()
         try:
             drafters = self._pool.acquire(spec)
@@ -163,7 +166,7 @@ class Engine:
             self.cache.release(slot)
             raise
         req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, sampling.generator(),
-                      stats=SpecStats(method=spec.method), draft_length=spec.draft_n_max,
+                      stats=SpecStats(method=spec.method), draft_length=draft_length,
                       hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
         try:
             for d in drafters:
