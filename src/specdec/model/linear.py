@@ -292,8 +292,9 @@ class QLinear:
         if self.fmt not in ("int8", "w8a8", "gguf") or all(x.shape[0] < DENSE_MIN_ROWS for x in xs):
             return [self(x, False) for x in xs]
         if self.fmt == "gguf":  # the file's values, rounded to bf16 once for all x
-            weight = torch.cat([kernels.gguf_to_bf16(kind, t, self.in_features) if kind else t.to(torch.bfloat16)
-                                for kind, t in self._kernel_parts.parts])
+            weight = torch.cat([t.to(torch.bfloat16) if kind == "F32" else
+                                kernels.gguf_to_bf16(GGUF_KERNEL_TYPES[kind], t, self.in_features)
+                                for kind, t in self.parts])
             scale = None
         else:
             weight = self.weight.to(torch.bfloat16)

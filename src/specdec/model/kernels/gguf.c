@@ -213,19 +213,24 @@ static inline int group_bytes(int type) {
     return type == Q4_K ? 144 : type == Q5_K ? 176 : type == Q6_K ? 210 : 8 * block_bytes(type);
 }
 static inline int has_min(int type) { return type == Q4_1 || type == Q5_1; }
-// where the interleaved layout keeps a group's low nibbles (qs) and high bits (qh), and how many of those
+// what a type's stored q carries: w = a * (q - offset) + c
+static inline int q_offset(int type) { return type == Q4_0 ? 8 : type == Q5_0 ? 16 : type == Q6_K ? 32 : 0; }
+// bits a value keeps above its nibble
+static inline int high_bits(int type) { return type == Q6_K ? 2 : (type == Q5_K || type == Q5_0 || type == Q5_1); }
+// where the interleaved layout keeps a group's low nibbles (qs) and high bits (qh)
 typedef struct {
-    int qs, qh, high;
+    int qs, qh;
 } Bits;
 static inline Bits interleaved_bits(int type) {
     switch (type) {
-    case Q4_K: return (Bits){16, 0, 0};
-    case Q5_K: return (Bits){48, 16, 1};
-    case Q6_K: return (Bits){0, 128, 2};
-    case Q4_0: return (Bits){16, 0, 0};
-    case Q4_1: return (Bits){32, 0, 0};
-    case Q5_0: return (Bits){48, 16, 1};
-    default: return (Bits){64, 32, 1};  // Q5_1
+    case Q4_K: return (Bits){16, 0};
+    case Q5_K: return (Bits){48, 16};
+    case Q6_K: return (Bits){0, 128};
+    case Q4_0: return (Bits){16, 0};
+    case Q4_1: return (Bits){32, 0};
+    case Q5_0: return (Bits){48, 16};
+    case Q8_0: return (Bits){16, 0};  // 256 int8, no nibbles
+    default: return (Bits){64, 32};  // Q5_1
     }
 }
 
@@ -240,7 +245,7 @@ static inline __m256i bits_to(__m256i v, int shift) { return _mm256_sll_epi16(v,
 
 // step (interleaved) or sub-block (file) `at`'s q from its nibbles and, where the type has them, high bits
 static inline __m256i with_high(int type, const uint8_t *qh, __m256i nibbles, int at) {
-    const int high = type == Q6_K ? 2 : (type == Q5_K || type == Q5_0 || type == Q5_1) ? 1 : 0;
+    const int high = high_bits(type);
     if (high == 1)  // bit k of byte w: sub-block / step k's
         return _mm256_or_si256(nibbles, bits_to(bits_at(load32(qh), at, 1), 4));
     if (high == 2)  // 32 bytes per 4 sub-blocks / steps; bits 2u..2u+1: the u-th of them
@@ -254,11 +259,11 @@ static void k_unpack(int type, int interleaved, const uint8_t *p, uint8_t q[256]
     if (type == Q8_0 && interleaved) {
         memcpy(q, p + 16, 256);
     } else if (!is_kquant(type) && !interleaved) {  // a legacy type's 8 blocks, offsets added back
-        const int offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
-        for (int l = 0; l < 8; l++) store32(q + 32 * l, _mm256_add_epi8(unpack(type, p, l).q, _mm256_set1_epi8((char)offset)));
+        for (int l = 0; l < 8; l++)
+            store32(q + 32 * l, _mm256_add_epi8(unpack(type, p, l).q, _mm256_set1_epi8((char)q_offset(type))));
     } else {
         const Bits bits = interleaved ? interleaved_bits(type) : (Bits){type == Q4_K ? 16 : type == Q5_K ? 48 : 0,
-                                                                        type == Q5_K ? 16 : 128, 0};
+                                                                        type == Q5_K ? 16 : 128};
         for (int c = 0; c < 4; c++) {  // 32 bytes of nibbles: steps c and c + 4, or two of the file's sub-blocks
             const __m256i v = load32(p + bits.qs + 32 * c);
             int at_lo = interleaved ? c : 2 * c, at_hi = interleaved ? c + 4 : 2 * c + 1;
@@ -277,7 +282,7 @@ static void k_pack(int type, const uint8_t q[256], uint8_t *p) {
         return;
     }
     const Bits bits = interleaved_bits(type);
-    const int high = type == Q6_K ? 2 : bits.qh ? 1 : 0;
+    const int high = high_bits(type);
     __m256i hb[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int t = 0; t < 8; t++) {
         const __m256i v = load32(q + 32 * t);
@@ -381,9 +386,9 @@ static inline __attribute__((always_inline)) void dot_groups(int type, const uin
                                                            const int8_t *xi, int64_t K, const float *xs,
                                                            const float *xsum, const int32_t *s16, float *out) {
     const int bytes = group_bytes(type), kquant = is_kquant(type), mins = kquant || has_min(type);
-    const int offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
+    const int offset = q_offset(type);
     const int64_t nb = K / BLOCK;
-    const Bits bits = type == Q8_0 ? (Bits){16, 0, 0} : interleaved_bits(type);
+    const Bits bits = interleaved_bits(type);
     __m256 acc[TILE], accm[TILE];
     for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
     for (int64_t i = 0; i < ng; i++) {
@@ -597,6 +602,36 @@ static inline void store_bf16(__m256i q, float a0, float a1, float c, uint16_t *
     }
 }
 
+// A group's 256 values as w = a * (q - q_offset) + c, from the file's layout (K-quants) or the interleaved
+// one: q[256] with sub-block l's values at q[32l] (Q8_0's as int8), a[16] one factor per 16 values (the two
+// of a sub-block differ for Q6_K only), c[8] per sub-block (0 without a min); a and c are the gguf
+// package's float32 products (d * sc, dmin * m negated), so a * (q - offset) + c is its value exactly
+static void group_values(int type, int interleaved, const uint8_t *p, uint8_t q[256], float a[16], float c[8]) {
+    if (interleaved) {
+        uint8_t qi[256];
+        k_unpack(type, 1, p, qi);
+        transpose_steps(qi, q);
+    } else {
+        k_unpack(type, 0, p, q);
+    }
+    uint8_t sm[16];
+    if (type == Q4_K || type == Q5_K) scales_mins_k4(p + 4, sm);
+    for (int l = 0; l < 8; l++) {
+        c[l] = 0.0f;
+        if (type == Q6_K) {  // file: scale j for values 16j..; interleaved: the first halves', then the second's
+            const float d = f16(p + 208);
+            a[2 * l] = d * (float)(int8_t)p[interleaved ? 192 + l : 192 + 2 * l];
+            a[2 * l + 1] = d * (float)(int8_t)p[interleaved ? 200 + l : 193 + 2 * l];
+        } else if (type == Q4_K || type == Q5_K) {
+            a[2 * l] = a[2 * l + 1] = f16(p) * (float)sm[l];
+            c[l] = -(f16(p + 2) * (float)sm[8 + l]);
+        } else {  // a legacy group: the blocks' scales (and mins) first
+            a[2 * l] = a[2 * l + 1] = f16(p + 2 * l);
+            if (has_min(type)) c[l] = f16(p + 16 + 2 * l);
+        }
+    }
+}
+
 // The (N, K) weight of `type` (rows of row_bytes, interleaved as gguf_linear takes them) -> out (N, K)
 // bf16: what a prefill's dense matmul takes (not row-invariant; only exact=False spans use it)
 void gguf_to_bf16(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_bytes, uint16_t *out, int threads) {
@@ -606,27 +641,12 @@ void gguf_to_bf16(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_
         const uint8_t *row = w + n * row_bytes;
         uint16_t *o = out + n * K;
         for (int64_t i = 0; i < ng; i++) {
-            const uint8_t *p = row + i * group_bytes(type);
-            uint8_t qi[256], q[256], sm[16];
-            k_unpack(type, 1, p, qi);
-            transpose_steps(qi, q);  // sub-block l's 32 values at q[32l]
-            if (is_kquant(type) && type != Q6_K) scales_mins_k4(p + 4, sm);
-            for (int l = 0; l < 8; l++) {
-                const __m256i v = load32(q + 32 * l);
-                uint16_t *dst = o + i * 256 + 32 * l;
-                if (type == Q6_K) {
-                    const float d = f16(p + 208);
-                    store_bf16(_mm256_sub_epi8(v, _mm256_set1_epi8(32)), d * (float)(int8_t)p[192 + l],
-                               d * (float)(int8_t)p[200 + l], 0.0f, dst);
-                } else if (is_kquant(type)) {
-                    const float a = f16(p) * (float)sm[l];
-                    store_bf16(v, a, a, -f16(p + 2) * (float)sm[8 + l], dst);
-                } else {
-                    const int offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
-                    const float a = f16(p + 2 * l), c = has_min(type) ? f16(p + 16 + 2 * l) : 0.0f;
-                    store_bf16(_mm256_sub_epi8(v, _mm256_set1_epi8((char)offset)), a, a, c, dst);
-                }
-            }
+            uint8_t q[256];
+            float a[16], c[8];
+            group_values(type, 1, row + i * group_bytes(type), q, a, c);
+            for (int l = 0; l < 8; l++)
+                store_bf16(_mm256_sub_epi8(load32(q + 32 * l), _mm256_set1_epi8((char)q_offset(type))), a[2 * l],
+                           a[2 * l + 1], c[l], o + i * 256 + 32 * l);
         }
         for (int64_t b = ng * 8; b < K / BLOCK; b++) {  // a legacy row's blocks past its groups
             const Unpacked u = unpack(type, row, b);
@@ -641,36 +661,21 @@ void gguf_to_bf16(int type, const uint8_t *w, int64_t N, int64_t K, int64_t row_
 // lookups and the dense weight
 void gguf_rows(int type, const uint8_t *w, const int64_t *ids, int64_t n, int64_t K, int64_t row_bytes,
                int interleaved, float *out) {
-    const int64_t ng = K / 256;
-    const int offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
+    const int mins = (is_kquant(type) && type != Q6_K) || has_min(type);
     for (int64_t j = 0; j < n; j++) {
         const uint8_t *row = w + ids[j] * row_bytes;
         float *o = out + j * K;
-        int64_t done = 0;  // values written
-        if (is_kquant(type) || interleaved) {
-            for (int64_t i = 0; i < ng; i++, done += 256) {
-                const uint8_t *p = row + i * group_bytes(type);
-                uint8_t qi[256], q[256], sm[16];
-                k_unpack(type, interleaved, p, interleaved ? qi : q);
-                if (interleaved) transpose_steps(qi, q);  // sub-block l's values at q[32l]
-                if (type == Q4_K || type == Q5_K) scales_mins_k4(p + 4, sm);
-                for (int v = 0; v < 256; v++) {
-                    const int l = v / 32, h = (v / 16) & 1;
-                    float x;
-                    if (type == Q6_K)
-                        x = (f16(p + 208) * (float)(int8_t)p[interleaved ? 192 + 8 * h + l : 192 + v / 16]) *
-                            (float)((int)q[v] - 32);
-                    else if (is_kquant(type))
-                        x = (f16(p) * (float)sm[l]) * (float)q[v] - f16(p + 2) * (float)sm[8 + l];
-                    else {  // a legacy group: the blocks' scales (and mins) first
-                        const float qv = type == Q8_0 ? (float)(int8_t)q[v] : (float)((int)q[v] - offset);
-                        x = has_min(type) ? f16(p + 2 * l) * qv + f16(p + 16 + 2 * l) : f16(p + 2 * l) * qv;
-                    }
-                    o[done + v] = x;
-                }
+        const int64_t ng = is_kquant(type) || interleaved ? K / 256 : 0;  // a legacy file row: blocks only
+        for (int64_t i = 0; i < ng; i++) {
+            uint8_t q[256];
+            float a[16], c[8];
+            group_values(type, interleaved, row + i * group_bytes(type), q, a, c);
+            for (int v = 0; v < 256; v++) {
+                const float x = a[v / 16] * (type == Q8_0 ? (float)(int8_t)q[v] : (float)((int)q[v] - q_offset(type)));
+                o[i * 256 + v] = mins ? x + c[v / 32] : x;
             }
         }
-        for (int64_t b = done / BLOCK; b < K / BLOCK; b++) {  // legacy blocks in the file's layout
+        for (int64_t b = ng * 8; b < K / BLOCK; b++) {  // legacy blocks in the file's layout
             const Unpacked u = unpack(type, row, b);  // q offset already (Q4_0, Q5_0): w = a0 * q + c
             int8_t q[32];
             _mm256_storeu_si256((__m256i *)q, u.q);
