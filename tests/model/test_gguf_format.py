@@ -56,6 +56,31 @@ def test_kernel_computes_the_files_weights(kind, width):
     assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+# each type's fp16 fields (bytes start, end): every other byte of its blocks is quant bits or 6/8-bit scales
+FP16_FIELDS = {"Q4_0": [(0, 2)], "Q4_1": [(0, 4)], "Q5_0": [(0, 2)], "Q5_1": [(0, 4)], "Q8_0": [(0, 2)],
+               "Q4_K": [(0, 4)], "Q5_K": [(0, 4)], "Q6_K": [(208, 210)]}
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_the_largest_q_against_the_largest_activations_stays_exact(kind):
+    """Every q at its type's largest magnitude (all bits set; Q8_0: -128) against activations that quantize to
+    +-127 everywhere: the integer dots' largest sums, which the AVX2 build adds in int16 before widening
+    (gguf.c, sums16); a saturated sum would be off by far more than the tolerance."""
+    width = 512 if kind in K_QUANTS else 352
+    b = blocks_of(kind, 8, width).clone()
+    size = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[kind]
+    blocks = b.view(8, -1, size)
+    keep = torch.zeros(size, dtype=torch.bool)
+    for start, end in FP16_FIELDS[kind]:
+        keep[start:end] = True
+    blocks[:, :, ~keep] = 0x80 if kind == "Q8_0" else 0xFF
+    x = torch.cat([torch.full((1, width), 0.5), torch.full((1, width), -2.0), torch.randn(2, width).sign()])
+    for m in (1, 2, 4):
+        y = QLinear.from_gguf([(kind, b)], None)(x[:m])
+        ref = quantized_input(x[:m]) @ file_values(kind, b).T
+        assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max(), f"{m} rows"
+
+
 @pytest.mark.parametrize("kind", TYPES)
 def test_rows_are_bitwise_the_same_in_any_batch_and_at_any_thread_count(kind):
     width = 512 if kind in K_QUANTS else 352
@@ -103,20 +128,39 @@ def test_parts_of_several_types_stack_row_wise_with_the_bias():
     assert lin.nbytes() == sum(t.numel() * t.element_size() for _, t in parts) + 4 * 22
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("width", [512, 352])  # whole groups of 256 values; one and 3 blocks past it (legacy)
-def test_prefill_takes_the_files_values_rounded_to_bf16(width):
-    """exact=False with many rows: one bf16 GEMM over the file's values (gguf_to_bf16), not the kernel."""
+def test_prefill_takes_the_files_values_in_one_dense_gemm(width, dtype, monkeypatch):
+    """exact=False with many rows: one dense GEMM over the file's values (gguf_to_dense: rounded to bf16, or
+    exactly the gguf package's values in float32), not the kernel."""
+    monkeypatch.setenv("SPECDEC_DENSE_DTYPE", dtype)
     kinds = [kind for kind in TYPES if width % 256 == 0 or kind not in K_QUANTS]
     parts = [(kind, blocks_of(kind, 6, width, seed=i)) for i, kind in enumerate(kinds)] + [("F32", torch.randn(3, width))]
     lin = QLinear.from_gguf(parts, torch.randn(6 * len(kinds) + 3))
     x = torch.randn(40, width)
     dense = torch.cat([t.double() if kind == "F32" else file_values(kind, t) for kind, t in parts])
     assert torch.equal(lin.prefill([x])[0], lin(x, exact=False))
-    expected = torch.nn.functional.linear(x.bfloat16(), dense.bfloat16()).float() + lin.bias
+    for kind, t in lin.parts:
+        if kind != "F32":  # float32: bit for bit what the exact path's dense_weight reads back
+            values = kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], t, width, torch.float32)
+            assert torch.equal(values, kernels.gguf_rows(GGUF_KERNEL_TYPES[kind], t, torch.arange(6), width, True))
+    torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+    expected = torch.nn.functional.linear(x.to(torch_dtype), dense.to(torch_dtype)).float() + lin.bias
     assert torch.equal(lin(x, exact=False), expected)
     ref = x.double() @ dense.T + lin.bias.double()
-    assert (lin(x, exact=False).double() - ref).abs().max() <= 0.02 * ref.abs().max()
+    assert (lin(x, exact=False).double() - ref).abs().max() <= (0.02 if dtype == "bf16" else 1e-5) * ref.abs().max()
     assert torch.equal(lin(x[:31], exact=False), lin(x[:31]))  # fewer rows: the exact kernel
+
+
+def test_the_dense_dtype_follows_the_cpu_unless_asked(monkeypatch):
+    monkeypatch.delenv("SPECDEC_DENSE_DTYPE", raising=False)
+    native = bool({"avx512_bf16", "amx_bf16"} & kernels._cpu_flags())
+    assert kernels.dense_dtype() == (torch.bfloat16 if native else torch.float32)
+    monkeypatch.setenv("SPECDEC_DENSE_DTYPE", "fp32")
+    assert kernels.dense_dtype() == torch.float32
+    monkeypatch.setenv("SPECDEC_DENSE_DTYPE", "float16")
+    with pytest.raises(ValueError, match="bf16 or fp32"):
+        kernels.dense_dtype()
 
 
 def test_bad_parts_are_refused():

@@ -282,29 +282,31 @@ class QLinear:
     def prefill(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         """self(x, exact=False) for each x (M_i, K), computed as each would be alone.
 
-        int8 / w8a8 with many rows: the int8 values widened to bf16 once for all x (exactly:
-        |q| <= 127 fits bf16's 8-bit mantissa), a bf16 GEMM per x, then the per-channel scale.
-        gguf: the file's values rounded to bf16 (model/kernels/gguf.c), then a bf16 GEMM per x.
-        The weight-only kernels cost the same per row whatever the row count (0.04 ms per row
-        for a 1536 x 576 matrix here); this costs 13x less at 1661 rows. Its rows depend on how
-        many there are (not row-invariant), which is why only exact=False calls take it.
+        int8 / w8a8 with many rows: the int8 values widened once for all x (exactly: |q| <= 127
+        fits bf16's 8-bit mantissa), a dense GEMM per x, then the per-channel scale. gguf: the
+        file's values (rounded to bf16 where the GEMM is bf16; model/kernels/gguf.c), then a dense
+        GEMM per x. The GEMM is bf16 where the CPU multiplies bf16 natively and float32 elsewhere
+        (kernels.dense_dtype). The weight-only kernels cost the same per row whatever the row count
+        (0.04 ms per row for a 1536 x 576 matrix here); this costs 13x less at 1661 rows. Its rows
+        depend on how many there are (not row-invariant), which is why only exact=False calls take it.
         """
         if self.fmt not in ("int8", "w8a8", "gguf") or all(x.shape[0] < DENSE_MIN_ROWS for x in xs):
             return [self(x, False) for x in xs]
-        if self.fmt == "gguf":  # the file's values, rounded to bf16 once for all x
-            weight = torch.cat([t.to(torch.bfloat16) if kind == "F32" else
-                                kernels.gguf_to_bf16(GGUF_KERNEL_TYPES[kind], t, self.in_features)
+        dtype = kernels.dense_dtype()
+        if self.fmt == "gguf":  # the file's values, once for all x
+            weight = torch.cat([t.to(dtype) if kind == "F32" else
+                                kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], t, self.in_features, dtype)
                                 for kind, t in self.parts])
             scale = None
         else:
-            weight = self.weight.to(torch.bfloat16)
+            weight = self.weight.to(dtype)
             scale = self.scale.float()
         out = []
         for x in xs:
             if x.shape[0] < DENSE_MIN_ROWS:
                 out.append(self(x, False))
                 continue
-            y = torch.nn.functional.linear(x.to(torch.bfloat16), weight).float()
+            y = torch.nn.functional.linear(x.to(dtype), weight).float()
             y = y if scale is None else y * scale
             out.append(y if self.bias is None else y + self.bias)
         return out

@@ -71,6 +71,21 @@ def has_vnni() -> bool:
     return {"avx512_vnni", "avx512vl"} <= _cpu_flags() and not os.environ.get("SPECDEC_KERNEL_AVX2")
 
 
+def dense_dtype():
+    """The dtype of a prefill's dense GEMM (model/linear.py, QLinear.prefill): bf16 where the CPU multiplies
+    it natively (AVX512-BF16 or AMX), float32 elsewhere. torch's bf16 GEMM is emulated on AVX2 alone and ran
+    4-5x slower than its float32 one on an AMD EPYC (Zen 3: 15-20 against 65-97 GFLOP/s on 2 threads);
+    SPECDEC_DENSE_DTYPE=bf16 or fp32 overrides the choice (read at each call)."""
+    import torch
+
+    asked = os.environ.get("SPECDEC_DENSE_DTYPE")
+    if asked not in (None, "", "bf16", "fp32"):
+        raise ValueError(f"SPECDEC_DENSE_DTYPE must be bf16 or fp32, not {asked!r}")
+    if asked:
+        return torch.bfloat16 if asked == "bf16" else torch.float32
+    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & _cpu_flags() else torch.float32
+
+
 def kernel_isa() -> str:
     """What specdec's C kernels run on here, for reports: "avx512-vnni", "avx2", or "none (why)"."""
     if gguf() is None and w8a8() is None:
@@ -158,7 +173,7 @@ def gguf_build(vnni: bool):
     """gguf.c built with AVX512-VNNI or with AVX2 alone (the same bits; tests compare them), or None."""
     return _load(GGUF_SOURCE, {"quantize_rows_sums": [P, I64, I64, P, P, P],
                                "gguf_linear": [P, I64, I64, I32, P, P, P, P, P, P, I32],
-                               "gguf_to_bf16": [I32, P, I64, I64, I64, P, I32],
+                               "gguf_to_dense": [I32, P, I64, I64, I64, P, I32, I32],
                                "gguf_repack": [I32, P, I64, I64, P, I32],
                                "gguf_rows": [I32, P, P, I64, I64, I64, I32, P]}, VNNI_FLAGS if vnni else ())
 
@@ -274,14 +289,15 @@ def gguf_rows(type_id: int, blocks, ids, K: int, interleaved: bool = False):
     return out
 
 
-def gguf_to_bf16(type_id: int, blocks, K: int):
-    """(N, row_bytes) uint8 of a GGUF type in gguf.c's layout (a GGUFParts part) -> (N, K) bf16: its values
-    rounded to bf16 (gguf.c)."""
+def gguf_to_dense(type_id: int, blocks, K: int, dtype):
+    """(N, row_bytes) uint8 of a GGUF type in gguf.c's layout (a GGUFParts part) -> (N, K) of dtype: its values
+    rounded to bf16, or as float32 exactly the gguf package's values (gguf.c)."""
     import torch
 
     N = blocks.shape[0]
-    out = torch.empty(N, K, dtype=torch.bfloat16)
-    gguf().gguf_to_bf16(type_id, blocks.data_ptr(), N, K, blocks.shape[1], out.data_ptr(), torch.get_num_threads())
+    out = torch.empty(N, K, dtype=dtype)
+    gguf().gguf_to_dense(type_id, blocks.data_ptr(), N, K, blocks.shape[1], out.data_ptr(), int(dtype == torch.bfloat16),
+                         torch.get_num_threads())
     return out
 
 
