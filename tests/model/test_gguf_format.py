@@ -131,9 +131,9 @@ def test_parts_of_several_types_stack_row_wise_with_the_bias():
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("width", [512, 352])  # whole groups of 256 values; one and 3 blocks past it (legacy)
 def test_prefill_takes_the_files_values_in_one_dense_gemm(width, dtype, monkeypatch):
-    """exact=False with many rows: one dense GEMM over the file's values (gguf_to_dense: rounded to bf16, or
-    exactly the gguf package's values in float32), not the kernel."""
-    monkeypatch.setenv("SPECDEC_DENSE_DTYPE", dtype)
+    """exact=False with many rows, on the dense paths: one GEMM over the file's values (gguf_to_dense: rounded
+    to bf16, or exactly the gguf package's values in float32), not the kernel."""
+    monkeypatch.setenv("SPECDEC_PREFILL", dtype)
     kinds = [kind for kind in TYPES if width % 256 == 0 or kind not in K_QUANTS]
     parts = [(kind, blocks_of(kind, 6, width, seed=i)) for i, kind in enumerate(kinds)] + [("F32", torch.randn(3, width))]
     lin = QLinear.from_gguf(parts, torch.randn(6 * len(kinds) + 3))
@@ -152,15 +152,24 @@ def test_prefill_takes_the_files_values_in_one_dense_gemm(width, dtype, monkeypa
     assert torch.equal(lin(x[:31], exact=False), lin(x[:31]))  # fewer rows: the exact kernel
 
 
-def test_the_dense_dtype_follows_the_cpu_unless_asked(monkeypatch):
-    monkeypatch.delenv("SPECDEC_DENSE_DTYPE", raising=False)
+def test_prefill_on_the_exact_path_is_the_kernel(monkeypatch):
+    monkeypatch.setenv("SPECDEC_PREFILL", "exact")
+    parts = [("Q4_K", blocks_of("Q4_K", 6, 512)), ("Q5_0", blocks_of("Q5_0", 4, 512))]
+    lin = QLinear.from_gguf(parts, torch.randn(10))
+    x = torch.randn(40, 512)
+    assert torch.equal(lin(x, exact=False), lin(x))
+    assert torch.equal(lin.prefill([x, x[:3]])[0], lin(x))
+
+
+def test_the_prefill_path_follows_the_cpu_unless_asked(monkeypatch):
+    monkeypatch.delenv("SPECDEC_PREFILL", raising=False)
     native = bool({"avx512_bf16", "amx_bf16"} & kernels._cpu_flags())
-    assert kernels.dense_dtype() == (torch.bfloat16 if native else torch.float32)
-    monkeypatch.setenv("SPECDEC_DENSE_DTYPE", "fp32")
-    assert kernels.dense_dtype() == torch.float32
-    monkeypatch.setenv("SPECDEC_DENSE_DTYPE", "float16")
-    with pytest.raises(ValueError, match="bf16 or fp32"):
-        kernels.dense_dtype()
+    assert kernels.prefill_path() == ("bf16" if native else "exact")
+    monkeypatch.setenv("SPECDEC_PREFILL", "fp32")
+    assert kernels.prefill_path() == "fp32"
+    monkeypatch.setenv("SPECDEC_PREFILL", "float16")
+    with pytest.raises(ValueError, match="bf16, fp32, exact"):
+        kernels.prefill_path()
 
 
 def test_bad_parts_are_refused():

@@ -285,14 +285,18 @@ class QLinear:
         int8 / w8a8 with many rows: the int8 values widened once for all x (exactly: |q| <= 127
         fits bf16's 8-bit mantissa), a dense GEMM per x, then the per-channel scale. gguf: the
         file's values (rounded to bf16 where the GEMM is bf16; model/kernels/gguf.c), then a dense
-        GEMM per x. The GEMM is bf16 where the CPU multiplies bf16 natively and float32 elsewhere
-        (kernels.dense_dtype). The weight-only kernels cost the same per row whatever the row count
-        (0.04 ms per row for a 1536 x 576 matrix here); this costs 13x less at 1661 rows. Its rows
-        depend on how many there are (not row-invariant), which is why only exact=False calls take it.
+        GEMM per x. The weight-only kernels cost the same per row whatever the row count (0.04 ms
+        per row for a 1536 x 576 matrix here); this costs 13x less at 1661 rows. Its rows depend on
+        how many there are (not row-invariant), which is why only exact=False calls take it.
+        Where the CPU has no native bf16 (kernels.prefill_path: "exact"), gguf and w8a8 run their
+        exact integer kernels instead, which beat a float32 GEMM there, and int8 a float32 GEMM.
         """
         if self.fmt not in ("int8", "w8a8", "gguf") or all(x.shape[0] < DENSE_MIN_ROWS for x in xs):
             return [self(x, False) for x in xs]
-        dtype = kernels.dense_dtype()
+        path = kernels.prefill_path()
+        if path == "exact" and self.fmt in ("gguf", "w8a8"):
+            return [self(x) for x in xs]
+        dtype = torch.bfloat16 if path == "bf16" else torch.float32
         if self.fmt == "gguf":  # the file's values, once for all x
             weight = torch.cat([t.to(dtype) if kind == "F32" else
                                 kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], t, self.in_features, dtype)

@@ -71,19 +71,23 @@ def has_vnni() -> bool:
     return {"avx512_vnni", "avx512vl"} <= _cpu_flags() and not os.environ.get("SPECDEC_KERNEL_AVX2")
 
 
-def dense_dtype():
-    """The dtype of a prefill's dense GEMM (model/linear.py, QLinear.prefill): bf16 where the CPU multiplies
-    it natively (AVX512-BF16 or AMX), float32 elsewhere. torch's bf16 GEMM is emulated on AVX2 alone and ran
-    4-5x slower than its float32 one on an AMD EPYC (Zen 3: 15-20 against 65-97 GFLOP/s on 2 threads);
-    SPECDEC_DENSE_DTYPE=bf16 or fp32 overrides the choice (read at each call)."""
-    import torch
+PREFILL_PATHS = ("bf16", "fp32", "exact")
 
-    asked = os.environ.get("SPECDEC_DENSE_DTYPE")
-    if asked not in (None, "", "bf16", "fp32"):
-        raise ValueError(f"SPECDEC_DENSE_DTYPE must be bf16 or fp32, not {asked!r}")
+
+def prefill_path() -> str:
+    """How a prefill's linears with many rows run (model/linear.py, QLinear.prefill): "bf16", a dense bf16
+    GEMM over the weights' values, where the CPU multiplies bf16 natively (AVX512-BF16 or AMX); elsewhere
+    "exact", the integer kernels that decoding runs (gguf.c, w8a8.c; torch's int8 format takes "fp32").
+    torch's bf16 GEMM is emulated on AVX2 alone: on an AMD EPYC (Zen 3, 2 threads) it ran 15-20 GFLOP/s
+    against float32's 65-97, and the gguf kernel prefilled qwen2.5-coder-0.5b and -1.5b 1.4x and 1.8x
+    faster than a float32 GEMM (smollm2-135m 0.8x). SPECDEC_PREFILL=bf16, fp32 or exact overrides the
+    choice (read at each call)."""
+    asked = os.environ.get("SPECDEC_PREFILL")
     if asked:
-        return torch.bfloat16 if asked == "bf16" else torch.float32
-    return torch.bfloat16 if {"avx512_bf16", "amx_bf16"} & _cpu_flags() else torch.float32
+        if asked not in PREFILL_PATHS:
+            raise ValueError(f"SPECDEC_PREFILL must be one of {', '.join(PREFILL_PATHS)}, not {asked!r}")
+        return asked
+    return "bf16" if {"avx512_bf16", "amx_bf16"} & _cpu_flags() else "exact"
 
 
 def kernel_isa() -> str:
