@@ -242,10 +242,7 @@ class QLinear:
     def dense_weight(self) -> torch.Tensor:
         """(N, K) float32: the weight as this format represents it."""
         if self.fmt == "gguf":
-            return torch.cat([t if kind == "F32" else
-                              kernels.gguf_rows(GGUF_KERNEL_TYPES[kind], t, torch.arange(t.shape[0]), self.in_features,
-                                                interleaved=True)
-                              for kind, t in self.parts])
+            return self._gguf_values(torch.float32)
         if self.fmt in ("fp32", "bf16"):
             return self.weight.float()
         if self.fmt in ("int8", "w8a8"):
@@ -276,6 +273,12 @@ class QLinear:
             y = y + self.bias
         return y
 
+    def _gguf_values(self, dtype: torch.dtype) -> torch.Tensor:
+        """(N, K) of dtype: the gguf parts' values (float32: exactly the file's; bf16: rounded), stacked."""
+        return torch.cat([t.to(dtype) if kind == "F32" else
+                          kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], t, self.in_features, dtype)
+                          for kind, t in self.parts])
+
     def _gguf_matmul(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.gguf_linear(x, self._kernel_parts, self.bias)
 
@@ -298,10 +301,7 @@ class QLinear:
             return [self(x) for x in xs]
         dtype = torch.bfloat16 if path == "bf16" else torch.float32
         if self.fmt == "gguf":  # the file's values, once for all x
-            weight = torch.cat([t.to(dtype) if kind == "F32" else
-                                kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], t, self.in_features, dtype)
-                                for kind, t in self.parts])
-            scale = None
+            weight, scale = self._gguf_values(dtype), None
         else:
             weight = self.weight.to(dtype)
             scale = self.scale.float()
