@@ -45,6 +45,24 @@ def quantized_input(x: torch.Tensor) -> torch.Tensor:
 
 
 # -- the kernel ------------------------------------------------------------------------------------
+def test_activations_quantize_as_the_scalar_rule():
+    """gguf.c's vectorized quantize_rows_sums, bit for bit the rule it states: per block of 32, d = max|v| / 127,
+    q = v * (1 / d) rounded half to even, xsum = d * sum(q), all in float32 (ties, zeros and a zero block
+    included)."""
+    x = torch.randn(5, 320) * torch.logspace(-3, 3, 320)
+    x[1, :32] = 0.0  # a block of zeros: d = 0, q = 0
+    x[2, :32] = torch.arange(32) - 15.5  # a ramp
+    x[3, 32:64] = torch.tensor([127.0, -63.5, 0.5, 1.5, 2.5, -0.5] + [0.25] * 26)
+    xq, xs, xsum = kernels.gguf_quantize(x)
+    v = x.reshape(5, -1, 32)
+    d = v.abs().amax(-1) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(v * inv[..., None])
+    assert torch.equal(xs, d)
+    assert torch.equal(xq.reshape(5, -1, 32).float(), q)
+    assert torch.equal(xsum, d * q.sum(-1))
+
+
 @pytest.mark.parametrize("kind,width", [(kind, 512) for kind in TYPES] +  # whole groups of 256 values
                          [(kind, 352) for kind in TYPES if kind not in K_QUANTS] +  # and 3 blocks past them
                          [(kind, 96) for kind in TYPES if kind not in K_QUANTS])  # no whole group

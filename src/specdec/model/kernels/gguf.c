@@ -28,23 +28,31 @@
 // ggml type ids
 enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
-// x (M, K) float32 -> xq (M, K) int8, xs (M, K / 32) scales and xsum (M, K / 32) = xs * sum(xq)
+static inline float hsum_ps(__m256 s);
+
+// x (M, K) float32 -> xq (M, K) int8, xs (M, K / 32) scales and xsum (M, K / 32) = xs * sum(xq): per block of
+// 32, d = max|v| / 127 and q = v * (1 / d) rounded to nearest even (cvtps, as lrintf in the default rounding
+// mode), so the same bits as a scalar loop
 void quantize_rows_sums(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs, float *xsum) {
-    int64_t nb = K / BLOCK;
+    const int64_t nb = K / BLOCK;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // packs works within 128-bit lanes
     for (int64_t m = 0; m < M; m++) {
         for (int64_t b = 0; b < nb; b++) {
             const float *v = x + m * K + b * BLOCK;
-            int8_t *q = xq + m * K + b * BLOCK;
-            float amax = 0.0f;
-            for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(v[i]));
-            float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-            int sum = 0;
-            for (int i = 0; i < BLOCK; i++) {
-                q[i] = (int8_t)lrintf(v[i] * inv);
-                sum += q[i];
-            }
+            __m256 f[4], amax = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) f[i] = _mm256_loadu_ps(v + 8 * i), amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, f[i]));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            h = _mm_max_ss(h, _mm_movehdup_ps(h));
+            const float d = _mm_cvtss_f32(h) / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(f[i], _mm256_set1_ps(inv)));
+            const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(xq + m * K + b * BLOCK), _mm256_permutevar8x32_epi32(bytes, order));
             xs[m * nb + b] = d;
-            xsum[m * nb + b] = d * (float)sum;
+            xsum[m * nb + b] = d * hsum_ps(_mm256_cvtepi32_ps(sum));
         }
     }
 }
