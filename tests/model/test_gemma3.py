@@ -308,8 +308,9 @@ def gemma_heads(tmp_path_factory):
     assert main(["eagle3", "--out", str(root / "eagle3"), "--prompts", str(prompts), "--data", str(corpus),
                  "--generate", "16", "--gen-tokens", "40", "--corpus-seqs", "4", "--draft-vocab", "1024"] + common) == 0
     # MTP's loss runs the full 262144-row output head: 16 steps of 2 sequences (70 s here, where 40 of 4 took 280)
-    mtp = common[:common.index("--steps")] + ["--steps", "16", "--batch", "2"] + common[common.index("--val"):]
-    assert main(["mtp", "--sequences", str(root / "eagle3" / "data.rank0.npz")] + mtp) == 0
+    # (the later --steps and --batch win)
+    assert main(["mtp", "--sequences", str(root / "eagle3" / "data.rank0.npz")] + common
+                + ["--steps", "16", "--batch", "2"]) == 0
     return gguf, root / "eagle3"
 
 

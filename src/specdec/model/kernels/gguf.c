@@ -28,7 +28,12 @@
 // ggml type ids
 enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 
-static inline float hsum_ps(__m256 s);
+static inline float hsum_ps(__m256 s) {
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+}
 
 // x (M, K) float32 -> xq (M, K) int8, xs (M, K / 32) scales and xsum (M, K / 32) = xs * sum(xq): per block of
 // 32, d = max|v| / 127 and q = v * (1 / d) rounded to nearest even (cvtps, as lrintf in the default rounding
@@ -61,13 +66,6 @@ static inline float f16(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
     return _cvtsh_ss(h);
-}
-
-static inline float hsum_ps(__m256 s) {
-    __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-    q = _mm_add_ss(q, _mm_movehdup_ps(q));
-    return _mm_cvtss_f32(q);
 }
 
 // 16 bytes -> 32 values: the low nibbles (values 0..15), then the high nibbles (16..31)
