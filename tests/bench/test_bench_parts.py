@@ -7,8 +7,26 @@ import pytest
 from specdec.bench import prompts as prompt_sets
 from specdec.bench.memory import estimate_weight_bytes, kv_bytes_per_token, object_bytes, transformer_bytes
 from specdec.bench.methods import BenchEngine, parse_methods
+from specdec.bench.runner import interleaved_rounds
 from specdec.drafters.registry import DrafterSpec
 from specdec.engine.config import SpecConfig
+
+
+# -- run order ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("n_configs, temperatures, n_prompts, repeats",
+                         [(2, [0.0, 0.7], 15, 2), (2, [0.0, 0.7], 3, 2), (3, [0.0, 0.5, 1.0], 3, 1), (2, [0.0], 4, 1)])
+def test_every_configuration_runs_in_every_position_equally_often_at_each_temperature(
+        n_configs, temperatures, n_prompts, repeats):
+    configs = [f"c{i}" for i in range(n_configs)]
+    rounds = interleaved_rounds(repeats, n_prompts, temperatures, configs)
+    assert [(rep, pi, t) for rep, pi, t, _ in rounds] == [
+        (rep, pi, t) for rep in range(repeats) for pi in range(n_prompts) for t in temperatures]
+    for t in temperatures:
+        orders = [order for _, _, temp, order in rounds if temp == t]
+        assert all(sorted(order) == configs for order in orders)
+        for c in configs:
+            counts = [sum(order.index(c) == p for order in orders) for p in range(n_configs)]
+            assert max(counts) - min(counts) <= 1, (t, c, counts)  # equal, but for the remainder
 
 
 # -- methods ------------------------------------------------------------------------------------

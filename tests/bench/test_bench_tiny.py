@@ -72,8 +72,10 @@ def test_pairs_are_interleaved_and_ratios_per_round(tiny_bench):
         by_round.setdefault(run["round"], {})[run["config"]] = run
     n_configs = len(r["configs"])
     assert all(len(v) == n_configs for v in by_round.values())
-    # the rotation moves the baseline through the positions
-    assert len({v["none"]["position"] for v in by_round.values()}) > 1
+    # at each temperature, the rotation gives the baseline a new position in every round (4 rounds, 7 configs)
+    for t in (0.0, 0.8):
+        positions = [v["none"]["position"] for v in by_round.values() if v["none"]["temperature"] == t]
+        assert len(set(positions)) == len(positions) == 4, (t, positions)
     for runs in by_round.values():
         base = runs["none"]
         for label, run in runs.items():

@@ -3,7 +3,8 @@
 One Engine per model (weights load once); every method is a SpecConfig passed per request.
 The plain baseline and each method run on the same prompts in one process, interleaved: a
 round is (repeat, prompt, temperature), and within a round every configuration runs once, in
-an order rotated from round to round so none always runs first. Speed-up is the ratio of
+an order rotated from one round of a temperature to the next, so that at each temperature every
+configuration runs in every position equally often (when the rounds allow). Speed-up is the ratio of
 decode tokens/s of a method to its baseline in the same round; medians are taken over rounds.
 
     engine = bench_engine(model, ctx_size=2048)
@@ -49,6 +50,27 @@ class RunOutput:
         if n < 1 or self.decode_s <= 0:
             return None
         return n / self.decode_s
+
+
+def interleaved_rounds(repeats: int, n_prompts: int, temperatures, configs: list) -> list[tuple]:
+    """The bench's rounds in run order: (repeat, prompt index, temperature, configs in their order).
+
+    Within a temperature the order rotates by one from round to round, so that every configuration
+    runs in every position equally often there (when the rounds are a multiple of the configurations).
+    Rotating by the round's overall index instead gave every round of one temperature the same order
+    whenever the temperatures were as many as the configurations: at T=0 plain decoding always ran
+    first and auto second, a bias in every T=0 ratio.
+
+    >>> [(t, order) for _, _, t, order in interleaved_rounds(1, 2, [0.0, 0.7], ["none", "auto"])]
+    [(0.0, ['none', 'auto']), (0.7, ['none', 'auto']), (0.0, ['auto', 'none']), (0.7, ['auto', 'none'])]
+    """
+    rounds = []
+    for rep in range(repeats):
+        for pi in range(n_prompts):
+            shift = (rep * n_prompts + pi) % len(configs)
+            for t in temperatures:
+                rounds.append((rep, pi, t, configs[shift:] + configs[:shift]))
+    return rounds
 
 
 def run_specdec(engine, method: Method, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int) -> RunOutput:
@@ -117,16 +139,14 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
         for cfg in bar:
             run_one(cfg, p0, ids0, temperatures[0], min(8, max_tokens), seed)
 
-    rounds = [(rep, pi, t) for rep in range(repeats) for pi in range(len(rendered)) for t in temperatures]
+    rounds = interleaved_rounds(repeats, len(rendered), temperatures, configs)
     runs: list[dict] = []
     stats_of: dict[int, SpecStats] = {}
     kv_per_token = memory.kv_bytes_per_token(engine.model.config)
     drafter_mem: dict[str, tuple[int, str]] = {}
     bar = tqdm(total=len(rounds) * len(configs), desc="bench", unit="run", disable=not progress, file=sys.stderr)
-    for r, (rep, pi, temperature) in enumerate(rounds):
+    for r, (rep, pi, temperature, order) in enumerate(rounds):
         prompt, ids = rendered[pi]
-        shift = r % len(configs)
-        order = configs[shift:] + configs[:shift]
         run_seed = seed + 1000 * rep + pi
         round_runs = {}
         for position, cfg in enumerate(order):
@@ -185,7 +205,7 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
         "settings": {**(settings or {}), "temperatures": list(temperatures), "max_tokens": max_tokens,
                      "repeats": repeats, "warmup": warmup, "seed": seed,
                      "order": "interleaved: every configuration once per (repeat, prompt, temperature) round, "
-                              "order rotated by one each round",
+                              "order rotated by one each round of the same temperature",
                      "auto_tolerance": auto_tolerance},
         "prompts": [{"id": p.id, "category": p.category, "prompt_tokens": len(ids)} for p, ids in rendered],
         "configs": list(described.values()),
