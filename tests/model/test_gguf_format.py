@@ -12,6 +12,7 @@ from helpers.tiny import make_gguf_model, make_hf_model, random_kquant_blocks
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.model import kernels
+from specdec.model import linear as linear_module
 from specdec.model.linear import GGUF_KERNEL_TYPES, BlockRows, QLinear
 from specdec.model.load import load_model, weights_format_for
 from specdec.sampling import SamplingParams
@@ -148,9 +149,10 @@ def test_parts_of_several_types_stack_row_wise_with_the_bias():
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("width", [512, 352])  # whole groups of 256 values; one and 3 blocks past it (legacy)
-def test_prefill_takes_the_files_values_in_one_dense_gemm(width, dtype, monkeypatch):
-    """exact=False with many rows, on the dense paths: one GEMM over the file's values (gguf_to_dense: rounded
-    to bf16, or exactly the gguf package's values in float32), not the kernel."""
+def test_prefill_takes_the_files_values_in_dense_gemms(width, dtype, monkeypatch):
+    """exact=False with many rows, on the dense paths: GEMMs over the file's values (gguf_to_dense: rounded
+    to bf16, or exactly the gguf package's values in float32), not the kernel. In bf16, the bits of one GEMM
+    over the whole weight; in float32 (whose GEMM's bits depend on the columns of a call), close to them."""
     monkeypatch.setenv("SPECDEC_PREFILL", dtype)
     kinds = [kind for kind in TYPES if width % 256 == 0 or kind not in K_QUANTS]
     parts = [(kind, blocks_of(kind, 6, width, seed=i)) for i, kind in enumerate(kinds)] + [("F32", torch.randn(3, width))]
@@ -164,10 +166,43 @@ def test_prefill_takes_the_files_values_in_one_dense_gemm(width, dtype, monkeypa
             assert torch.equal(values, kernels.gguf_rows(GGUF_KERNEL_TYPES[kind], t, torch.arange(6), width, True))
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     expected = torch.nn.functional.linear(x.to(torch_dtype), dense.to(torch_dtype)).float() + lin.bias
-    assert torch.equal(lin(x, exact=False), expected)
+    if dtype == "bf16":
+        assert torch.equal(lin(x, exact=False), expected)
+    else:
+        assert (lin(x, exact=False) - expected).abs().max() <= 1e-6 * expected.abs().max()
     ref = x.double() @ dense.T + lin.bias.double()
     assert (lin(x, exact=False).double() - ref).abs().max() <= (0.02 if dtype == "bf16" else 1e-5) * ref.abs().max()
     assert torch.equal(lin(x[:31], exact=False), lin(x[:31]))  # fewer rows: the exact kernel
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("fmt", ["gguf", "w8a8", "int8"])
+def test_prefill_converts_the_weight_a_few_rows_at_a_time(fmt, dtype, monkeypatch):
+    """The dense path converts PREFILL_CHUNK_BYTES of weight values per GEMM (a gguf weight part by part). In
+    bf16 that gives the bits of one GEMM over the whole converted weight; in float32 the same values but for
+    the last bits (MKL's sgemm sums in another order for other column counts), the same bits at every call."""
+    monkeypatch.setenv("SPECDEC_PREFILL", dtype)
+    width = 512
+    if fmt == "gguf":
+        kinds = ["Q4_K", "Q6_K", "Q8_0", "Q4_1"]
+        lin = QLinear.from_gguf([(kind, blocks_of(kind, 5, width, seed=i)) for i, kind in enumerate(kinds)]
+                                + [("F32", torch.randn(3, width))], torch.randn(23))
+    else:
+        lin = QLinear(torch.randn(23, width), torch.randn(23), fmt)
+    xs = [torch.randn(40, width), torch.randn(3, width), torch.randn(33, width)]
+    whole = lin.prefill(xs)
+    converted = []
+    real = kernels.gguf_to_dense
+    monkeypatch.setattr(kernels, "gguf_to_dense", lambda *a: converted.append(a[1].shape[0]) or real(*a))
+    per_value = 2 if dtype == "bf16" else 4
+    monkeypatch.setattr(linear_module, "PREFILL_CHUNK_BYTES", 4 * width * per_value)  # 4 rows a chunk
+    chunked = lin.prefill(xs)
+    if fmt == "gguf":  # 5 rows a part: a chunk of 4, then of 1
+        assert converted == [4, 1] * 4
+    for a, b in zip(whole, chunked):
+        assert torch.equal(a, b) if dtype == "bf16" else (a - b).abs().max() <= 1e-6 * a.abs().max()
+    assert all(torch.equal(a, b) for a, b in zip(chunked, lin.prefill(xs)))
+    assert torch.equal(chunked[1], lin(xs[1]))  # under DENSE_MIN_ROWS: the exact kernel
 
 
 def test_prefill_on_the_exact_path_is_the_kernel(monkeypatch):

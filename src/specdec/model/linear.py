@@ -23,6 +23,8 @@ Formats, and what one decode step reads per weight element:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
@@ -37,6 +39,7 @@ _GGUF_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32
 INT4_GROUP = 32
 INT8_MULTIPLE = 16  # torch._weight_int8pack_mm needs in_features % 16 == 0
 DENSE_MIN_ROWS = 32  # an exact=False call with this many rows or more takes the dense path (int8, w8a8, gguf)
+PREFILL_CHUNK_BYTES = 4 << 20  # the dense path converts this many bytes of weight values per GEMM (QLinear.prefill)
 
 
 def _stored_format(fmt: str, in_features: int) -> str:
@@ -288,7 +291,7 @@ class QLinear:
         int8 / w8a8 with many rows: the int8 values widened once for all x (exactly: |q| <= 127
         fits bf16's 8-bit mantissa), a dense GEMM per x, then the per-channel scale. gguf: the
         file's values (rounded to bf16 where the GEMM is bf16; model/kernels/gguf.c), then a dense
-        GEMM per x. The weight-only kernels cost the same per row whatever the row count (0.04 ms
+        GEMM per x. Both a few MB of weight rows at a time (_dense_chunks). The weight-only kernels cost the same per row whatever the row count (0.04 ms
         per row for a 1536 x 576 matrix here); this costs 13x less at 1661 rows. Its rows depend on
         how many there are (not row-invariant), which is why only exact=False calls take it.
         Where the CPU has no native bf16 (kernels.prefill_path: "exact"), gguf and w8a8 run their
@@ -300,17 +303,41 @@ class QLinear:
         if path == "exact" and self.fmt in ("gguf", "w8a8"):
             return [self(x) for x in xs]
         dtype = torch.bfloat16 if path == "bf16" else torch.float32
-        if self.fmt == "gguf":  # the file's values, once for all x
-            weight, scale = self._gguf_values(dtype), None
-        else:
-            weight = self.weight.to(dtype)
-            scale = self.scale.float()
+        dense = [x.to(dtype) if x.shape[0] >= DENSE_MIN_ROWS else None for x in xs]
+        ys = [torch.empty(x.shape[0], self.out_features) if xd is not None else None for x, xd in zip(xs, dense)]
+        for row, weight in self._dense_chunks(dtype):  # each chunk's values once for all x
+            rows = slice(row, row + weight.shape[0])
+            for xd, y in zip(dense, ys):
+                if xd is not None:
+                    y[:, rows] = torch.nn.functional.linear(xd, weight)
         out = []
-        for x in xs:
-            if x.shape[0] < DENSE_MIN_ROWS:
+        for x, y in zip(xs, ys):
+            if y is None:
                 out.append(self(x, False))
                 continue
-            y = torch.nn.functional.linear(x.to(dtype), weight).float()
-            y = y if scale is None else y * scale
+            y = y if self.fmt == "gguf" else y * self.scale.float()
             out.append(y if self.bias is None else y + self.bias)
         return out
+
+    def _dense_chunks(self, dtype: torch.dtype) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first output row, (n, K) of dtype) over the weight's rows, PREFILL_CHUNK_BYTES of values at a time:
+        gguf, the file's values (as _gguf_values gives them); int8 / w8a8, the int8 values widened (exactly).
+
+        A prefill GEMM reads each chunk while it is still in cache. Converting the whole weight first wrote
+        and read back 2 bytes a value (4 in float32) through memory, and tensors past glibc's 32 MB mmap
+        threshold came back as fresh pages each call: qwen2.5-coder-1.5b's fused gate/up (55 MB in bf16)
+        took 182 ms to convert for a 19 ms GEMM. torch's bf16 GEMM gives each output column the same bits
+        whatever columns share its call (measured on the 1.5B's and smaller shapes), so chunking keeps them.
+        """
+        n = max(1, PREFILL_CHUNK_BYTES // ((2 if dtype == torch.bfloat16 else 4) * self.in_features))
+        if self.fmt != "gguf":
+            for row in range(0, self.out_features, n):
+                yield row, self.weight[row : row + n].to(dtype)
+            return
+        row = 0
+        for kind, t in self.parts:
+            for start in range(0, t.shape[0], n):
+                blocks = t[start : start + n]
+                yield row + start, (blocks.to(dtype) if kind == "F32" else
+                                    kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], blocks, self.in_features, dtype))
+            row += t.shape[0]
