@@ -28,6 +28,21 @@ def test_measured_cost_grows_and_frees_its_slot(tiny_model):
     assert cache.free_slots == [0] and cache.lengths == [0]
 
 
+def test_the_widths_take_turns(tiny_model, monkeypatch):
+    """Each round measures every width once, so a slow spell of the machine does not fall on one width."""
+    transformer = tiny_model.transformer
+    widths, real = [], transformer.forward
+
+    def forward(tokens, *args, **kwargs):
+        if kwargs.get("exact", True):
+            widths.append(tokens.shape[1])
+        return real(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(transformer, "forward", forward)
+    cost = measure_forward_cost(transformer, transformer.new_cache(256), 3, context=16, repeats=2)
+    assert widths == [1, 2, 3, 1, 2, 3] and len(cost) == 4
+
+
 def test_a_drafter_that_costs_one_pass_is_not_charged_per_token():
     """A block drafter's time is one pass per proposal: charged per token it would cut the draft
     that the same seconds, charged once per step, let run to the end of the block."""

@@ -16,23 +16,24 @@ import torch
 def measure_forward_cost(transformer, cache, max_tokens: int, context: int = 128, repeats: int = 3) -> list[float]:
     """cost[t] = median seconds of one exact forward of t new tokens (t = 1..max_tokens) after `context` tokens.
 
-    Uses a free slot of `cache` and gives it back; cost[0] = 0.
+    The widths take turns (1, 2, .., max_tokens, then again, `repeats` rounds), so that a slow spell of a
+    shared machine lands on every width alike instead of on the one being measured then: the ratios
+    between widths are what the draft length is chosen from. Uses a free slot of `cache` and gives it
+    back; cost[0] = 0.
     """
     max_tokens = min(max_tokens, cache.max_len - 2)  # a context too short for longer drafts never runs them
     slot = cache.allocate()
     try:
         ctx = max(1, min(context, cache.max_len - max_tokens - 1))
         transformer.forward(torch.zeros(1, ctx, dtype=torch.long), cache, [slot], exact=False, last_only=True)
-        cost = [0.0]
-        for t in range(1, max_tokens + 1):
-            times = []
-            for _ in range(repeats):
+        times: list[list[float]] = [[] for _ in range(max_tokens + 1)]
+        for _ in range(repeats):
+            for t in range(1, max_tokens + 1):
                 t0 = time.perf_counter()
                 transformer.forward(torch.zeros(1, t, dtype=torch.long), cache, [slot])
-                times.append(time.perf_counter() - t0)
+                times[t].append(time.perf_counter() - t0)
                 cache.truncate(slot, ctx)
-            cost.append(sorted(times)[len(times) // 2])
-        return cost
+        return [0.0] + [sorted(ts)[len(ts) // 2] for ts in times[1:]]
     finally:
         cache.release(slot)
 
