@@ -278,9 +278,13 @@ class QLinear:
 
     def _gguf_values(self, dtype: torch.dtype) -> torch.Tensor:
         """(N, K) of dtype: the gguf parts' values (float32: exactly the file's; bf16: rounded), stacked."""
-        return torch.cat([t.to(dtype) if kind == "F32" else
-                          kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], t, self.in_features, dtype)
-                          for kind, t in self.parts])
+        return torch.cat([self._part_values(kind, t, dtype) for kind, t in self.parts])
+
+    def _part_values(self, kind: str, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows of one gguf part (its blocks in gguf.c's layout, or F32 values) -> (rows, K) of dtype."""
+        if kind == "F32":
+            return blocks.to(dtype)
+        return kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], blocks, self.in_features, dtype)
 
     def _gguf_matmul(self, x: torch.Tensor) -> torch.Tensor:
         return kernels.gguf_linear(x, self._kernel_parts, self.bias)
@@ -291,8 +295,9 @@ class QLinear:
         int8 / w8a8 with many rows: the int8 values widened once for all x (exactly: |q| <= 127
         fits bf16's 8-bit mantissa), a dense GEMM per x, then the per-channel scale. gguf: the
         file's values (rounded to bf16 where the GEMM is bf16; model/kernels/gguf.c), then a dense
-        GEMM per x. Both a few MB of weight rows at a time (_dense_chunks). The weight-only kernels cost the same per row whatever the row count (0.04 ms
-        per row for a 1536 x 576 matrix here); this costs 13x less at 1661 rows. Its rows depend on
+        GEMM per x. Both a few MB of weight rows at a time (_dense_chunks). The weight-only kernels
+        cost the same per row whatever the row count (0.04 ms per row for a 1536 x 576 matrix here);
+        this costs 13x less at 1661 rows. Its rows depend on
         how many there are (not row-invariant), which is why only exact=False calls take it.
         Where the CPU has no native bf16 (kernels.prefill_path: "exact"), gguf and w8a8 run their
         exact integer kernels instead, which beat a float32 GEMM there, and int8 a float32 GEMM.
@@ -337,7 +342,5 @@ class QLinear:
         row = 0
         for kind, t in self.parts:
             for start in range(0, t.shape[0], n):
-                blocks = t[start : start + n]
-                yield row + start, (blocks.to(dtype) if kind == "F32" else
-                                    kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], blocks, self.in_features, dtype))
+                yield row + start, self._part_values(kind, t[start : start + n], dtype)
             row += t.shape[0]
