@@ -49,20 +49,34 @@ def test_the_probability_floor_stops_on_ambiguous_branches():
     def fan_out(k):  # token 1 followed by k different tokens, then 1 again
         return sum(([1, 200 + i] for i in range(k)), []) + [1]
 
-    wide = SuffixDrafter(max_spec_factor=10.0)
+    # (a match of one token, 1: its own floor off, so that min_token_prob decides)
+    wide = SuffixDrafter(max_spec_factor=10.0, one_token_match_prob=0.0)
     assert draft(wide, fan_out(11)) == ()  # 1/11 < 0.1
     assert draft(wide, fan_out(10)) == (209, 1)  # 1/10 passes; then certain until the tail
-    assert draft(SuffixDrafter(max_spec_factor=10.0, min_token_prob=0.2), fan_out(10)) == ()
+    assert draft(SuffixDrafter(max_spec_factor=10.0, min_token_prob=0.2, one_token_match_prob=0.0), fan_out(10)) == ()
 
 
 def test_the_floor_applies_to_the_product_along_the_path():
     X, a, b, c, d = 1, 2, 3, 4, 5
     context = [X, a, c, 50, X, a, d, 51, X, b, 52, X]  # X -> a 2/3, then X a -> d 1/2
     def with_floor(p):
-        return draft(SuffixDrafter(max_spec_factor=10.0, min_token_prob=p), context, max_tokens=3)
+        drafter = SuffixDrafter(max_spec_factor=10.0, min_token_prob=p, one_token_match_prob=0.0)
+        return draft(drafter, context, max_tokens=3)
     assert with_floor(0.7) == ()
     assert with_floor(0.5) == (a,)  # 2/3 * 1/2 = 1/3 < 0.5
     assert with_floor(0.3) == (a, d, 51)
+
+
+def test_a_one_token_match_drafts_only_what_always_followed_it():
+    # 7 was followed by 8 twice and by 9 once: 8 has 2/3, past min_token_prob but not past the
+    # one-token floor; the two-token match (5, 7) was always followed by 9
+    context = [7, 8, 1, 7, 8, 2, 5, 7, 9, 3]
+    assert draft(SuffixDrafter(), context + [7]) == ()
+    assert draft(SuffixDrafter(one_token_match_prob=0.6), context + [7]) == (8,)
+    assert draft(SuffixDrafter(), context + [5, 7], max_tokens=2) == (9, 3)
+    assert draft(SuffixDrafter(), [4, 6, 1, 4]) == (6,)  # one token, always followed by the same one
+    with pytest.raises(ValueError, match="one_token_match_prob"):
+        SuffixDrafter(one_token_match_prob=-0.1)
 
 
 def test_global_trie_drafts_a_response_seen_in_an_earlier_request():

@@ -9,7 +9,8 @@ To draft, find the longest suffix of the context that occurs (and was followed) 
 then walk to the most frequent child while the product of child/parent count ratios, the
 estimated chance that the whole draft so far is right, stays >= min_token_prob. The draft
 may be at most max_spec_factor x the match length, so a long match drafts far and a short
-one only a token or two. Local and global each give a draft; the one with the larger
+one only a token or two. A match of one token drafts only what always followed that token
+(one_token_match_prob). Local and global each give a draft; the one with the larger
 expected number of accepted tokens (the sum of those products) is proposed.
 
 Cost: each new token touches O(max_tree_depth) nodes; a draft walks O(draft length) nodes.
@@ -125,19 +126,28 @@ class SuffixDrafter(DrafterBase):
       max_cached_requests  earlier outputs kept in the global trie (0 turns it off)
       max_spec_factor      draft at most this x the match length
       min_token_prob       stop when the draft's estimated probability drops below this
+      one_token_match_prob the same floor for a draft from a match of one token only
 
-    Defaults 24 / 32 / 1.0 / 0.1. Depth 24 is vLLM's; it fits a 12-token match plus a
+    Defaults 24 / 32 / 1.0 / 0.1 / 1.0. Depth 24 is vLLM's; it fits a 12-token match plus a
     12-token draft, more than the usual 3-8 drafted tokens. Each token adds up to
     max_tree_depth nodes of ~280 bytes in Python (measured), so an 8k-token prompt costs
     ~55 MB and ~0.9 s to index, and 32 cached outputs of 1000 tokens at most ~220 MB;
     hence 32, not vLLM's 10000 (its tries are C++). 1.0 and 0.1 are vLLM's: a draft no
     longer than the evidence behind it, and no branch the counts give under 1 in 10.
+
+    one_token_match_prob (specdec's, not vLLM's): a one-token match is weak evidence, and its
+    counts overstate the chance. Over qwen2.5-coder-1.5b's drafts on the bench's mixed set (auto,
+    48 tokens, T = 0 and 0.7), a one-token match whose token had been followed by more than one
+    token had its first drafted token right 9-10% of the time in prose and chat and 17-30%
+    elsewhere, where 1-token drafts pay from ~20% on a CPU (engine/cost.py); one whose token
+    had always been followed by the same one was right 25-38% and 60%. 1.0 keeps only those.
     """
 
     max_tree_depth: int = 24
     max_cached_requests: int = 32
     max_spec_factor: float = 1.0
     min_token_prob: float = 0.1
+    one_token_match_prob: float = 1.0
     name: str = field(default="suffix", init=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +156,7 @@ class SuffixDrafter(DrafterBase):
             ("max_cached_requests", self.max_cached_requests >= 0, ">= 0"),
             ("max_spec_factor", self.max_spec_factor > 0, "> 0"),
             ("min_token_prob", 0.0 <= self.min_token_prob <= 1.0, "in [0, 1]"),
+            ("one_token_match_prob", 0.0 <= self.one_token_match_prob <= 1.0, "in [0, 1]"),
         ):
             if not ok:
                 raise ValueError(f"suffix: {arg} must be {rule} (got {getattr(self, arg)})")
@@ -216,12 +227,13 @@ class SuffixDrafter(DrafterBase):
         # match that fills the trie's depth leaves no room below it to walk.
         start = max(range(deepest, 0, -1), key=lambda d: self._draft_length(d, draft_length))
         budget = self._draft_length(start, draft_length)
+        floor = self.min_token_prob if start > 1 else max(self.min_token_prob, self.one_token_match_prob)
         node, prob, score, out = path[start], 1.0, 0.0, []
         while len(out) < budget and node.followed > 0:
             token = node.best_child()
             child = node.children[token]
             prob *= child.count / node.followed
-            if prob < self.min_token_prob:
+            if prob < floor:
                 break
             out.append(token)
             score += prob
