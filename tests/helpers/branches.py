@@ -1,8 +1,9 @@
 """Exact enumeration of every random draw of a program (the verifiers' and the drafters').
 
 Installed with monkeypatch, `specdec.verify.draws.accept` and `.sample` (every random draw a
-verifier makes) become branch points; with multinomial=True so does `torch.multinomial`
-(how the engine samples its first token and drafters sample their tokens and trees).
+verifier makes) become branch points; with multinomial=True so do `torch.multinomial` and
+`sample_token`'s draw (how the engine samples its first token and drafters sample their tokens
+and trees).
 distribution(program) replays the program once per combination of outcomes and returns
 {outcome: exact probability}: the law of the program, with no sampling error.
 """
@@ -15,6 +16,7 @@ from typing import Callable
 import pytest
 import torch
 
+from specdec.sampling import params
 from specdec.verify import draws
 
 
@@ -25,6 +27,7 @@ class Branches:
         monkeypatch.setattr(draws, "sample", self.sample)
         if multinomial:
             monkeypatch.setattr(torch, "multinomial", self.multinomial)
+            monkeypatch.setattr(params, "_draw", self.sample)
 
     def accept(self, probability: float, generator=None) -> bool:
         p = min(max(probability, 0.0), 1.0)

@@ -129,3 +129,28 @@ def test_sample_token_never_draws_a_zero_probability_token():
     gen = torch.Generator().manual_seed(0)
     probs = torch.tensor([0.0, 0.7, 0.0, 0.3])
     assert {sample_token(probs, gen) for _ in range(200)} == {1, 3}
+
+
+def test_sample_token_draws_each_token_with_its_probability():
+    gen = torch.Generator().manual_seed(5)
+    weights = torch.tensor([0.2, 0.0, 0.5, 1.3, 0.0])  # need not sum to 1: drawn as weights / 2.0
+    n = 20000
+    counts = torch.bincount(torch.tensor([sample_token(weights, gen) for _ in range(n)]), minlength=5)
+    p = weights / weights.sum()
+    sigma = (n * p * (1 - p)).sqrt()
+    assert counts[1] == counts[4] == 0
+    assert ((counts - n * p).abs() <= 4.5 * sigma + 1e-9).all(), counts.tolist()
+
+
+def test_sample_token_at_the_top_of_the_range_draws_the_last_possible_token(monkeypatch):
+    from specdec.sampling import params
+
+    # u = total exactly (a uniform draw just under 1 rounded up): never the zero-probability tail
+    monkeypatch.setattr(params.torch, "rand", lambda *a, **k: torch.tensor(1.0, dtype=torch.float64))
+    assert sample_token(torch.tensor([0.3, 0.7, 0.0, 0.0]), torch.Generator()) == 1
+
+
+@pytest.mark.parametrize("row", [[0.0, 0.0], [float("nan"), 1.0], [float("inf"), 1.0]])
+def test_sample_token_refuses_a_row_without_mass(row):
+    with pytest.raises(ValueError, match="cannot sample"):
+        sample_token(torch.tensor(row), torch.Generator().manual_seed(0))

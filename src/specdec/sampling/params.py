@@ -83,5 +83,26 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
 
 
 def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token id drawn from a (V,) probability row."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """One token id drawn from a (V,) probability row (weights: they need not sum to 1).
+
+    The row's cumulative sum in float64 is inverted at one uniform draw u in [0, total): the token is
+    the first whose cumulative sum passes u, so token i is drawn with probability probs[i] / total and
+    a zero-probability token never (its cumulative sum equals its predecessor's). torch.multinomial
+    took 3.1 ms for qwen2.5-coder-1.5b's 151936 tokens on a 2-core EPYC, ~10% of a sampled decoding
+    step; this takes ~0.3 ms. Raises ValueError for a row without positive mass (or with NaN).
+    """
+    return _draw(probs, generator)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    # sample_token's one random draw, a function of its own so that tests/helpers/branches.py can
+    # enumerate it
+    cdf = torch.cumsum(probs, 0, dtype=torch.float64)
+    total = float(cdf[-1])
+    if not total > 0.0 or total == float("inf"):
+        raise ValueError(f"cannot sample from a row whose probabilities sum to {total}")
+    u = torch.rand((), generator=generator, dtype=torch.float64, device=generator.device) * total
+    i = int(torch.searchsorted(cdf, u, right=True))
+    if i == probs.shape[0]:  # u rounded up to total: the last token with positive probability
+        i = int(torch.searchsorted(cdf, cdf[-1]))
+    return i
