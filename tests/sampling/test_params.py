@@ -131,15 +131,26 @@ def test_sample_token_never_draws_a_zero_probability_token():
     assert {sample_token(probs, gen) for _ in range(200)} == {1, 3}
 
 
-def test_sample_token_draws_each_token_with_its_probability():
+def _blocks_row():
+    # 2500 tokens: two whole blocks of 1024 (sample_token's SAMPLE_BLOCK) and a tail of 452; mass on
+    # both sides of a block boundary, in the tail, and none in the second block
+    w = torch.zeros(2500)
+    w[[5, 1023]] = torch.tensor([0.5, 0.25])
+    w[[2048, 2499]] = torch.tensor([1.0, 0.25])
+    return w
+
+
+@pytest.mark.parametrize("weights", [torch.tensor([0.2, 0.0, 0.5, 1.3, 0.0]), _blocks_row()],
+                         ids=["one-block", "blocks"])
+def test_sample_token_draws_each_token_with_its_probability(weights):
+    # the weights need not sum to 1: token i is drawn with weights[i] / weights.sum()
     gen = torch.Generator().manual_seed(5)
-    weights = torch.tensor([0.2, 0.0, 0.5, 1.3, 0.0])  # need not sum to 1: drawn as weights / 2.0
     n = 20000
-    counts = torch.bincount(torch.tensor([sample_token(weights, gen) for _ in range(n)]), minlength=5)
+    counts = torch.bincount(torch.tensor([sample_token(weights, gen) for _ in range(n)]), minlength=len(weights))
     p = weights / weights.sum()
     sigma = (n * p * (1 - p)).sqrt()
-    assert counts[1] == counts[4] == 0
-    assert ((counts - n * p).abs() <= 4.5 * sigma + 1e-9).all(), counts.tolist()
+    assert counts[weights == 0].sum() == 0
+    assert ((counts - n * p).abs() <= 4.5 * sigma + 1e-9).all(), counts[weights > 0].tolist()
 
 
 def test_sample_token_at_the_top_of_the_range_draws_the_last_possible_token(monkeypatch):
@@ -148,6 +159,9 @@ def test_sample_token_at_the_top_of_the_range_draws_the_last_possible_token(monk
     # u = total exactly (a uniform draw just under 1 rounded up): never the zero-probability tail
     monkeypatch.setattr(params.torch, "rand", lambda *a, **k: torch.tensor(1.0, dtype=torch.float64))
     assert sample_token(torch.tensor([0.3, 0.7, 0.0, 0.0]), torch.Generator()) == 1
+    row = _blocks_row()
+    row[2499] = 0.0
+    assert sample_token(row, torch.Generator()) == 2048  # the last block with mass, its last token with it
 
 
 @pytest.mark.parametrize("row", [[0.0, 0.0], [float("nan"), 1.0], [float("inf"), 1.0]])
