@@ -168,3 +168,21 @@ def test_sample_token_at_the_top_of_the_range_draws_the_last_possible_token(monk
 def test_sample_token_refuses_a_row_without_mass(row):
     with pytest.raises(ValueError, match="cannot sample"):
         sample_token(torch.tensor(row), torch.Generator().manual_seed(0))
+
+
+def test_sample_tokens_draws_distinct_tokens_in_order_without_replacement():
+    from specdec.sampling import sample_tokens
+
+    gen = torch.Generator().manual_seed(7)
+    weights = torch.tensor([0.6, 0.0, 0.3, 0.1])
+    n = 20000
+    pairs = [tuple(sample_tokens(weights, 2, gen)) for _ in range(n)]
+    assert all(a != b and 1 not in (a, b) for a, b in pairs)
+    # P(first a, then b) = w_a * w_b / (1 - w_a)
+    for (a, b), law in {(0, 2): 0.6 * 0.3 / 0.4, (2, 0): 0.3 * 0.6 / 0.7, (3, 0): 0.1 * 0.6 / 0.9}.items():
+        got = pairs.count((a, b))
+        assert abs(got - n * law) <= 4.5 * (n * law * (1 - law)) ** 0.5, ((a, b), got, n * law)
+    assert sorted(sample_tokens(weights, 3, gen)) == [0, 2, 3]
+    assert torch.equal(weights, torch.tensor([0.6, 0.0, 0.3, 0.1]))  # the caller's row is left as it was
+    with pytest.raises(ValueError, match="cannot sample"):
+        sample_tokens(weights, 4, gen)

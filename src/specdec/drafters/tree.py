@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from specdec.drafters.base import Draft, TokenTree
-from specdec.sampling import SamplingParams
+from specdec.sampling import SamplingParams, sample_tokens
 
 
 def grow_tree(root_logits: torch.Tensor, root_feat: torch.Tensor, expand: Callable, max_depth: int, topk: int,
@@ -56,7 +56,7 @@ def grow_tree(root_logits: torch.Tensor, root_feat: torch.Tensor, expand: Callab
             k = min(topk, room, int((row > 0).sum()))
             if k <= 0:
                 return []
-            drawn = torch.multinomial(row, k, replacement=False, generator=generator).tolist()
+            drawn = sample_tokens(row, k, generator)
             picked = [(t, math.log(max(float(row[t]), 1e-30))) for t in drawn]
         out = []
         for t, lp in picked:

@@ -96,6 +96,18 @@ def sample_token(probs: torch.Tensor, generator: torch.Generator) -> int:
     return _draw(probs, generator)
 
 
+def sample_tokens(probs: torch.Tensor, k: int, generator: torch.Generator) -> list[int]:
+    """k distinct token ids drawn in order from a (V,) row without replacement (torch.multinomial's
+    law): each draw as sample_token's over the weights the earlier draws left. Needs k positive
+    weights (ValueError otherwise)."""
+    weights = probs.clone()
+    drawn = []
+    for _ in range(k):
+        drawn.append(_draw(weights, generator))
+        weights[drawn[-1]] = 0.0
+    return drawn
+
+
 SAMPLE_BLOCK = 1024
 
 
