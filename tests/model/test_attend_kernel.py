@@ -46,13 +46,29 @@ KEY_LISTS = [list(range(0, 1)), list(range(0, 8)), list(range(0, 37)), list(rang
 SLOT_OF = [0, 1, 2, 0, 1, 2]
 
 
-@pytest.mark.parametrize("hd", [8, 64, 80, 256])  # 80: 64 values in registers, then the rest
+@pytest.mark.parametrize("hd", [8, 64, 80, 256])  # 8 and 80: a last pass over 8 values, not 16
 def test_rows_compute_softmax_attention(hd):
     k, v = cache(hd)
     q = torch.randn(len(KEY_LISTS), 4, hd, generator=torch.Generator().manual_seed(1))
     out = kernels.attend_rows(q, k, v, *rows(KEY_LISTS, SLOT_OF), 0.3)
     expected = reference(q, k, v, KEY_LISTS, SLOT_OF, 0.3)
     torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)  # float32 sums of ~256 terms
+
+
+# longer than the 64 keys p . v takes at a time, with a gap and a tail
+LONG_LISTS = [list(range(0, 150)), list(range(3, 70)) + list(range(90, 200)), list(range(0, 64))]
+
+
+@pytest.mark.parametrize("nh", [2, 12, 14])  # one kv group of 1, 6 and 7 query heads (p . v: 6 at a time)
+def test_long_key_lists_and_wide_groups(nh):
+    k, v = cache(24, seed=4)
+    q = torch.randn(len(LONG_LISTS), nh, 24, generator=torch.Generator().manual_seed(5))
+    slots = [0, 2, 1]
+    out = kernels.attend_rows(q, k, v, *rows(LONG_LISTS, slots), 0.2)
+    torch.testing.assert_close(out.double(), reference(q, k, v, LONG_LISTS, slots, 0.2), rtol=1e-5, atol=1e-5)
+    for r in range(len(LONG_LISTS)):
+        alone = kernels.attend_rows(q[r : r + 1], k, v, *rows(LONG_LISTS[r : r + 1], slots[r : r + 1]), 0.2)
+        assert torch.equal(alone[0], out[r])
 
 
 # a decode batch: 48 rows of 120-200 keys, enough work (> 2^21 multiply-adds) for the kernel to use threads

@@ -170,6 +170,7 @@ class Transformer:
         self.attn_scale = config.attn_scale if config.attn_scale is not None else 1.0 / math.sqrt(config.head_dim)
         # exact attention rows through attend.c when it builds here (AVX2, a C compiler) and fits the heads
         self._attend_kernel = (config.head_dim % 8 == 0 and config.head_dim <= kernels.ATTEND_MAX_HEAD_DIM
+                               and config.num_heads // config.num_kv_heads <= kernels.ATTEND_MAX_GROUP
                                and kernels.attend() is not None)
         # float32, as transformers multiplies an fp32 embedding (and llama.cpp its dequantized rows)
         self.embed_scale = torch.tensor(config.embed_scale, dtype=torch.float32) if config.embed_scale != 1.0 else None

@@ -41,6 +41,7 @@ ATTEND_SOURCE = Path(__file__).with_name("attend.c")
 GGUF_SOURCE = Path(__file__).with_name("gguf.c")
 ROWS_SOURCE = Path(__file__).with_name("rows.c")
 ATTEND_MAX_HEAD_DIM = 512  # attend.c's MAX_HEAD_DIM
+ATTEND_MAX_GROUP = 64  # attend.c's MAX_GROUP: query heads per kv head
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 VNNI_FLAGS = ("-mavx512vnni", "-mavx512vl")  # 256-bit vpdpbusd (EVEX); AMD Zen 4, Intel Ice Lake and later
 BLOCK = 32  # activations are quantized in blocks of this many values

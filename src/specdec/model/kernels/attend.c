@@ -8,8 +8,7 @@
  * list one key at a time), so a row's bits never depend on which other rows share the call: the
  * property a k-token verify forward relies on to equal k one-token steps. The q . k products run 8 keys
  * at a time (the q loads shared; the 8 lane sums reduced together in hsum8's own order, so each is
- * bitwise the one-key dot), and p . v keeps 64 values of the output in registers across the keys:
- * ~1.5x the speed of one key at a time, the same bits.
+ * bitwise the one-key dot), and p . v runs the group's heads together over blocks of keys (weigh_values).
  *
  * q: (n, nh, hd); k, v: one layer of the cache, (slots, nkv, max_len, hd); slot: (n,); off: (n + 1,);
  * out: (n, nh, hd). hd % 8 == 0, hd <= MAX_HEAD_DIM. Built by kernels/__init__.py with -O3 -mavx2 -mfma -ffp-contract=off.
@@ -20,6 +19,7 @@
 #include <stdlib.h>
 
 #define MAX_HEAD_DIM 512
+#define MAX_GROUP 64 /* query heads per kv head (kernels/__init__.py checks) */
 /* multiply-adds of the q.k products from which the (row, kv head) tasks share the threads: 2^18 is 171
  * keys of qwen2.5-coder-1.5b's 12 heads of 128. At 2^21 (1365 keys) a decode step at 1000 keys of
  * context ran its two kv heads on one thread: 217 against 170 us a layer with the K/V cache coming from
@@ -94,6 +94,65 @@ static inline float exp1(float x) {
     return y * n.f;
 }
 
+/* p . v, the heads of one kv group together: keys in blocks of VALUE_BLOCK, and within a block, 16 output
+ * values (two vectors) of up to HEADS_AT_ONCE heads at a time in registers across the block's keys, carried
+ * from block to block in acc (L1). Each key's values are loaded once for the heads, and the block's rows
+ * (32 KB at head_dim 128) stay in L1 for its passes, where one head at a time streamed the group's V once
+ * per head. Each output value is still summed over the keys in their order, from 0, by fma: the same bits. */
+#define HEADS_AT_ONCE 6
+#define VALUE_BLOCK 64
+static inline __attribute__((always_inline)) void weigh_block(const float *s, int64_t L, const int64_t *keys,
+                                                            const float *vb, int64_t hd, int64_t j0, int64_t j1,
+                                                            int64_t d0, int HEADS, int W, float *acc) {
+    __m256 c[HEADS_AT_ONCE][2];
+    for (int a = 0; a < HEADS; a++)
+        for (int w = 0; w < W; w++) c[a][w] = _mm256_loadu_ps(acc + a * hd + d0 + 8 * w);
+    for (int64_t j = j0; j < j1; j++) {
+        const float *vr = vb + keys[j] * hd + d0;
+        __m256 v[2];
+        for (int w = 0; w < W; w++) v[w] = _mm256_loadu_ps(vr + 8 * w);
+        for (int a = 0; a < HEADS; a++) {
+            const __m256 p = _mm256_broadcast_ss(s + a * L + j);
+            for (int w = 0; w < W; w++) c[a][w] = _mm256_fmadd_ps(p, v[w], c[a][w]);
+        }
+    }
+    for (int a = 0; a < HEADS; a++)
+        for (int w = 0; w < W; w++) _mm256_storeu_ps(acc + a * hd + d0 + 8 * w, c[a][w]);
+}
+
+/* out + a * hd = (s + a * L) . the keys' values / total[a], for the group's heads a (s: the softmax's
+ * unnormalized weights, total: their sums); acc: group * hd floats of scratch */
+static void weigh_values(const float *s, int64_t L, const int64_t *keys, const float *vb, int64_t hd,
+                         int64_t group, const float *total, float *acc, float *out) {
+    for (int64_t i = 0; i < group * hd; i++) acc[i] = 0.0f;
+    for (int64_t j0 = 0; j0 < L; j0 += VALUE_BLOCK) {
+        const int64_t j1 = j0 + VALUE_BLOCK < L ? j0 + VALUE_BLOCK : L;
+        for (int64_t j = j1; j < j1 + VALUE_BLOCK && j < L; j++)  // the next block's rows, from memory
+            for (int64_t d = 0; d < hd; d += 16) _mm_prefetch((const char *)(vb + keys[j] * hd + d), _MM_HINT_T0);
+        for (int64_t a0 = 0; a0 < group; a0 += HEADS_AT_ONCE) {
+            const int heads = group - a0 < HEADS_AT_ONCE ? (int)(group - a0) : HEADS_AT_ONCE;
+            const float *sa = s + a0 * L;
+            float *ca = acc + a0 * hd;
+            for (int64_t d0 = 0; d0 < hd; d0 += 16) {
+#define WEIGH(H) (hd - d0 >= 16 ? weigh_block(sa, L, keys, vb, hd, j0, j1, d0, H, 2, ca) \
+                                : weigh_block(sa, L, keys, vb, hd, j0, j1, d0, H, 1, ca))
+                switch (heads) {
+                case 1: WEIGH(1); break;
+                case 2: WEIGH(2); break;
+                case 3: WEIGH(3); break;
+                case 4: WEIGH(4); break;
+                case 5: WEIGH(5); break;
+                default: WEIGH(6); break;
+                }
+#undef WEIGH
+            }
+        }
+    }
+    for (int64_t a = 0; a < group; a++)
+        for (int64_t d = 0; d < hd; d += 8)
+            _mm256_storeu_ps(out + a * hd + d, _mm256_div_ps(_mm256_loadu_ps(acc + a * hd + d), _mm256_set1_ps(total[a])));
+}
+
 void attend_rows(const float *q, const float *k, const float *v, const int64_t *slot, const int64_t *off,
                  const int64_t *idx, float *out, int64_t n, int64_t nh, int64_t nkv, int64_t hd, int64_t max_len,
                  float scale, int threads) {
@@ -108,7 +167,8 @@ void attend_rows(const float *q, const float *k, const float *v, const int64_t *
         const int64_t *keys = idx + off[r];
         const float *kb = k + (slot[r] * nkv + g) * max_len * hd;
         const float *vb = v + (slot[r] * nkv + g) * max_len * hd;
-        float *s = malloc(sizeof(float) * (size_t)(group * L));
+        float *s = malloc(sizeof(float) * (size_t)(group * (L + hd)));  // the weights, then weigh_values's sums
+        float totals[MAX_GROUP];
         int64_t j0 = 0;
         for (; j0 + 8 <= L; j0 += 8) {  // 8 keys at a time: the q loads shared, the 8 sums reduced together
             const float *kr[8];
@@ -149,41 +209,9 @@ void attend_rows(const float *q, const float *k, const float *v, const int64_t *
                 sa[j] = exp1(sa[j] - m);
                 sum += sa[j];
             }
-            float *o = out + (r * nh + g * group + a) * hd;
-            const __m256 total = _mm256_set1_ps(sum);
-            int64_t d0 = 0;
-            for (; d0 + 64 <= hd; d0 += 64) {  // 64 values at a time in 8 registers across the keys
-                __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
-                for (int64_t jj = 0; jj < L; jj++) {
-                    const float *vr = vb + keys[jj] * hd + d0;
-                    if (jj + PREFETCH_KEYS < L)
-                        for (int e = 0; e < 64; e += 16)
-                            _mm_prefetch((const char *)(vb + keys[jj + PREFETCH_KEYS] * hd + d0 + e), _MM_HINT_T0);
-                    const __m256 p = _mm256_set1_ps(sa[jj]);
-                    c0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr), c0);
-                    c1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 8), c1);
-                    c2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 16), c2);
-                    c3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 24), c3);
-                    c4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 32), c4);
-                    c5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 40), c5);
-                    c6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 48), c6);
-                    c7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + 56), c7);
-                }
-                const __m256 c[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
-                for (int i = 0; i < 8; i++) _mm256_storeu_ps(o + d0 + 8 * i, _mm256_div_ps(c[i], total));
-            }
-            if (d0 < hd) {  // the rest (head_dim not a multiple of 64), through memory: the same sums
-                float acc[MAX_HEAD_DIM];
-                for (int64_t d = d0; d < hd; d++) acc[d] = 0.0f;
-                for (int64_t jj = 0; jj < L; jj++) {
-                    const float *vr = vb + keys[jj] * hd;
-                    const __m256 p = _mm256_set1_ps(sa[jj]);
-                    for (int64_t d = d0; d < hd; d += 8)
-                        _mm256_storeu_ps(acc + d, _mm256_fmadd_ps(p, _mm256_loadu_ps(vr + d), _mm256_loadu_ps(acc + d)));
-                }
-                for (int64_t d = d0; d < hd; d += 8) _mm256_storeu_ps(o + d, _mm256_div_ps(_mm256_loadu_ps(acc + d), total));
-            }
+            totals[a] = sum;
         }
+        weigh_values(s, L, keys, vb, hd, group, totals, s + group * L, out + (r * nh + g * group) * hd);
         free(s);
     }
 }
