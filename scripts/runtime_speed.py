@@ -6,7 +6,9 @@
 Per model and weight format: plain greedy decode (tokens/s), prefill of a 256-token prompt (tokens/s),
 the cost of one forward of t = 1, 2, 4, 8 new tokens after 100 tokens of context (t = 1 is a decode
 step; t is what verifying a draft of t - 1 tokens costs) and the start-up time (a second start: caches
-warm). Each figure is the median over --rounds rounds, the runtimes taking turns within a round.
+warm); for the first format and llama.cpp, also a forward of 1 and of 4 tokens after --long-contexts
+tokens of context (default 1000 and 3000: attention and the KV cache's reads grow with it). Each figure
+is the median over --rounds rounds, the runtimes taking turns within a round.
 
 llama.cpp beside it, never a dependency of specdec (for the python peer: `python -m venv /tmp/lcpp &&
 /tmp/lcpp/bin/pip install llama-cpp-python==0.3.36`, which builds llama.cpp from source in ~5 minutes),
@@ -34,6 +36,7 @@ from pathlib import Path
 
 WIDTHS = (1, 2, 4, 8)
 CONTEXT = 100  # tokens before the forwards of the cost curve
+LONG_WIDTHS = (1, 4)  # forwards measured after a long context
 PROMPT = "def merge_sort(items):\n    \"\"\"Sort a list with merge sort.\"\"\"\n"
 LONG_TEXT = Path(__file__).resolve().parent.parent / "src" / "specdec" / "engine" / "engine.py"
 
@@ -51,7 +54,7 @@ def _median_ms(run, n: int = 8) -> float:
 class Ours:
     """One model in one weight format, loaded once, measured each round."""
 
-    def __init__(self, name: str, fmt: str, tokens: int):
+    def __init__(self, name: str, fmt: str, tokens: int, long_contexts: tuple[int, ...] = ()):
         from specdec.engine.engine import Engine
         from specdec.model.load import load_model
 
@@ -64,6 +67,7 @@ class Ours:
         tok = self.model.tokenizer
         self.prompt = tok.encode(PROMPT)
         self.long = tok.encode(LONG_TEXT.read_text())[:256]
+        self.long_contexts = long_contexts
 
     def measure(self) -> dict:
         import torch
@@ -84,18 +88,25 @@ class Ours:
         cache.release(slot)
         cost = measure_forward_cost(tr, cache, max(WIDTHS), context=CONTEXT, repeats=8)  # what adaptive mode uses
         curve = {t: cost[t] * 1e3 for t in WIDTHS}
+        long = {}
+        if self.long_contexts:
+            cache = tr.new_cache(max(self.long_contexts) + max(LONG_WIDTHS) + 2)
+            for ctx in self.long_contexts:
+                cost = measure_forward_cost(tr, cache, max(LONG_WIDTHS), context=ctx, repeats=4)
+                long[ctx] = {t: cost[t] * 1e3 for t in LONG_WIDTHS}
+            del cache
         return {"decode": out.decode_tokens_per_s, "prefill": len(self.long) / prefill_ms * 1e3, "curve": curve,
-                "load_s": self.load_s}
+                "load_s": self.load_s, "long": long}
 
 
 # -- llama.cpp --------------------------------------------------------------------------------------
-def llama_cpp_worker(path: str, tokens: int, threads: int) -> dict:
+def llama_cpp_worker(path: str, tokens: int, threads: int, long_contexts: tuple[int, ...] = ()) -> dict:
     """The same measurements through llama-cpp-python (run in the interpreter that has it)."""
     import numpy as np
     from llama_cpp import Llama
 
     t = time.perf_counter()
-    llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
+    llm = Llama(model_path=path, n_ctx=max((1024, *[c + max(LONG_WIDTHS) + 2 for c in long_contexts])), n_batch=512, n_threads=threads, n_threads_batch=threads,
                 logits_all=True, verbose=False)
     load_s = time.perf_counter() - t
     n_vocab = llm.n_vocab()
@@ -113,15 +124,15 @@ def llama_cpp_worker(path: str, tokens: int, threads: int) -> dict:
         tok = int(last_logits().argmax())
     decode = (tokens - 1) / (time.perf_counter() - t)
 
-    long = llm.tokenize(LONG_TEXT.read_text().encode(), add_bos=True)[:256]
+    prompt_long = llm.tokenize(LONG_TEXT.read_text().encode(), add_bos=True)[:256]
 
     def prefill():
         llm.reset()
-        llm.eval(long)
+        llm.eval(prompt_long)
 
     prefill_ms = _median_ms(prefill, 3)
     llm.reset()
-    llm.eval(long[:CONTEXT])
+    llm.eval(prompt_long[:CONTEXT])
     times = {width: [] for width in WIDTHS}
     for _ in range(8):  # the widths take turns, as specdec's measure_forward_cost does
         for width in WIDTHS:
@@ -130,19 +141,33 @@ def llama_cpp_worker(path: str, tokens: int, threads: int) -> dict:
             llm.eval([5] * width)
             times[width].append(time.perf_counter() - t)
     curve = {width: statistics.median(ts) * 1e3 for width, ts in times.items()}
+    long = {}
+    for ctx in long_contexts:  # as measure_forward_cost: the widths take turns, 4 rounds
+        llm.reset()
+        llm.eval([5 + i % 1000 for i in range(ctx)])
+        times = {width: [] for width in LONG_WIDTHS}
+        for _ in range(4):
+            for width in LONG_WIDTHS:
+                llm.n_tokens = ctx
+                t = time.perf_counter()
+                llm.eval([5] * width)
+                times[width].append(time.perf_counter() - t)
+        long[ctx] = {width: statistics.median(ts) * 1e3 for width, ts in times.items()}
     import llama_cpp
 
-    return {"decode": decode, "prefill": len(long) / prefill_ms * 1e3, "curve": curve, "load_s": load_s,
-            "version": f"llama-cpp-python {llama_cpp.__version__}"}
+    return {"decode": decode, "prefill": len(prompt_long) / prefill_ms * 1e3, "curve": curve, "load_s": load_s,
+            "long": long, "version": f"llama-cpp-python {llama_cpp.__version__}"}
 
 
-def run_worker(python: str, path: str, tokens: int, threads: int) -> dict:
-    cmd = [python, __file__, "--worker", path, "--tokens", str(tokens), "--threads", str(threads)]
+def run_worker(python: str, path: str, tokens: int, threads: int, long_contexts: tuple[int, ...] = ()) -> dict:
+    cmd = [python, __file__, "--worker", path, "--tokens", str(tokens), "--threads", str(threads),
+           "--long-contexts", ",".join(map(str, long_contexts))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"llama-cpp-python worker failed: {done.stderr.strip()[-500:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
     out["curve"] = {int(k): v for k, v in out["curve"].items()}
+    out["long"] = {int(c): {int(k): v for k, v in per.items()} for c, per in out["long"].items()}
     return out
 
 
@@ -195,6 +220,10 @@ def memory_gib_s(threads: int) -> float:
         x.sum()
         best = min(best, time.perf_counter() - t)
     return 1.0 / best
+
+
+def _long_contexts(text: str) -> tuple[int, ...]:
+    return tuple(int(c) for c in text.split(",") if c.strip())
 
 
 def _fmt(v, digits=1):
@@ -255,6 +284,23 @@ def report(args, results: dict, peer_version: str | None, fidelity: list[str], t
             label = who if who == "llama.cpp" else f"specdec {who}"
             lines.append(f"| {name} | {label} | " + " | ".join(_fmt(curve[t]) for t in WIDTHS) +
                          f" | {curve[4] / curve[1]:.2f} |")
+    contexts = _long_contexts(args.long_contexts)
+    if contexts:
+        lines += ["", "## Decode and verify after a long context (ms)", "",
+                  f"One forward of 1 and of 4 new tokens after {' and '.join(map(str, contexts))} tokens of context "
+                  f"(specdec {formats[0]}; the median of 4, the widths taking turns).", "",
+                  "| model | runtime | " + " | ".join(f"t={t} at {c}" for c in contexts for t in LONG_WIDTHS) +
+                  " | " + " | ".join(f"forward(4) / forward(1) at {c}" for c in contexts) + " |",
+                  "|---|---|" + "---|" * (len(contexts) * (len(LONG_WIDTHS) + 1))]
+        for name, per in results.items():
+            for who in (formats[0], "llama.cpp"):
+                runs = [r for r in per.get(who, []) if r.get("long")]
+                if not runs:
+                    continue
+                cells = {(c, t): _med([r["long"][c][t] for r in runs]) for c in contexts for t in LONG_WIDTHS}
+                label = who if who == "llama.cpp" else f"specdec {who}"
+                lines.append(f"| {name} | {label} | " + " | ".join(_fmt(cells[c, t]) for c in contexts for t in LONG_WIDTHS)
+                             + " | " + " | ".join(f"{cells[c, 4] / cells[c, 1]:.2f}" for c in contexts) + " |")
     lines += ["", "## Start-up: a second start, ready to generate (s)", "",
               "| model | " + " | ".join(f"specdec {f}" for f in formats) + " | llama.cpp |",
               "|---|" + "---|" * (len(formats) + 1)]
@@ -282,11 +328,13 @@ def main() -> None:
     p.add_argument("--llama-bench", default=None, help="path of llama-bench")
     p.add_argument("--llama-server", default=None, help="URL of a running llama-server on the first model")
     p.add_argument("--fidelity", default="", help="models to add the fidelity table for")
+    p.add_argument("--long-contexts", default="1000,3000",
+                   help="contexts (tokens) after which forward(1) and forward(4) are measured too; '' for none")
     p.add_argument("--out", default=None, help="write the Markdown report here (default: print it)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(llama_cpp_worker(args.worker, args.tokens, args.threads)))
+        print(json.dumps(llama_cpp_worker(args.worker, args.tokens, args.threads, _long_contexts(args.long_contexts))))
         return
 
     import torch
@@ -304,17 +352,19 @@ def main() -> None:
             python = "none"
     results: dict = {}
     peer_version = None
+    contexts = _long_contexts(args.long_contexts)
     bandwidth = [memory_gib_s(args.threads)]  # before and after: a shared machine's varies within the hour
     for n, name in enumerate(args.models.split(",")):
         path = str(resolve(name))
-        ours = {f: Ours(name, f, args.tokens) for f in args.formats.split(",")}
+        formats = args.formats.split(",")
+        ours = {f: Ours(name, f, args.tokens, contexts if f == formats[0] else ()) for f in formats}
         per: dict = {f: [] for f in ours}
         per["llama.cpp"] = []
         for _ in range(args.rounds):
             for f, o in ours.items():
                 per[f].append(o.measure())
             if python != "none":
-                per["llama.cpp"].append(run_worker(python, path, args.tokens, args.threads))
+                per["llama.cpp"].append(run_worker(python, path, args.tokens, args.threads, contexts))
         if args.llama_bench:
             per["llama.cpp"] = [llama_bench(args.llama_bench, path, args.tokens, args.threads)]
         elif args.llama_server and n == 0:
