@@ -164,8 +164,8 @@ def test_sample_token_at_the_top_of_the_range_draws_the_last_possible_token(monk
     assert sample_token(row, torch.Generator()) == 2048  # the last block with mass, its last token with it
 
 
-@pytest.mark.parametrize("row", [[0.0, 0.0], [float("nan"), 1.0], [float("inf"), 1.0]])
-def test_sample_token_refuses_a_row_without_mass(row):
+@pytest.mark.parametrize("row", [[0.0, 0.0], [float("nan"), 1.0], [float("inf"), 1.0], [-0.5, 1.0]])
+def test_sample_token_refuses_a_row_that_is_not_weights(row):
     with pytest.raises(ValueError, match="cannot sample"):
         sample_token(torch.tensor(row), torch.Generator().manual_seed(0))
 
