@@ -37,6 +37,7 @@ from pathlib import Path
 WIDTHS = (1, 2, 4, 8)
 CONTEXT = 100  # tokens before the forwards of the cost curve
 LONG_WIDTHS = (1, 4)  # forwards measured after a long context
+DECODE_RUNS = 3  # generations a round, their median decode speed taken: one was a few seconds of a noisy VM
 PROMPT = "def merge_sort(items):\n    \"\"\"Sort a list with merge sort.\"\"\"\n"
 LONG_TEXT = Path(__file__).resolve().parent.parent / "src" / "specdec" / "engine" / "engine.py"
 
@@ -75,7 +76,8 @@ class Ours:
         from specdec.engine.cost import measure_forward_cost
         from specdec.sampling import SamplingParams
 
-        out = self.engine.generate(self.prompt, SamplingParams(), max_tokens=self.tokens)
+        decode = statistics.median(self.engine.generate(self.prompt, SamplingParams(), max_tokens=self.tokens)
+                                   .decode_tokens_per_s for _ in range(DECODE_RUNS))
         tr = self.model.transformer
         cache = tr.new_cache(512)
         slot = cache.allocate()
@@ -95,7 +97,7 @@ class Ours:
                 cost = measure_forward_cost(tr, cache, max(LONG_WIDTHS), context=ctx, repeats=4)
                 long[ctx] = {t: cost[t] * 1e3 for t in LONG_WIDTHS}
             del cache
-        return {"decode": out.decode_tokens_per_s, "prefill": len(self.long) / prefill_ms * 1e3, "curve": curve,
+        return {"decode": decode, "prefill": len(self.long) / prefill_ms * 1e3, "curve": curve,
                 "load_s": self.load_s, "long": long}
 
 
@@ -115,14 +117,17 @@ def llama_cpp_worker(path: str, tokens: int, threads: int, long_contexts: tuple[
         return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(n_vocab,))
 
     prompt = llm.tokenize(PROMPT.encode(), add_bos=True)
-    llm.reset()
-    llm.eval(prompt)
-    tok = int(last_logits().argmax())
-    t = time.perf_counter()
-    for _ in range(tokens - 1):
-        llm.eval([tok])
+    decodes = []
+    for _ in range(DECODE_RUNS):
+        llm.reset()
+        llm.eval(prompt)
         tok = int(last_logits().argmax())
-    decode = (tokens - 1) / (time.perf_counter() - t)
+        t = time.perf_counter()
+        for _ in range(tokens - 1):
+            llm.eval([tok])
+            tok = int(last_logits().argmax())
+        decodes.append((tokens - 1) / (time.perf_counter() - t))
+    decode = statistics.median(decodes)
 
     prompt_long = llm.tokenize(LONG_TEXT.read_text().encode(), add_bos=True)[:256]
 
@@ -249,7 +254,7 @@ def report(args, results: dict, peer_version: str | None, fidelity: list[str], t
         f"{kernels.kernel_isa()}, {threads} threads for every runtime, torch "
         f"{torch.__version__}; llama.cpp: {peer_version or 'not measured'}. Medians of {args.rounds} rounds; "
         "the runtimes take turns within each round. Decode: greedy tokens/s after a short code prompt "
-        f"({args.tokens} tokens). Prefill: a 256-token prompt in one forward (specdec's path here: "
+        f"({args.tokens} tokens, the median of {DECODE_RUNS} generations a round). Prefill: a 256-token prompt in one forward (specdec's path here: "
         f"{kernels.prefill_path()}, `kernels.prefill_path`). Verify cost: one forward of "
         f"t new tokens after {CONTEXT} tokens of context, the median of 8, the widths taking turns (what verifying "
         "a draft of t - 1 tokens costs; "
