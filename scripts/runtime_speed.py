@@ -136,28 +136,21 @@ def llama_cpp_worker(path: str, tokens: int, threads: int, long_contexts: tuple[
         llm.eval(prompt_long)
 
     prefill_ms = _median_ms(prefill, 3)
-    llm.reset()
-    llm.eval(prompt_long[:CONTEXT])
-    times = {width: [] for width in WIDTHS}
-    for _ in range(8):  # the widths take turns, as specdec's measure_forward_cost does
-        for width in WIDTHS:
-            llm.n_tokens = CONTEXT  # eval drops the cache past n_tokens first
-            t = time.perf_counter()
-            llm.eval([5] * width)
-            times[width].append(time.perf_counter() - t)
-    curve = {width: statistics.median(ts) * 1e3 for width, ts in times.items()}
-    long = {}
-    for ctx in long_contexts:  # as measure_forward_cost: the widths take turns, 4 rounds
+    def forward_cost(context: list[int], widths, rounds: int) -> dict:
+        """ms of one eval of each width after `context`, the widths taking turns (as measure_forward_cost)"""
         llm.reset()
-        llm.eval([5 + i % 1000 for i in range(ctx)])
-        times = {width: [] for width in LONG_WIDTHS}
-        for _ in range(4):
-            for width in LONG_WIDTHS:
-                llm.n_tokens = ctx
+        llm.eval(context)
+        times = {width: [] for width in widths}
+        for _ in range(rounds):
+            for width in widths:
+                llm.n_tokens = len(context)  # eval drops the cache past n_tokens first
                 t = time.perf_counter()
                 llm.eval([5] * width)
                 times[width].append(time.perf_counter() - t)
-        long[ctx] = {width: statistics.median(ts) * 1e3 for width, ts in times.items()}
+        return {width: statistics.median(ts) * 1e3 for width, ts in times.items()}
+
+    curve = forward_cost(prompt_long[:CONTEXT], WIDTHS, 8)
+    long = {ctx: forward_cost([5 + i % 1000 for i in range(ctx)], LONG_WIDTHS, 4) for ctx in long_contexts}
     import llama_cpp
 
     return {"decode": decode, "prefill": len(prompt_long) / prefill_ms * 1e3, "curve": curve, "load_s": load_s,
