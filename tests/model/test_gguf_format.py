@@ -117,6 +117,38 @@ def test_rows_are_bitwise_the_same_in_any_batch_and_at_any_thread_count(kind):
     assert torch.equal(one_thread, alone)
 
 
+@pytest.mark.parametrize("kind", TYPES)
+def test_long_rows_taken_in_spans_give_the_bits_of_one_pass(kind):
+    """Rows of 24 groups of 256 (+ 3 legacy blocks past them): four activation rows no longer fit in L1 with
+    them, so the kernel takes panels of columns span by span of groups (gguf.c, "Spans of groups"), where
+    one row takes each column in one pass; 37 columns leave a partial panel."""
+    width = 24 * 256 if kind in K_QUANTS else 24 * 256 + 96
+    b = blocks_of(kind, 37, width, seed=4)
+    lin = QLinear.from_gguf([(kind, b)], torch.randn(37))
+    x = torch.randn(9, width)
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(9)])
+    for m in (2, 3, 4, 5, 8, 9):
+        assert torch.equal(lin(x[:m]), alone[:m]), f"{m} rows"
+    ref = quantized_input(x[:4]) @ file_values(kind, b).T + lin.bias.double()
+    assert (lin(x[:4]).double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+    if kernels.has_vnni():  # the AVX2 build's spans too
+        parts = kernels.GGUFParts([(GGUF_KERNEL_TYPES[kind], b)])
+        assert torch.equal(kernels.gguf_linear(x[:4], parts, lin.bias, lib=kernels.gguf_build(False)), alone[:4])
+
+
+def test_long_rows_of_several_types_and_float32_in_spans():
+    width = 24 * 256
+    parts = [("Q4_K", blocks_of("Q4_K", 5, width)), ("F32", torch.randn(3, width)), ("Q6_K", blocks_of("Q6_K", 17, width)),
+             ("Q8_0", blocks_of("Q8_0", 2, width))]
+    lin = QLinear.from_gguf(parts, None)
+    x = torch.randn(4, width)
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(4)])
+    assert torch.equal(lin(x), alone)
+    xd = quantized_input(x)
+    ref = torch.cat([x.double() @ t.double().T if kind == "F32" else xd @ file_values(kind, t).T for kind, t in parts], dim=1)
+    assert (lin(x).double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 @pytest.mark.skipif(not kernels.has_vnni(), reason="this CPU has no AVX512-VNNI: only the AVX2 build runs here")
 @pytest.mark.parametrize("kind", TYPES)
 def test_the_vnni_build_gives_the_avx2_builds_bits(kind):

@@ -421,9 +421,15 @@ static inline __m256i chains_sum(const __m256i *d, int R) {
 // at one; qwen2.5-coder-0.5b's 0.87x at four; 1024, 1536, 2048 and 4096 bytes ahead measured alike.
 #define PREFETCH 1536
 // (always_inline: GCC 12 found the out-of-line function free of effects and dropped its calls)
-static inline __attribute__((always_inline)) void prefetch_ahead(const uint8_t *p, int bytes) {
-    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + PREFETCH + o, _MM_HINT_T0);
+static inline __attribute__((always_inline)) void prefetch_bytes(const uint8_t *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
+
+// The running sums of one weight row against R activation rows, carried from one span of its groups to
+// the next (see "Spans of groups"): acc takes the scaled integer dots, accm the mins' terms
+typedef struct {
+    float acc[TILE][8], accm[TILE][8];
+} Sums;
 
 static inline __m256 cvt8_ps(const uint8_t *p) {  // 8 uint8 -> 8 floats
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
@@ -436,19 +442,22 @@ static inline __m256 cvt8_ph(const uint8_t *p) {  // 8 fp16 -> 8 floats
 // sub-block l contributes a_l * xs_l * (q - offset).x + c_l * xs_l * sum(x), with a_l = d * sc_l and
 // c_l = -dmin * m_l (Q4_K, Q5_K), a_l = d_l and c_l = m_l (Q4_1, Q5_1), a_l = d_l and c_l = 0 otherwise;
 // the offset (Q4_0: 8, Q5_0: 16) comes off the exact integer dot as offset * sum(xq)
-static inline __attribute__((always_inline)) void dot_groups(int type, const uint8_t *row, int64_t ng, int R,
-                                                           const int8_t *xi, int64_t K, const float *xs,
-                                                           const float *xsum, const int32_t *s16, float *out) {
+static inline __attribute__((always_inline)) void dot_groups(int type, const uint8_t *row, int64_t g0, int64_t g1,
+                                                           int R, const int8_t *xi, int64_t K, const float *xs,
+                                                           const float *xsum, const int32_t *s16, int64_t ng,
+                                                           int64_t ahead, Sums *carry, float *out) {
     const int bytes = group_bytes(type), kquant = is_kquant(type), mins = kquant || has_min(type);
     const int offset = q_offset(type), per = sums16(type);
     const int64_t nb = K / BLOCK;
     const Bits bits = interleaved_bits(type);
     __m256 acc[TILE], accm[TILE];
     for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < ng; i++) {
+    if (carry && g0)
+        for (int r = 0; r < R; r++) acc[r] = _mm256_loadu_ps(carry->acc[r]), accm[r] = _mm256_loadu_ps(carry->accm[r]);
+    for (int64_t i = g0; i < g1; i++) {
         const uint8_t *p = row + i * bytes;
         __m256 a, c = _mm256_setzero_ps();
-        prefetch_ahead(p, bytes);
+        prefetch_bytes(p + ahead, bytes);
         if (kquant) {
             uint8_t sm[16];
             scales_mins_k4(p + 4, sm);
@@ -498,22 +507,28 @@ static inline __attribute__((always_inline)) void dot_groups(int type, const uin
             if (mins) accm[r] = _mm256_fmadd_ps(c, _mm256_loadu_ps(xsum + r * nb + i * 8), accm[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum_ps(acc[r]) + hsum_ps(accm[r]);
+    if (carry && g1 < ng)
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(carry->acc[r], acc[r]), _mm256_storeu_ps(carry->accm[r], accm[r]);
+    else
+        for (int r = 0; r < R; r++) out[r] = hsum_ps(acc[r]) + hsum_ps(accm[r]);
 }
 
 // One interleaved Q6_K row . R activation rows: sub-block l contributes d * xs_l * (sc_first * (q - 32).x
 // over its first 16 values + sc_second * the same over its last 16), q in 0..63; the offset 32 comes off
 // the exact integer dots as 32 * s16
-static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, int64_t nsb, int R,
+static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, int64_t g0, int64_t g1, int R,
                                                         const int8_t *xi, int64_t K, const float *xs,
-                                                        const int32_t *s16, float *out) {
+                                                        const int32_t *s16, int64_t ng, int64_t ahead,
+                                                        Sums *carry, float *out) {
     const int64_t nb = K / BLOCK;
     const __m256i nib = _mm256_set1_epi8(0xF), two = _mm256_set1_epi8(3);
     __m256 acc[TILE];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < nsb; i++) {
+    if (carry && g0)
+        for (int r = 0; r < R; r++) acc[r] = _mm256_loadu_ps(carry->acc[r]);
+    for (int64_t i = g0; i < g1; i++) {
         const uint8_t *p = row + i * 210;
-        prefetch_ahead(p, 210);
+        prefetch_bytes(p + ahead, 210);
         const __m256 d = _mm256_set1_ps(f16(p + 208));
         const __m256 sa = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 192)))));
         const __m256 sb = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 200)))));
@@ -550,7 +565,10 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
             acc[r] = _mm256_fmadd_ps(t, _mm256_loadu_ps(xs + r * nb + i * 8), acc[r]);
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum_ps(acc[r]);
+    if (carry && g1 < ng)
+        for (int r = 0; r < R; r++) _mm256_storeu_ps(carry->acc[r], acc[r]);
+    else
+        for (int r = 0; r < R; r++) out[r] = hsum_ps(acc[r]);
 }
 
 // The activations of one call as the dots read them: xq (M, K) in blocks of 32 with scales xs and
@@ -562,21 +580,26 @@ typedef struct {
     const int32_t *s16;
 } Acts;
 
-static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *row, int R, const Acts *a,
-                                                         int64_t m0, int64_t K, float *out) {
+// Groups g0..g1-1 of one weight row . R activation rows from m0. With carry NULL: one pass over all ng
+// groups (g0 = 0, g1 = ng), the sums in registers. Else the sums come from *carry (g0 > 0) and go back to it
+// (g1 < ng): see "Spans of groups". The call that ends the row writes out[0..R-1], a legacy row's blocks
+// past its last group added. Meanwhile the weight bytes `ahead` bytes past each group's are asked into L1.
+static inline __attribute__((always_inline)) void dot_rows(int type, const uint8_t *row, int64_t g0, int64_t g1,
+                                                         int R, const Acts *a, int64_t m0, int64_t K,
+                                                         int64_t ahead, Sums *carry, float *out) {
     const int64_t nb = K / BLOCK, ng = K / 256;
     const float *xs = a->xs + m0 * nb, *sums = a->xsum + m0 * nb;
     const int8_t *xi = a->xi + m0 * K;
     const int32_t *s16 = a->s16 + m0 * ng * 16;
     if (type == Q6_K) {
-        dot_q6k(row, ng, R, xi, K, xs, s16, out);
+        dot_q6k(row, g0, g1, R, xi, K, xs, s16, ng, ahead, carry, out);
     } else if (is_kquant(type)) {
-        dot_groups(type, row, ng, R, xi, K, xs, sums, s16, out);
+        dot_groups(type, row, g0, g1, R, xi, K, xs, sums, s16, ng, ahead, carry, out);
     } else {  // the whole groups, then the blocks past them
         float tail[TILE];
-        if (ng) dot_groups(type, row, ng, R, xi, K, xs, sums, s16, out);
+        if (ng) dot_groups(type, row, g0, g1, R, xi, K, xs, sums, s16, ng, ahead, carry, out);
         else for (int r = 0; r < R; r++) out[r] = 0.0f;
-        if (ng * 8 < nb) {
+        if (ng * 8 < nb && g1 == ng) {
             dot_legacy(type, row, ng * 8, nb, R, a->xq + m0 * K, K, xs, sums, tail);
             for (int r = 0; r < R; r++) out[r] += tail[r];
         }
@@ -586,13 +609,14 @@ static inline __attribute__((always_inline)) void dot_rows(int type, const uint8
 // dot_rows with R constant (the accumulators stay in registers); column calls it with `type` constant too,
 // so that each type gets its own loops without a branch on the type inside them: 0.70-0.77x the time of
 // one copy for all types on qwen2.5-coder-1.5b and smollm2-135m (AVX2, AMD Zen 3)
-static inline __attribute__((always_inline)) void dot_tile(int type, const uint8_t *row, int R, const Acts *a,
-                                                         int64_t m0, int64_t K, float *out) {
+static inline __attribute__((always_inline)) void dot_tile(int type, const uint8_t *row, int64_t g0, int64_t g1,
+                                                         int R, const Acts *a, int64_t m0, int64_t K,
+                                                         int64_t ahead, Sums *carry, float *out) {
     switch (R) {
-    case 1: dot_rows(type, row, 1, a, m0, K, out); break;
-    case 2: dot_rows(type, row, 2, a, m0, K, out); break;
-    case 3: dot_rows(type, row, 3, a, m0, K, out); break;
-    default: dot_rows(type, row, 4, a, m0, K, out); break;
+    case 1: dot_rows(type, row, g0, g1, 1, a, m0, K, ahead, carry, out); break;
+    case 2: dot_rows(type, row, g0, g1, 2, a, m0, K, ahead, carry, out); break;
+    case 3: dot_rows(type, row, g0, g1, 3, a, m0, K, ahead, carry, out); break;
+    default: dot_rows(type, row, g0, g1, 4, a, m0, K, ahead, carry, out); break;
     }
 }
 
@@ -617,16 +641,113 @@ static void column(int type, const uint8_t *row, int64_t K, int64_t M, const Act
         const int R = M - m0 < TILE ? (int)(M - m0) : TILE;
         float out[TILE];
         switch (type) {
-        case Q4_0: dot_tile(Q4_0, row, R, a, m0, K, out); break;
-        case Q4_1: dot_tile(Q4_1, row, R, a, m0, K, out); break;
-        case Q5_0: dot_tile(Q5_0, row, R, a, m0, K, out); break;
-        case Q5_1: dot_tile(Q5_1, row, R, a, m0, K, out); break;
-        case Q8_0: dot_tile(Q8_0, row, R, a, m0, K, out); break;
-        case Q4_K: dot_tile(Q4_K, row, R, a, m0, K, out); break;
-        case Q5_K: dot_tile(Q5_K, row, R, a, m0, K, out); break;
-        default: dot_tile(Q6_K, row, R, a, m0, K, out); break;
+        case Q4_0: dot_tile(Q4_0, row, 0, K / 256, R, a, m0, K, PREFETCH, NULL, out); break;
+        case Q4_1: dot_tile(Q4_1, row, 0, K / 256, R, a, m0, K, PREFETCH, NULL, out); break;
+        case Q5_0: dot_tile(Q5_0, row, 0, K / 256, R, a, m0, K, PREFETCH, NULL, out); break;
+        case Q5_1: dot_tile(Q5_1, row, 0, K / 256, R, a, m0, K, PREFETCH, NULL, out); break;
+        case Q8_0: dot_tile(Q8_0, row, 0, K / 256, R, a, m0, K, PREFETCH, NULL, out); break;
+        case Q4_K: dot_tile(Q4_K, row, 0, K / 256, R, a, m0, K, PREFETCH, NULL, out); break;
+        case Q5_K: dot_tile(Q5_K, row, 0, K / 256, R, a, m0, K, PREFETCH, NULL, out); break;
+        default: dot_tile(Q6_K, row, 0, K / 256, R, a, m0, K, PREFETCH, NULL, out); break;
         }
         for (int r = 0; r < R; r++) y[(m0 + r) * ldy] = out[r] + b;
+    }
+}
+
+// -- Spans of groups ----------------------------------------------------------------------------------
+// A tile of R activation rows is read once per output column. Where it fits in L1 with the weights
+// streaming past it, a column takes all of its groups in one pass (column). Where it does not
+// (qwen2.5-coder-1.5b's ffn_down at four rows: 35 KB of int8 values, plus their scales and sums, ~52 KB
+// against a 48 KB L1), every column read it from L2 again, and the 4-row ffn_down ran at 1.65x the time it
+// took with every activation load sent to one L1-resident 2 KB. So there the columns go in panels of
+// PANEL, and a panel takes its groups in spans of span_groups: span by span, every column of the panel
+// adds the span's groups to its running sums, carried in a Sums from one span to the next. Each sum
+// still takes its groups one after the other in the same order, so the bits are those of one pass (and do
+// not depend on R or on the thread count). The 4-row ffn_down: 0.72-0.78x the time (qwen2.5-coder-1.5b,
+// AMD Zen 5, 2 threads); PANEL 16, 64 and 128 and SPAN_BYTES 24 and 40 KB measured within 10% of these.
+// The loop over a panel's columns sits in span, around the dots, as column's loop over row tiles does:
+// with it in the caller, GCC 12 kept the 4-row loops' accumulators in memory too (a store each per group).
+#define PANEL 32
+#define SPAN_BYTES 32768  // of activations a span may read: 2/3 of a 48 KB L1, the rest for the weights
+// what one group of 256 values costs an activation row: its int8 values, xs and xsum per block, s16
+#define ACT_GROUP_BYTES (256 + 2 * 8 * 4 + 16 * 4)
+
+// groups a span of R rows takes: all ng where they fit in SPAN_BYTES, else spans of about equal size
+static inline int64_t span_groups(int R, int64_t ng) {
+    const int64_t most = SPAN_BYTES / (R * ACT_GROUP_BYTES);
+    if (most >= ng) return ng > 0 ? ng : 1;
+    const int64_t spans = (ng + most - 1) / most;
+    return (ng + spans - 1) / spans;  // where 35 groups in spans of at most 21 would leave one of 14: 18 and 17
+}
+
+// groups g0..g1-1 of the panel's rows (not F32) . the R rows from m0, each row's sums carried in its Sums;
+// the last span writes outs; for each row, the weight bytes of the call two on are asked into L1 on the way
+static void span(const uint8_t *const *rows, const int *types, int64_t cols, int64_t g0, int64_t g1, int R,
+                 const Acts *a, int64_t m0, int64_t K, Sums *sums, float (*outs)[TILE]) {
+    for (int64_t c = 0; c < cols; c++) {
+        const int type = types[c];
+        if (type == F32) continue;
+        // what the call two on reads: the span of the column after next, or past the panel's last columns,
+        // the first ones' next span
+        const int64_t c2 = (c + 2) % cols, at = c + 2 < cols ? g0 : g1;
+        const int64_t ahead = (int64_t)((uintptr_t)(rows[c2] + at * group_bytes(types[c2])) -
+                                        (uintptr_t)(rows[c] + g0 * group_bytes(type)));
+        const uint8_t *row = rows[c];
+        Sums *carry = &sums[c];
+        float *out = outs[c];
+        switch (type) {
+        case Q4_0: dot_tile(Q4_0, row, g0, g1, R, a, m0, K, ahead, carry, out); break;
+        case Q4_1: dot_tile(Q4_1, row, g0, g1, R, a, m0, K, ahead, carry, out); break;
+        case Q5_0: dot_tile(Q5_0, row, g0, g1, R, a, m0, K, ahead, carry, out); break;
+        case Q5_1: dot_tile(Q5_1, row, g0, g1, R, a, m0, K, ahead, carry, out); break;
+        case Q8_0: dot_tile(Q8_0, row, g0, g1, R, a, m0, K, ahead, carry, out); break;
+        case Q4_K: dot_tile(Q4_K, row, g0, g1, R, a, m0, K, ahead, carry, out); break;
+        case Q5_K: dot_tile(Q5_K, row, g0, g1, R, a, m0, K, ahead, carry, out); break;
+        default: dot_tile(Q6_K, row, g0, g1, R, a, m0, K, ahead, carry, out); break;
+        }
+    }
+}
+
+// The weight rows of y's columns: part p is rows[p] rows of ggml type types[p] at weights[p], row_bytes[p]
+// bytes each
+typedef struct {
+    const int32_t *types;
+    const uint64_t *weights;
+    const int64_t *rows, *row_bytes;
+} Parts;
+
+static inline const uint8_t *weight_row(const Parts *w, int64_t n, int *type) {
+    int p = 0;
+    while (n >= w->rows[p]) n -= w->rows[p++];
+    *type = w->types[p];
+    return (const uint8_t *)(uintptr_t)w->weights[p] + n * w->row_bytes[p];
+}
+
+// Columns n0..n1-1 (at most PANEL) for all M activation rows, tile by tile of rows, span by span of groups;
+// y[m * ldy + n] = dot + bias[n]
+static void panel(const Parts *w, int64_t n0, int64_t n1, int64_t K, int64_t M, const Acts *a, const float *bias,
+                  float *y, int64_t ldy) {
+    const uint8_t *rows[PANEL];
+    int types[PANEL];
+    const int64_t ng = K / 256, cols = n1 - n0;
+    for (int64_t c = 0; c < cols; c++) {
+        rows[c] = weight_row(w, n0 + c, &types[c]);
+        if (types[c] == F32) column(F32, rows[c], K, M, a, bias ? bias[n0 + c] : 0.0f, y + n0 + c, ldy);
+    }
+    for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+        const int R = M - m0 < TILE ? (int)(M - m0) : TILE;
+        const int64_t G = span_groups(R, ng);
+        Sums sums[PANEL];  // each written by its column's first span, read by the next
+        float outs[PANEL][TILE];
+        for (int64_t g0 = 0; g0 < ng; g0 += G) {
+            const int64_t g1 = g0 + G < ng ? g0 + G : ng;
+            span(rows, types, cols, g0, g1, R, a, m0, K, sums, outs);
+        }
+        for (int64_t c = 0; c < cols; c++) {
+            if (types[c] == F32) continue;
+            const float b = bias ? bias[n0 + c] : 0.0f;
+            for (int r = 0; r < R; r++) y[(m0 + r) * ldy + n0 + c] = outs[c][r] + b;
+        }
     }
 }
 
@@ -657,13 +778,19 @@ void gguf_linear(const float *x, int64_t M, int64_t K, int nparts, const int32_t
         }
     }
     a.xq = xq, a.xi = xi, a.xs = xs, a.xsum = xsum, a.s16 = s16;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        int p = 0;
-        int64_t r = n;
-        while (r >= rows[p]) r -= rows[p++];
-        const uint8_t *row = (const uint8_t *)(uintptr_t)weights[p] + r * row_bytes[p];
-        column(types[p], row, K, M, &a, bias ? bias[n] : 0.0f, y + n, N);
+    const Parts w = {types, weights, rows, row_bytes};
+    const int tile = M < TILE ? (int)M : TILE;
+    if (tile == 0 || span_groups(tile, K / 256) >= K / 256) {  // a tile of rows fits in L1: one pass a column
+        #pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t n = 0; n < N; n++) {
+            int type;
+            const uint8_t *row = weight_row(&w, n, &type);
+            column(type, row, K, M, &a, bias ? bias[n] : 0.0f, y + n, N);
+        }
+    } else {
+        #pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t i = 0; i < (N + PANEL - 1) / PANEL; i++)
+            panel(&w, i * PANEL, (i + 1) * PANEL < N ? (i + 1) * PANEL : N, K, M, &a, bias, y, N);
     }
     free(xq);
     free(xi);
