@@ -106,3 +106,39 @@ def test_large_scores_neither_overflow_nor_lose_the_maximum():
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), reference(q, k, v, lists, [0, 1], 1.0), rtol=1e-5, atol=1e-5)
     assert torch.equal(out[1], v[1, :, 7])  # one key: weight exactly 1
+
+
+# verify forwards: each sequence's rows attend to its context, then one more key a row (a bundle, whose K and V
+# are read once for all its rows: attend.c), beside rows that are not (a tree path, a window, a decode row)
+VERIFY_LISTS = ([list(range(0, 61 + t)) for t in range(5)]  # 61..65 keys: across blocks of 8 and of 64
+                + [list(range(0, 7 + t)) for t in range(3)]  # another slot: 7..9 keys, a block of 8 reached
+                + [list(range(0, 30)) + [31, 33], list(range(0, 30)) + [31, 34]]  # tree branches: not nested
+                + [list(range(3, 40)), list(range(4, 41))]  # a window: each row drops a key
+                + [list(range(0, 150)) for _ in range(2)])  # two rows of one list (a re-run position)
+VERIFY_SLOTS = [0] * 5 + [1] * 3 + [2] * 2 + [0] * 2 + [1] * 2
+
+
+@pytest.mark.parametrize("nh,hd", [(12, 64), (14, 24), (2, 8)])  # kv groups of 6, 7 and 1 heads
+def test_rows_of_one_sequence_read_together_give_each_rows_own_bits(nh, hd):
+    k, v = cache(hd, seed=6)
+    q = torch.randn(len(VERIFY_LISTS), nh, hd, generator=torch.Generator().manual_seed(7))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = kernels.attend_rows(q, k, v, *rows(VERIFY_LISTS, VERIFY_SLOTS), 0.25)
+        torch.set_num_threads(1)
+        one_thread = kernels.attend_rows(q, k, v, *rows(VERIFY_LISTS, VERIFY_SLOTS), 0.25)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, one_thread)
+    for r in range(len(VERIFY_LISTS)):
+        alone = kernels.attend_rows(q[r : r + 1], k, v, *rows(VERIFY_LISTS[r : r + 1], VERIFY_SLOTS[r : r + 1]), 0.25)
+        assert torch.equal(alone[0], together[r]), f"row {r} changed beside the rows of its sequence"
+    expected = reference(q, k, v, VERIFY_LISTS, VERIFY_SLOTS, 0.25)
+    torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_query_heads_that_do_not_divide_among_the_kv_heads_are_refused():
+    k, v = cache(8)
+    with pytest.raises(ValueError, match="query heads"):
+        kernels.attend_rows(torch.randn(1, 7, 8), k, v, *rows([[0, 1]], [0]), 1.0)

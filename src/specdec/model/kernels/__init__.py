@@ -340,6 +340,8 @@ def attend_rows(q, k, v, slot, offsets, keys, scale: float):
     q = q.contiguous()
     n, nh, hd = q.shape
     slots, nkv, max_len, _ = k.shape
+    if nh % nkv:
+        raise ValueError(f"{nh} query heads do not divide among {nkv} kv heads")
     out = torch.empty_like(q)
     attend().attend_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), slot.data_ptr(), offsets.data_ptr(),
                          keys.data_ptr(), out.data_ptr(), n, nh, nkv, hd, max_len, scale,
