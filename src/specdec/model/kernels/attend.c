@@ -7,9 +7,10 @@
  * own key list (8-wide dot products over head_dim, exp in blocks of 8 from j = 0, the tail of the
  * list one key at a time), so a row's bits never depend on which other rows share the call: the
  * property a k-token verify forward relies on to equal k one-token steps. The rows of one verify
- * (nested key lists) share a thread and their reads of the cache (bundles, below). The q . k products run 8 keys
- * at a time (the q loads shared; the 8 lane sums reduced together in hsum8's own order, so each is
- * bitwise the one-key dot), and p . v runs the group's heads together over blocks of keys (weigh_values).
+ * (nested key lists) share a thread and their reads of the cache (bundles, below). The q . k products
+ * run 8 keys at a time (the q loads shared; the 8 lane sums reduced together in hsum8's own order, so
+ * each is bitwise the one-key dot), and p . v runs the group's heads together over blocks of keys
+ * (weigh_values).
  *
  * q: (n, nh, hd); k, v: one layer of the cache, (slots, nkv, max_len, hd); slot: (n,); off: (n + 1,);
  * out: (n, nh, hd). hd % 8 == 0, hd <= MAX_HEAD_DIM. Built by kernels/__init__.py with -O3 -mavx2 -mfma -ffp-contract=off.
