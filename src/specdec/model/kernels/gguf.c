@@ -438,8 +438,9 @@ static inline __m256 cvt8_ph(const uint8_t *p) {  // 8 fp16 -> 8 floats
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-// One row's interleaved groups (ng of them) . R activation rows (xi interleaved), every type but Q6_K:
-// sub-block l contributes a_l * xs_l * (q - offset).x + c_l * xs_l * sum(x), with a_l = d * sc_l and
+// Groups g0..g1-1 of one row's ng interleaved groups . R activation rows (xi interleaved; the sums carried
+// as dot_rows says), every type but Q6_K: sub-block l contributes a_l * xs_l * (q - offset).x
+// + c_l * xs_l * sum(x), with a_l = d * sc_l and
 // c_l = -dmin * m_l (Q4_K, Q5_K), a_l = d_l and c_l = m_l (Q4_1, Q5_1), a_l = d_l and c_l = 0 otherwise;
 // the offset (Q4_0: 8, Q5_0: 16) comes off the exact integer dot as offset * sum(xq)
 static inline __attribute__((always_inline)) void dot_groups(int type, const uint8_t *row, int64_t g0, int64_t g1,
@@ -513,9 +514,9 @@ static inline __attribute__((always_inline)) void dot_groups(int type, const uin
         for (int r = 0; r < R; r++) out[r] = hsum_ps(acc[r]) + hsum_ps(accm[r]);
 }
 
-// One interleaved Q6_K row . R activation rows: sub-block l contributes d * xs_l * (sc_first * (q - 32).x
-// over its first 16 values + sc_second * the same over its last 16), q in 0..63; the offset 32 comes off
-// the exact integer dots as 32 * s16
+// Groups g0..g1-1 of one interleaved Q6_K row . R activation rows (as dot_groups): sub-block l contributes
+// d * xs_l * (sc_first * (q - 32).x over its first 16 values + sc_second * the same over its last 16), q in
+// 0..63; the offset 32 comes off the exact integer dots as 32 * s16
 static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, int64_t g0, int64_t g1, int R,
                                                         const int8_t *xi, int64_t K, const float *xs,
                                                         const int32_t *s16, int64_t ng, int64_t ahead,
