@@ -149,6 +149,28 @@ def test_long_rows_of_several_types_and_float32_in_spans():
     assert (lin(x).double() - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+def test_large_repacked_weights_sit_in_memory_that_may_take_huge_pages():
+    """kernels.empty_huge: 2 MB aligned (so that whole 2 MB pages can back it), writable, any dtype; small
+    tensors are plain torch.empty. A repacked part of 3 MB is in such memory and computes as before."""
+    import mmap
+
+    t = kernels.empty_huge((3, 1 << 20), torch.float32)
+    t.fill_(1.5)
+    assert t.shape == (3, 1 << 20) and t.dtype == torch.float32 and t.is_contiguous()
+    assert t.sum().item() == 1.5 * 3 * (1 << 20)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        assert t.data_ptr() % kernels.HUGE_PAGE == 0
+    assert kernels.empty_huge((7,), torch.float32).shape == (7,)
+    b = blocks_of("Q4_K", 1400, 8192, seed=5)  # 1400 rows of 4608 bytes: 6.2 MB
+    parts = kernels.GGUFParts([(GGUF_KERNEL_TYPES["Q4_K"], b)])
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        assert parts.tensors[0].data_ptr() % kernels.HUGE_PAGE == 0
+    x = torch.randn(2, 8192)
+    ref = quantized_input(x) @ file_values("Q4_K", b).T
+    y = kernels.gguf_linear(x, parts)
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 @pytest.mark.skipif(not kernels.has_vnni(), reason="this CPU has no AVX512-VNNI: only the AVX2 build runs here")
 @pytest.mark.parametrize("kind", TYPES)
 def test_the_vnni_build_gives_the_avx2_builds_bits(kind):

@@ -236,6 +236,35 @@ def gguf_quantize(x):
     return xq, xs, xsum
 
 
+HUGE_PAGE = 2 << 20  # bytes of a transparent huge page (x86-64 Linux)
+
+
+def empty_huge(shape, dtype):
+    """torch.empty(shape, dtype=dtype) in memory asked to be backed by 2 MB pages (Linux transparent huge
+    pages, madvise), for the weights the kernels stream at every step. In 4 KB pages each 4 KB of weights
+    costs a TLB miss, and the hardware prefetchers stop at every page boundary; where transparent huge pages
+    are `madvise`-only (as on the machines here) torch's allocations get none. qwen2.5-coder-1.5b gguf, the
+    same process with its weights in one or the other: forward(1) 0.93-0.95x the time after 100 and 3000
+    tokens of context, forward(4) 0.97-0.99x. torch.empty where the platform cannot ask or below 2 MB."""
+    import math
+    import mmap
+
+    import torch
+
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(mmap, "MAP_PRIVATE"):
+        return torch.empty(shape, dtype=dtype)
+    # private: shared anonymous memory is shmem, which THP leaves alone unless shmem_enabled says otherwise
+    memory = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # a kernel without transparent huge pages: 4 KB pages, as torch's
+        pass
+    raw = torch.frombuffer(memory, dtype=torch.uint8)  # keeps `memory` alive as long as any view of it
+    start = -raw.data_ptr() % HUGE_PAGE
+    return raw[start : start + size].view(dtype).view(shape)
+
+
 def gguf_repack(type_id: int, blocks):
     """(rows, row_bytes) uint8 of a GGUF type -> a new tensor in gguf.c's layout: each
     row's groups of 256 values (a K-quant super-block, 8 blocks of the others) with their bits moved so that
@@ -244,7 +273,7 @@ def gguf_repack(type_id: int, blocks):
     import torch
 
     blocks = blocks.contiguous()
-    out = torch.empty_like(blocks)
+    out = empty_huge(blocks.shape, blocks.dtype)
     gguf().gguf_repack(type_id, blocks.data_ptr(), blocks.shape[0], blocks.shape[1], out.data_ptr(),
                        torch.get_num_threads())
     return out
