@@ -245,7 +245,7 @@ def empty_huge(shape, dtype):
     costs a TLB miss, and the hardware prefetchers stop at every page boundary; where transparent huge pages
     are `madvise`-only (as on the machines here) torch's allocations get none. qwen2.5-coder-1.5b gguf, the
     same process with its weights in one or the other: forward(1) 0.93-0.95x the time after 100 and 3000
-    tokens of context, forward(4) 0.97-0.99x. torch.empty where the platform cannot ask or below 2 MB."""
+    tokens of context, forward(4) 0.97-1.00x. torch.empty where the platform cannot ask or below 2 MB."""
     import math
     import mmap
 
