@@ -75,23 +75,30 @@ def test_long_key_lists_and_wide_groups(nh):
 BATCH_LISTS = [list(range(0, 120 + (7 * r) % 80)) for r in range(48)]
 
 
+def rows_as_alone(q, k, v, key_lists, slots, scale):
+    """All rows in one call at 2 threads, checked bitwise against the call at 1 thread and against each row
+    alone; returns the rows."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = kernels.attend_rows(q, k, v, *rows(key_lists, slots), scale)
+        torch.set_num_threads(1)
+        one_thread = kernels.attend_rows(q, k, v, *rows(key_lists, slots), scale)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(together, one_thread)
+    for r in range(len(key_lists)):
+        alone = kernels.attend_rows(q[r : r + 1], k, v, *rows(key_lists[r : r + 1], slots[r : r + 1]), scale)
+        assert torch.equal(alone[0], together[r]), f"row {r} changed with its neighbours"
+    return together
+
+
 @pytest.mark.parametrize("key_lists", [KEY_LISTS, BATCH_LISTS], ids=["few-rows", "threaded-batch"])
 def test_a_row_is_the_same_alone_with_any_neighbours_and_thread_count(key_lists):
     k, v = cache(64, seed=2)
     slots = [r % SLOTS for r in range(len(key_lists))]
     q = torch.randn(len(key_lists), 8, 64, generator=torch.Generator().manual_seed(3))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        together = kernels.attend_rows(q, k, v, *rows(key_lists, slots), 0.125)
-        torch.set_num_threads(1)
-        one_thread = kernels.attend_rows(q, k, v, *rows(key_lists, slots), 0.125)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(together, one_thread)
-    for r in range(len(key_lists)):
-        alone = kernels.attend_rows(q[r : r + 1], k, v, *rows(key_lists[r : r + 1], slots[r : r + 1]), 0.125)
-        assert torch.equal(alone[0], together[r]), f"row {r} changed with its neighbours"
+    together = rows_as_alone(q, k, v, key_lists, slots, 0.125)
     reversed_rows = kernels.attend_rows(q.flip(0), k, v, *rows(key_lists[::-1], slots[::-1]), 0.125)
     assert torch.equal(reversed_rows.flip(0), together)
     torch.testing.assert_close(together.double(), reference(q, k, v, key_lists, slots, 0.125), rtol=1e-5, atol=1e-5)
@@ -122,18 +129,7 @@ VERIFY_SLOTS = [0] * 5 + [1] * 3 + [2] * 2 + [0] * 2 + [1] * 2
 def test_rows_of_one_sequence_read_together_give_each_rows_own_bits(nh, hd):
     k, v = cache(hd, seed=6)
     q = torch.randn(len(VERIFY_LISTS), nh, hd, generator=torch.Generator().manual_seed(7))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        together = kernels.attend_rows(q, k, v, *rows(VERIFY_LISTS, VERIFY_SLOTS), 0.25)
-        torch.set_num_threads(1)
-        one_thread = kernels.attend_rows(q, k, v, *rows(VERIFY_LISTS, VERIFY_SLOTS), 0.25)
-    finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(together, one_thread)
-    for r in range(len(VERIFY_LISTS)):
-        alone = kernels.attend_rows(q[r : r + 1], k, v, *rows(VERIFY_LISTS[r : r + 1], VERIFY_SLOTS[r : r + 1]), 0.25)
-        assert torch.equal(alone[0], together[r]), f"row {r} changed beside the rows of its sequence"
+    together = rows_as_alone(q, k, v, VERIFY_LISTS, VERIFY_SLOTS, 0.25)
     expected = reference(q, k, v, VERIFY_LISTS, VERIFY_SLOTS, 0.25)
     torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=1e-5)
 

@@ -251,7 +251,7 @@ def empty_huge(shape, dtype):
 
     import torch
 
-    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    size = math.prod(shape) * dtype.itemsize
     if size < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(mmap, "MAP_PRIVATE"):
         return torch.empty(shape, dtype=dtype)
     # private: shared anonymous memory is shmem, which THP leaves alone unless shmem_enabled says otherwise
