@@ -30,23 +30,32 @@ def get_user_email(db, user_id):
 """
 
 
+def _on_device(model) -> str:
+    """' (bf16 on cuda)' for a model on a GPU: the dtype its values are computed in there; '' on the CPU."""
+    if model.info.device == "cpu":
+        return ""
+    return f" ({str(model.transformer.dtype).removeprefix('torch.')} on {model.info.device})"
+
+
 def main(argv=None) -> int:
     from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
     from specdec.engine.config import SpecConfig, parse_spec_types
     from specdec.engine.engine import Engine
+    from specdec.model.device import pick_device
     from specdec.model.load import load_model
     from specdec.sampling import SamplingParams
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--weights", default=None, help="in-memory weight format (default: gguf for a GGUF file)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when torch sees a GPU)")
     p.add_argument("--spec-type", default="suffix")
     p.add_argument("--draft-n-max", type=int, default=DEFAULT_DRAFT_LENGTH)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
 
-    model = load_model(args.model, args.weights)
+    model = load_model(args.model, args.weights, device=pick_device(args.device))
     tok = model.tokenizer
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]), add_bos=False)
     engine = Engine(model, max_len=2048)
@@ -62,8 +71,8 @@ def main(argv=None) -> int:
         ratios.append(fast.decode_tokens_per_s / plain.decode_tokens_per_s)
     info = model.info
     print(f"model: {info.name} {info.path}\n  sha256 {info.sha256}, file {info.quant}, weights in memory "
-          f"{info.weights_dtype}, {info.params / 1e6:.0f}M params; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
+          f"{info.weights_dtype}{_on_device(model)}, "
+          f"{info.params / 1e6:.0f}M params; torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"prompt: {len(ids)} tokens (code editing), {args.max_tokens} new tokens, greedy, {args.repeats} repeats")
     print(f"output:\n{fast.text}\n")
     print(f"plain decoding:        {statistics.median(plain_tps):7.1f} tok/s (median)")

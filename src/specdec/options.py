@@ -28,6 +28,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="in-memory weight format (default: gguf for a GGUF file, i.e. the file's own quantized "
                         "blocks computed as stored; int8 for a Hugging Face folder)")
     p.add_argument("--ctx-size", "-c", type=int, default=4096, help="KV cache length in tokens")
+    p.add_argument("--device", default=None,
+                   help="cpu or cuda (cuda:N): where the target runs (default: cuda when torch sees a GPU). On cuda "
+                        "every exact step is one CUDA graph of 16 rows over the whole --ctx-size cache")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
@@ -90,13 +93,14 @@ def build_engine(args: argparse.Namespace):
     from specdec.engine.auto import decide_spec_for_model
     from specdec.engine.config import spec_config_from_flags
     from specdec.engine.engine import Engine
+    from specdec.model.device import pick_device
     from specdec.model.load import load_model
 
     flags = spec_flags(args)
     if not flags.auto:
         spec_config_from_flags(flags)  # a bad flag is an error before a minute of loading
     sampling = sampling_from_args(args)
-    model = load_model(args.model, args.weights)
+    model = load_model(args.model, args.weights, device=pick_device(args.device))
     spec, notes = decide_spec_for_model(flags, model)
     for note in notes:
         print(note if note.startswith("auto: ") else f"note: {note}", file=sys.stderr)

@@ -169,6 +169,7 @@ def cmd_load(args) -> int:
         serve_args = ["--model", args.model, "--ctx-size", str(args.ctx_size),
                       "--spec-draft-n-max", str(args.spec_draft_n_max)]
         serve_args += ["--weights", args.weights] if args.weights else []
+        serve_args += ["--device", args.device] if args.device else []
         serve_args += ["--spec-type", args.spec_type] if args.spec_type else []
         serve_args += ["-md", args.draft_model] if args.draft_model else []
         env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
@@ -220,6 +221,7 @@ def cmd_bench(args) -> int:
 
     from specdec.bench.prompts import load_prompts
     from specdec.bench.methods import parse_methods
+    from specdec.model.device import pick_device
     from specdec.model.load import load_model
 
     # check the settings before spending a minute loading the model
@@ -228,7 +230,7 @@ def cmd_bench(args) -> int:
                   args.spec_draft_n_max)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model, args.weights)
+    model = load_model(args.model, args.weights, device=pick_device(args.device))
     results = bench(
         model, args.prompts, args.methods, args.draft_model, _floats(args.temperature), args.max_tokens,
         args.repeats, args.spec_draft_n_max, _ints(args.draft_lengths) if args.draft_lengths else None,

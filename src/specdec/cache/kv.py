@@ -14,12 +14,16 @@ import torch
 
 class KVCache:
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, num_slots: int = 1,
-                 dtype: torch.dtype = torch.float32):
-        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", spare: int = 0):
+        """spare: positions past max_len that no sequence keeps, zero-filled with the rest: the device
+        runtime's padded rows write there, and its fixed-shape attention reads every position
+        (model/device.py). Without spare positions the buffer is left unfilled."""
+        shape = (num_layers, num_slots, num_kv_heads, max_len + spare, head_dim)
         # empty, not zeros: nothing reads a position before it is written, and the OS commits the
         # pages of a large buffer only when touched, so slots that never run cost no memory
-        self.k = torch.empty(shape, dtype=dtype)
-        self.v = torch.empty(shape, dtype=dtype)
+        make = torch.zeros if spare else torch.empty
+        self.k = make(shape, dtype=dtype, device=device)
+        self.v = make(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.lengths = [0] * num_slots
         self.free_slots = list(range(num_slots - 1, -1, -1))

@@ -177,19 +177,20 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
     return spec, reasons
 
 
-def decide_spec(flags: SpecFlags, checkpoint, tokenizer, model_path, name: str, weights_format: str
-                ) -> tuple[SpecConfig, list[str]]:
+def decide_spec(flags: SpecFlags, checkpoint, tokenizer, model_path, name: str, weights_format: str,
+                hardware: str = "cpu") -> tuple[SpecConfig, list[str]]:
     """The SpecConfig these flags run on this target, and notes for people (auto's reasons included).
 
     checkpoint, tokenizer: the target's, opened (model/load.open_checkpoint) or from a loaded Model;
-    model_path: its file or folder (an MTP head saved beside it counts); weights_format: in memory.
+    model_path: its file or folder (an MTP head saved beside it counts); weights_format: in memory;
+    hardware: "cpu" or "cuda", the facts table's rows for where the target runs.
     """
     if not flags.auto:
         return spec_config_from_flags(flags)
     target = target_facts(checkpoint, model_path, name, weights_format)
     draft = drafter_facts(flags.model_draft, checkpoint, tokenizer, name) if flags.model_draft else None
     n_max = DEFAULT_DRAFT_LENGTH if flags.draft_n_max is None else flags.draft_n_max
-    spec, reasons = choose_auto(target, draft, draft_n_max=n_max)
+    spec, reasons = choose_auto(target, draft, hardware=hardware, draft_n_max=n_max)
     changes = {"draft_n_min": flags.draft_n_min or 0, "draft_p_min": flags.draft_p_min or 0.0,
                "adaptive": spec.adaptive or flags.adaptive, "cross_tokenizer": flags.cross_tokenizer,
                "acceptance": "typical" if flags.typical else "exact"}
@@ -205,4 +206,4 @@ def decide_spec(flags: SpecFlags, checkpoint, tokenizer, model_path, name: str, 
 def decide_spec_for_model(flags: SpecFlags, model) -> tuple[SpecConfig, list[str]]:
     """decide_spec for a loaded Model."""
     return decide_spec(flags, model.checkpoint, model.tokenizer, model.info.path, model.info.name,
-                       model.info.weights_dtype)
+                       model.info.weights_dtype, model.info.device.split(":")[0])

@@ -123,17 +123,22 @@ class Engine:
 
     def build_drafter(self, drafter: DrafterSpec, spec: SpecConfig) -> Drafter:
         """A drafter from the registry, with the settings of `spec` a model drafter reads."""
+        if spec.tree_topk > 1 and not self.model.transformer.exact_trees:
+            raise ValueError(f"--spec-tree-topk {spec.tree_topk}: the target runs on {self.model.info.device}, where "
+                             "specdec verifies chains only (tree rows would not be bitwise their paths' single "
+                             "steps there); use --spec-tree-topk 1")
         ctx = BuildContext(self.model, self.cache.max_len, spec.draft_model, spec.draft_p_min, spec.cross_tokenizer,
                            spec.tree_topk, spec.effective_tree_budget, self.load_draft_model)
         return registry.create(drafter, ctx)
 
     def load_draft_model(self, name_or_path: str) -> Model:
         """The draft model `name_or_path`, loaded once per engine in the target's weight format (a target
-        running on its GGUF file's own blocks gets a draft in the draft's default: its blocks, or int8)."""
+        running on its GGUF file's own blocks gets a draft in the draft's default: its blocks, or int8), on the
+        target's device."""
         if name_or_path not in self._draft_models:
             fmt = self.model.info.weights_dtype
             self._draft_models[name_or_path] = load_model(name_or_path, None if fmt == "gguf" else fmt,
-                                                          progress=False)
+                                                          progress=False, device=self.model.info.device)
         return self._draft_models[name_or_path]
 
     # -- request lifecycle -------------------------------------------------------------------

@@ -45,6 +45,8 @@ class ModelInfo:
     weights_dtype: str  # as held in memory (fp32, bf16, int8, int4, w8a8, or gguf: the file's own blocks)
     params: int
     weight_bytes_per_token: int
+    device: str = "cpu"  # where the target runs; on cuda its weights are weights_dtype's values in bf16 (fp32: fp32)
+
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,7 +54,7 @@ class ModelInfo:
 
 @dataclass
 class Model:
-    transformer: Transformer
+    transformer: Transformer  # or a DeviceTransformer (model/device.py), which runs the same forwards
     tokenizer: Tokenizer
     info: ModelInfo
     checkpoint: object  # the GGUFModel / HFModel it came from (tensor names, metadata)
@@ -63,12 +65,17 @@ class Model:
 
 
 def load_model(name_or_path: str, weights_format: str | None = None, progress: bool = True,
-               weight_cache: bool = True) -> Model:
+               weight_cache: bool = True, device: str = "cpu") -> Model:
     """weights_format: one of WEIGHT_FORMATS, or None for the checkpoint's default (`weights_format_for`).
     weight_cache: read the converted weights from $SPECDEC_HOME/converted when they are there, save them
-    when not (model/weight_cache.py); False, or SPECDEC_NO_WEIGHT_CACHE=1, converts from the checkpoint."""
+    when not (model/weight_cache.py); False, or SPECDEC_NO_WEIGHT_CACHE=1, converts from the checkpoint.
+    device: cpu, or cuda (cuda:N): the model built on the CPU, then run by model/device.py's
+    DeviceTransformer on that GPU (see device.pick_device for the command line's default)."""
     from tqdm import tqdm
 
+    from specdec.model.device import DeviceTransformer, pick_device
+
+    device = pick_device(device)  # an unknown or absent device is an error before the load
     path = resolve(name_or_path)
     weights_format = weights_format_for(path, weights_format)  # checks the name too
     checkpoint, tokenizer = open_checkpoint(path)
@@ -83,9 +90,12 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
     else:
         transformer = build_transformer(checkpoint, weights_format, progress=bar.update)
     bar.close()
+    if device != "cpu":
+        transformer = DeviceTransformer.from_transformer(transformer, device)
     info = ModelInfo(
         name=name_or_path, path=str(path), sha256=sha, arch=c.arch, quant=checkpoint.quant,
         weights_dtype=weights_format, params=params, weight_bytes_per_token=transformer.weight_bytes_per_token(),
+        device=device,
     )
     return Model(transformer, tokenizer, info, checkpoint)
 

@@ -111,18 +111,18 @@ def _linear_by_spans(linear: QLinear, x: torch.Tensor, spans: list[tuple[slice, 
     return y
 
 
-def _window_start(position, window: int) -> int:
+def window_start(position, window: int) -> int:
     """The oldest cache offset (= position) a row at `position` sees: 0, or position - window + 1."""
     return 0 if not window else max(0, int(position) - window + 1)
 
 
-def _tree_row_keys(tree_mask: torch.Tensor, t: int, start: int, positions: torch.Tensor, window: int) -> torch.Tensor:
+def tree_row_keys(tree_mask: torch.Tensor, t: int, start: int, positions: torch.Tensor, window: int) -> torch.Tensor:
     """Cache offsets tree row t reduces over, in order: the committed prefix (from its window's start),
     then its ancestors and itself among the new rows at start + node (in tree order, inside the window)."""
     nodes = tree_mask[t].nonzero().flatten()
     if window:
         nodes = nodes[positions[nodes] > positions[t] - window]
-    return torch.cat([torch.arange(min(_window_start(positions[t], window), start), start), start + nodes])
+    return torch.cat([torch.arange(min(window_start(positions[t], window), start), start), start + nodes])
 
 
 @dataclass
@@ -145,6 +145,26 @@ class Segment:
     last_only: bool = False
 
 
+def segment_layout(segments: list[Segment], cache: KVCache, max_positions: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Each segment's cache length before the forward and its rows' positions (T_b,), after checking
+    that the slots differ, every segment has a token, and cache and context have room for them."""
+    slots = [seg.slot for seg in segments]
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"a batched forward got the same cache slot twice: {slots}")
+    starts, positions = [cache.lengths[s] for s in slots], []
+    for seg, start in zip(segments, starts):
+        size = len(seg.tokens)
+        if size < 1:
+            raise ValueError(f"slot {seg.slot}: a segment of a batched forward needs at least one token")
+        if start + size > cache.max_len:
+            raise ValueError(f"sequence in slot {seg.slot} would exceed the cache length {cache.max_len}")
+        positions.append(start + torch.arange(size) if seg.positions is None else seg.positions.reshape(-1))
+        top = int(positions[-1].max())
+        if top >= max_positions:
+            raise ValueError(f"position {top} is beyond the context length {max_positions}")
+    return starts, positions
+
+
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor  # (B, T, V) float32, or (B, 1, V) when only the last row was asked for
@@ -152,6 +172,8 @@ class ForwardOutput:
 
 
 class Transformer:
+    exact_trees = True  # a tree's rows are bitwise the single steps of their paths (module docstring)
+
     def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[Layer], norm: torch.Tensor,
                  lm_head: QLinear, weights_format: str):
         self.config = config
@@ -235,23 +257,13 @@ class Transformer:
         c = self.config
         if not segments:
             return []
-        slots = [seg.slot for seg in segments]
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"a batched forward got the same cache slot twice: {slots}")
-        starts = [cache.lengths[s] for s in slots]
+        starts, positions = segment_layout(segments, cache, self.max_positions)
         sizes = [len(seg.tokens) for seg in segments]
-        spans, positions, row = [], [], 0
-        for seg, start, size in zip(segments, starts, sizes):
-            if size < 1:
-                raise ValueError(f"slot {seg.slot}: a segment of a batched forward needs at least one token")
-            if start + size > cache.max_len:
-                raise ValueError(f"sequence in slot {seg.slot} would exceed the cache length {cache.max_len}")
+        spans, row = [], 0
+        for seg, size in zip(segments, sizes):
             spans.append((slice(row, row + size), seg.exact))
-            positions.append(start + torch.arange(size) if seg.positions is None else seg.positions.reshape(-1))
             row += size
         positions = torch.cat(positions)
-        if int(positions.max()) >= self.max_positions:
-            raise ValueError(f"position {int(positions.max())} is beyond the context length {self.max_positions}")
         rope = rope_rows(self.cos, self.sin, positions)  # cos, sin: (N, 1, hd)
         local_rope = rope if self.local_cos is None else rope_rows(self.local_cos, self.local_sin, positions)
 
@@ -338,9 +350,9 @@ class Transformer:
             pos = positions[rows]
             for t in range(rows.stop - rows.start):
                 if seg.tree_mask is None:
-                    lists.append(torch.arange(_window_start(pos[t], window), start + t + 1))
+                    lists.append(torch.arange(window_start(pos[t], window), start + t + 1))
                 else:
-                    lists.append(_tree_row_keys(seg.tree_mask, t, start, pos, window))
+                    lists.append(tree_row_keys(seg.tree_mask, t, start, pos, window))
                 picked.append(rows.start + t)
                 slot.append(seg.slot)
         offsets = torch.zeros(len(lists) + 1, dtype=torch.int64)
@@ -379,10 +391,10 @@ class Transformer:
         qg = q.reshape(T, c.num_kv_heads, group, c.head_dim)
         for t in range(T):
             if tree_mask is None:
-                lo = _window_start(positions[t], window) if window else 0
+                lo = window_start(positions[t], window) if window else 0
                 k, v = keys[:, lo : start + t + 1], values[:, lo : start + t + 1]
             else:
-                idx = _tree_row_keys(tree_mask, t, start, positions, window)
+                idx = tree_row_keys(tree_mask, t, start, positions, window)
                 k, v = keys[:, idx], values[:, idx]
             # one decode step's attention: (nkv, group, hd) x (nkv, L, hd) -> (nkv, group, hd)
             scores = torch.matmul(qg[t], k.transpose(1, 2)) * scale

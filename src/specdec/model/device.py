@@ -1,0 +1,417 @@
+"""The runtime on an accelerator (CUDA): the same exact engine, each exact step one fixed-shape program.
+
+    model = load_model("qwen2.5-coder-1.5b", device="cuda")   # model.transformer is a DeviceTransformer
+    Engine(model, spec)                                       # drafters, verification: unchanged
+
+Numerics. The CPU runtime is row-invariant because its kernels compute every row alone
+(model/transformer.py). A GPU library picks its matmul algorithm by shape, so a 1-row and a 4-row
+product may round differently. Here every exact forward runs one program of one shape:
+`rows` (default 16) query rows, the real ones first and the rest padding, over all
+max_len + 1 key positions of its cache slot, the keys a row may not see masked to -inf.
+Decode and verify are then the same kernels on the same shapes, and a row's bits depend on its
+own inputs only. What this rests on, and what tests/model/test_device.py (CPU) and
+scripts/cuda_check.py (GPU) check: a fixed-shape matmul rounds a row the same whichever row of
+the operand it is.
+
+    segment of T rows at cache offset start      one program call per `rows` of them
+    rows t < T: tokens, positions, writes        K/V written at start + t, then attention
+    rows t >= T: padding                         token 0 at position 0, writes the spare position
+                                                 max_len, sees only that key
+    mask (rows, max_len + 1) bool per window     [r, j]: row r attends cache position j
+
+Trees are refused in exact forwards (ValueError; the engine refuses --spec-tree-topk > 1 first). A
+tree node's ancestors sit at cache offsets start + node index, not at their positions as in the
+single steps of its path, and a fixed-width reduction rounds by column: the bits would differ. (The
+CPU runtime gathers each row's keys; a per-row gather of the whole key buffer is rows times the
+reads here. Left for a kernel that takes per-row key lists.)
+
+What it costs: a decode step is a 16-row forward (on a GPU about a 1-row one, where the weights'
+read dominates) and reads all max_len keys of its slot, so a context far longer than the work
+is waste (choose --ctx-size to fit). A tree or chain longer than `rows` runs in several calls.
+
+On CUDA each (cache, slot, hidden layers) program is captured once as a CUDA graph and replayed,
+with the inputs copied into its fixed buffers; elsewhere (CPU, for the tests) it runs eagerly, the
+same ops. Prefill (exact=False) runs unpadded with fused attention, as on the CPU: plain and
+speculative decoding share it. Weights are dense: a GGUF or int8 model's values as its format
+represents them (QLinear.dense_weight), rounded to bf16 on CUDA (--weights fp32 stays float32).
+
+Logits and hidden states come back to the host as float32, so samplers, verifiers and drafter
+heads run unchanged; the heads read the target's embedding, norm and output head from the CPU
+model it was made from (`host`), which stays loaded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from specdec.cache.kv import KVCache
+from specdec.model.config import ModelConfig
+from specdec.model.layers import decoder_layer, rms_norm, rope_tables, softcap
+from specdec.model.transformer import ForwardOutput, Segment, Transformer, segment_layout, tree_row_keys
+
+DEFAULT_ROWS = 16  # rows of every exact program: the longest draft tree verified in one call, + 1
+DEVICES = ("cpu", "cuda")
+
+
+def pick_device(device: str | None) -> str:
+    """The device a model runs on: `device` checked, or cuda when torch sees one, else cpu."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.split(":")[0] not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; choose cpu or cuda (cuda:N for another GPU)")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        built = "with" if torch.backends.cuda.is_built() else "without"
+        raise ValueError(f"--device {device}: torch {torch.__version__} (built {built} CUDA) sees no CUDA device here")
+    return device
+
+
+@dataclass
+class DenseLayer:
+    """One decoder layer's weights on the device, q/k/v and gate/up fused as in model/transformer.Layer."""
+
+    qkv: torch.Tensor  # (q_size + 2 * kv_size, H)
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor  # (H, q_size)
+    gate_up: torch.Tensor  # (2 * I, H)
+    down: torch.Tensor  # (H, I)
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    attn_out_norm: torch.Tensor | None = None
+    mlp_out_norm: torch.Tensor | None = None
+
+
+class _DenseWeights:
+    """A DenseLayer as model.layers.LayerWeights."""
+
+    def __init__(self, layer: DenseLayer, config: ModelConfig):
+        self.layer = layer
+        self.heads, self.kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.eps, self.act = config.rms_norm_eps, config.mlp_act
+        self.attn_norm, self.mlp_norm = layer.attn_norm, layer.mlp_norm
+        self.q_norm, self.k_norm = layer.q_norm, layer.k_norm
+        self.attn_out_norm, self.mlp_out_norm = layer.attn_out_norm, layer.mlp_out_norm
+
+    def qkv(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(h, self.layer.qkv, self.layer.qkv_bias)
+
+    def o(self, attn: torch.Tensor) -> torch.Tensor:
+        return F.linear(attn, self.layer.o)
+
+    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.linear(h, self.layer.gate_up).chunk(2, dim=-1)
+
+    def down(self, a: torch.Tensor) -> torch.Tensor:
+        return F.linear(a, self.layer.down)
+
+
+class DeviceKVCache(KVCache):
+    """The KV cache on the device: one spare position past max_len that padded rows write, every
+    position zero-filled (the programs read them all, masked; a masked key must still be finite),
+    and the captured programs that use this buffer, which live as long as it does."""
+
+    def __init__(self, config: ModelConfig, max_len: int, num_slots: int, dtype: torch.dtype, device: torch.device):
+        super().__init__(config.num_layers, config.num_kv_heads, config.head_dim, max_len, num_slots, dtype, device,
+                         spare=1)
+        self.programs: dict[tuple[int, tuple[int, ...]], _Program] = {}  # (slot, hidden layers) -> program
+
+
+class _Program:
+    """One exact forward of fixed shape over one cache slot: `rows` rows in, logits (rows, V) and the
+    asked-for hidden states out, all in fixed buffers. On CUDA a captured graph, else run eagerly."""
+
+    def __init__(self, model: DeviceTransformer, cache: DeviceKVCache, slot: int, hidden_layers: tuple[int, ...]):
+        rows, width, device = model.rows, cache.max_len + 1, model.device
+        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
+        self.writes = torch.full((rows,), cache.max_len, dtype=torch.long, device=device)  # the spare position
+        self.masks = {w: torch.zeros(rows, width, dtype=torch.bool, device=device) for w in model.windows}
+        for mask in self.masks.values():
+            mask[:, -1] = True  # until filled: every row sees the spare key only (finite, and writes go there)
+        self.run = partial(model._exact_program, self, cache, slot, hidden_layers)
+        self.out: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
+        self.graph = None
+        if device.type == "cuda" and model.graphs:
+            self._capture(model.graph_pool())
+
+    def _capture(self, pool) -> None:
+        # warm up on a side stream (cuBLAS sets up its workspace outside capture); the inputs are the
+        # padding above, so these runs write the spare position only
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.run()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=pool):
+            self.out = self.run()
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, writes: torch.Tensor,
+                 masks: dict[int, torch.Tensor]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Inputs (rows,) each and {window: (rows, max_len + 1) bool}, on the host; outputs on the device,
+        overwritten by the next call."""
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        self.writes.copy_(writes)
+        for w, mask in masks.items():
+            self.masks[w].copy_(mask)
+        if self.graph is None:
+            self.out = self.run()
+        else:
+            self.graph.replay()
+        return self.out
+
+
+class DeviceTransformer:
+    """Transformer's forward and forward_batch on a device, over dense weights; see the module docstring.
+
+    host: the CPU Transformer these weights came from, if any: drafter heads read its embed, norm and
+    lm_head (they run on the CPU), and weights_format names the format the values came from.
+    """
+
+    exact_trees = False  # exact forwards take chains only (module docstring)
+
+    def __init__(self, config: ModelConfig, embed: torch.Tensor, layers: list[DenseLayer], norm: torch.Tensor,
+                 lm_head: torch.Tensor, device: str | torch.device, rows: int = DEFAULT_ROWS,
+                 host: Transformer | None = None, graphs: bool = True):
+        if rows < 1:
+            raise ValueError(f"a device program needs at least one row, got rows={rows}")
+        self.config = config
+        self.device = torch.device(device)
+        self.dtype = embed.dtype
+        self.rows, self.graphs, self.host = rows, graphs, host
+        self.weights = embed, layers, norm, lm_head  # (V, H), [DenseLayer], (H,), (V, H): on the device
+        self.max_positions = config.context_length
+        self.weights_format = host.weights_format if host is not None else str(self.dtype).removeprefix("torch.")
+        self.windows = sorted({config.window(i) for i in range(config.num_layers)})
+        cos, sin = rope_tables(config.head_dim, config.rope_theta, self.max_positions, config.rope_freq_factors)
+        self.rope = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+        self.local_rope = self.rope
+        if config.sliding_layers and config.rope_local_theta is not None:
+            cos, sin = rope_tables(config.head_dim, config.rope_local_theta, self.max_positions)
+            self.local_rope = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
+        self.attn_scale = config.attn_scale if config.attn_scale is not None else 1.0 / math.sqrt(config.head_dim)
+        self.embed_scale = (torch.tensor(config.embed_scale, dtype=self.dtype, device=self.device)
+                            if config.embed_scale != 1.0 else None)
+        self._pool = None
+
+    @classmethod
+    def from_transformer(cls, host: Transformer, device: str | torch.device, dtype: torch.dtype | None = None,
+                         rows: int = DEFAULT_ROWS) -> DeviceTransformer:
+        """The CPU model's weights, as its format represents them, in `dtype` on `device` (default bf16 on
+        CUDA, but float32 for --weights fp32 and off CUDA)."""
+        device = torch.device(device)
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" and host.weights_format != "fp32" else torch.float32)
+
+        def put(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device=device, dtype=dtype)
+
+        layers = [DenseLayer(put(layer.qkv.dense_weight()), put(layer.qkv.bias), put(layer.o.dense_weight()),
+                             put(layer.gate_up.dense_weight()), put(layer.down.dense_weight()), put(layer.attn_norm),
+                             put(layer.mlp_norm), put(layer.q_norm), put(layer.k_norm), put(layer.attn_out_norm),
+                             put(layer.mlp_out_norm)) for layer in host.layers]
+        vocab = host.config.vocab_size
+        embed = torch.empty(vocab, host.config.hidden_size, dtype=dtype, device=device)
+        for lo in range(0, vocab, 8192):  # a block-quantized table is dequantized a few rows at a time
+            embed[lo : lo + 8192] = put(host.embed[torch.arange(lo, min(lo + 8192, vocab))])
+        return cls(host.config, embed, layers, put(host.norm), put(host.lm_head.dense_weight()), device, rows, host)
+
+    # -- what the engine and the drafters read, as of a Transformer -------------------------------
+    @property
+    def embed(self):
+        return self._host().embed
+
+    @property
+    def norm(self) -> torch.Tensor:
+        return self._host().norm
+
+    @property
+    def lm_head(self):
+        return self._host().lm_head
+
+    @property
+    def layers(self):
+        return self._host().layers
+
+    def _host(self) -> Transformer:
+        if self.host is None:
+            raise RuntimeError("this device model was built from tensors, without a CPU model: drafter heads that "
+                               "read the target's embedding or output head cannot run beside it")
+        return self.host
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads (all matrices, norms, one embedding row)."""
+        embed, layers, norm, lm_head = self.weights
+        tensors = [norm, lm_head] + [t for layer in layers for t in vars(layer).values() if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors) + embed.shape[1] * embed.element_size()
+
+    def new_cache(self, max_len: int | None = None, num_slots: int = 1) -> DeviceKVCache:
+        max_len = min(max_len or self.config.context_length, self.max_positions)
+        return DeviceKVCache(self.config, max_len, num_slots, self.dtype, self.device)
+
+    def graph_pool(self):
+        """One CUDA graph memory pool for every program of this model."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    # -- forward -------------------------------------------------------------------------------
+    forward = Transformer.forward  # builds one Segment per sequence and calls forward_batch
+
+    @torch.inference_mode()
+    def forward_batch(self, segments: list[Segment], cache: DeviceKVCache,
+                      hidden_layers: tuple[int, ...] = ()) -> list[ForwardOutput]:
+        """As Transformer.forward_batch; the sequences run one after another (one program each)."""
+        if not isinstance(cache, DeviceKVCache):
+            raise TypeError("a device model runs on its own cache: make it with model.new_cache()")
+        if not segments:
+            return []
+        starts, positions = segment_layout(segments, cache, self.max_positions)
+        outs = []
+        for seg, start, pos in zip(segments, starts, positions):
+            if seg.exact and not _is_chain(seg.tree_mask, start, pos):
+                raise ValueError(f"slot {seg.slot}: the device runtime verifies chains only, and this forward "
+                                 "is a tree (its rows would not be bitwise the single steps of their paths)")
+        for seg, start, pos in zip(segments, starts, positions):
+            tokens = torch.as_tensor(seg.tokens).reshape(-1)
+            run = self._exact if seg.exact else self._prefill
+            logits, hidden = run(seg, cache, start, tokens, pos, tuple(hidden_layers))
+            cache.lengths[seg.slot] = start + len(tokens)
+            outs.append(ForwardOutput(logits[None], {layer: h[None] for layer, h in hidden.items()}))
+        return outs
+
+    def _exact(self, seg: Segment, cache: DeviceKVCache, start: int, tokens: torch.Tensor, positions: torch.Tensor,
+               hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The segment's rows through the slot's program, `rows` at a time -> logits (T or 1, V) and
+        hidden {layer: (T, H)}, float32 on the host."""
+        key = (seg.slot, hidden_layers)
+        if key not in cache.programs:
+            cache.programs[key] = _Program(self, cache, seg.slot, hidden_layers)
+        program, R, T = cache.programs[key], self.rows, len(tokens)
+        logits, hidden = [], {layer: [] for layer in hidden_layers}
+        for lo in range(0, T, R):
+            n = min(R, T - lo)
+            ids, pos = torch.zeros(R, dtype=torch.long), torch.zeros(R, dtype=torch.long)
+            writes = torch.full((R,), cache.max_len, dtype=torch.long)
+            ids[:n], pos[:n], writes[:n] = tokens[lo : lo + n], positions[lo : lo + n], start + torch.arange(lo, lo + n)
+            masks = {w: row_masks(seg.tree_mask, start, positions, w, range(lo, lo + n), R, cache.max_len + 1)
+                     for w in self.windows}
+            out, out_hidden = program(ids, pos, writes, masks)  # the next call overwrites them: copy now
+            if not seg.last_only or lo + n == T:
+                logits.append(_to_host(out[n - 1 : n] if seg.last_only else out[:n]))
+            for layer in hidden_layers:
+                hidden[layer].append(_to_host(out_hidden[layer][:n]))
+        return torch.cat(logits), {layer: torch.cat(parts) for layer, parts in hidden.items()}
+
+    def _exact_program(self, p: _Program, cache: DeviceKVCache, slot: int,
+                       hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The ops of one program over its fixed buffers (what a CUDA graph captures)."""
+        biases = {w: torch.zeros(m.shape, dtype=torch.float32, device=self.device).masked_fill_(~m, float("-inf"))
+                  for w, m in p.masks.items()}
+        attend = partial(self._attend_fixed, cache, slot, p.writes)
+        return self._layers(p.tokens, p.positions, hidden_layers, lambda li, w: partial(attend, li, biases[w]))
+
+    def _prefill(self, seg: Segment, cache: DeviceKVCache, start: int, tokens: torch.Tensor, positions: torch.Tensor,
+                 hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """exact=False: the T rows unpadded, fused attention over the slot's first start + T keys."""
+        T = len(tokens)
+        masks = {w: row_masks(seg.tree_mask, start, positions, w, range(T), T, start + T).to(self.device)
+                 for w in self.windows}
+        attend = partial(self._attend_prefill, cache, seg.slot, start)
+        logits, hidden = self._layers(tokens.to(self.device), positions.to(self.device), hidden_layers,
+                                      lambda li, w: partial(attend, li, masks[w]), seg.last_only)
+        return _to_host(logits), {layer: _to_host(h) for layer, h in hidden.items()}
+
+    def _layers(self, tokens: torch.Tensor, positions: torch.Tensor, hidden_layers: tuple[int, ...], attend_for,
+                last_only: bool = False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """tokens, positions (N,) on the device -> logits (N or 1, V), hidden {layer: (N, H)} in the model's
+        dtype; attend_for(layer index, window) gives the layer's Attend."""
+        c = self.config
+        embed, layers, norm, lm_head = self.weights
+        x = embed[tokens]  # (N, H)
+        if self.embed_scale is not None:
+            x = x * self.embed_scale
+        rope = [t[positions][:, None] for t in self.rope]  # cos, sin: (N, 1, hd)
+        local = rope if self.local_rope is self.rope else [t[positions][:, None] for t in self.local_rope]
+        hidden = {0: x} if 0 in hidden_layers else {}
+        for li, layer in enumerate(layers):
+            window = c.window(li)
+            x = decoder_layer(x, _DenseWeights(layer, c), attend_for(li, window), *(local if window else rope))
+            if li + 1 in hidden_layers:
+                hidden[li + 1] = x
+        h = rms_norm(x[-1:] if last_only else x, norm, c.rms_norm_eps)
+        return softcap(F.linear(h, lm_head), c.final_logit_softcap), hidden
+
+    def _attend_fixed(self, cache: DeviceKVCache, slot: int, writes: torch.Tensor, li: int, bias: torch.Tensor,
+                      q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (R, nh, hd), k, v (R, nkv, hd) -> (R, nh, hd): K/V written at `writes` (R,), then every row over
+        all max_len + 1 positions of the slot, bias (R, max_len + 1) 0 or -inf added to its scores."""
+        R, nh, hd = q.shape
+        keys, values = cache.k[li, slot], cache.v[li, slot]  # (nkv, max_len + 1, hd)
+        nkv = keys.shape[0]
+        group = nh // nkv
+        keys.index_copy_(1, writes, k.transpose(0, 1).to(keys.dtype))
+        values.index_copy_(1, writes, v.transpose(0, 1).to(values.dtype))
+        qg = q.reshape(R, nkv, group, hd).permute(1, 0, 2, 3).reshape(nkv, R * group, hd)
+        scores = torch.matmul(qg, keys.transpose(1, 2)).float() * self.attn_scale  # (nkv, R * group, max_len + 1)
+        scores = scores.view(nkv, R, group, -1) + bias[None, :, None, :]
+        p = torch.softmax(scores, dim=-1).to(values.dtype).view(nkv, R * group, -1)
+        out = torch.matmul(p, values)  # (nkv, R * group, hd)
+        return out.view(nkv, R, group, hd).permute(1, 0, 2, 3).reshape(R, nh, hd)
+
+    def _attend_prefill(self, cache: DeviceKVCache, slot: int, start: int, li: int, mask: torch.Tensor,
+                        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (T, nh, hd), k, v (T, nkv, hd) -> (T, nh, hd): K/V written at start.., then fused attention over
+        the first start + T keys under mask (T, start + T)."""
+        T, nh, _ = q.shape
+        end = start + T
+        cache.k[li, slot, :, start:end] = k.transpose(0, 1)
+        cache.v[li, slot, :, start:end] = v.transpose(0, 1)
+        group = nh // cache.k.shape[2]
+        keys = cache.k[li, slot, :, :end].repeat_interleave(group, dim=0)  # (nh, end, hd)
+        values = cache.v[li, slot, :, :end].repeat_interleave(group, dim=0)
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask, scale=self.attn_scale)
+        return out.transpose(0, 1)
+
+
+def _is_chain(tree_mask: torch.Tensor | None, start: int, positions: torch.Tensor) -> bool:
+    """Whether a segment's rows are a chain: causal mask (or none) and positions start, start + 1, ..."""
+    if tree_mask is None:
+        return bool(torch.equal(positions, start + torch.arange(len(positions))))
+    causal = torch.ones(len(positions), len(positions), dtype=torch.bool).tril()
+    return bool(torch.equal(tree_mask.to(torch.bool), causal)) and _is_chain(None, start, positions)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """A float32 copy on the host (a copy even where t is one already: program outputs are reused)."""
+    return t.to(device="cpu", dtype=torch.float32, copy=True)
+
+
+def row_masks(tree_mask: torch.Tensor | None, start: int, positions: torch.Tensor, window: int, rows: range,
+              height: int, width: int) -> torch.Tensor:
+    """(height, width) bool: [i, j] True when the segment's row rows[i] attends cache position j, exactly
+    the keys the CPU runtime's row reduces over (its committed prefix from the window's start, then
+    itself or its tree ancestors). Rows past len(rows) are padding: they see the last position only.
+
+    >>> row_masks(None, 2, torch.tensor([2, 3]), 0, range(2), 3, 5).int().tolist()
+    [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [0, 0, 0, 0, 1]]
+    """
+    mask = torch.zeros(height, width, dtype=torch.bool)
+    n = len(rows)
+    mask[n:, width - 1] = True
+    if tree_mask is None:
+        ts = torch.tensor(list(rows), dtype=torch.long)
+        lo = (positions[ts] - window + 1).clamp(min=0) if window else torch.zeros(n, dtype=torch.long)
+        cols = torch.arange(width)
+        mask[:n] = (cols[None] >= lo[:, None]) & (cols[None] <= start + ts[:, None])
+    else:
+        for i, t in enumerate(rows):
+            mask[i, tree_row_keys(tree_mask, t, start, positions, window)] = True
+    return mask
