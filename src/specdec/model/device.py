@@ -162,10 +162,15 @@ class _Program:
         self.writes.copy_(writes)
         for w, mask in masks.items():
             self.masks[w].copy_(mask)
-        if self.graph is None:
-            self.out = self.run()
-        else:
+        if self.graph is not None:
             self.graph.replay()
+        elif self.out is None:
+            self.out = self.run()
+        else:  # eagerly too, the outputs live in fixed buffers that the next call overwrites, as a graph's do
+            logits, hidden = self.run()
+            self.out[0].copy_(logits)
+            for layer, h in hidden.items():
+                self.out[1][layer].copy_(h)
         return self.out
 
 
