@@ -200,3 +200,29 @@ def test_cuda_graphs_give_greedy_speculation_equal_to_plain(tiny_hf_dir):
     out = engine.generate(prompt, SamplingParams(), max_tokens=40, spec=SpecConfig(drafters=("suffix",)))
     assert out.token_ids == plain.token_ids
     assert all(p.graph is not None for p in engine.cache.programs.values())
+
+
+def test_an_mtp_head_reads_the_device_models_hidden_states(tmp_path):
+    """draft-mtp over a device target: the head runs on the CPU on the hidden states the programs hand
+    back and the host model's embedding and output head; greedy output equals plain decoding."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "drafters"))
+    from helpers.tiny import tiny_config
+    from mtp_helpers import deepseek_layout, mtp_block
+
+    from specdec.drafters.mtp import make_mtp_drafter
+
+    folder = make_hf_model(tmp_path / "ds", extra_config={"num_nextn_predict_layers": 1},
+                           extra_tensors=deepseek_layout([mtp_block(tiny_config(), seed=1)], 2))
+    cpu = load_model(str(folder), "fp32", progress=False)
+    model = dataclasses.replace(cpu, transformer=DeviceTransformer.from_transformer(cpu.transformer, "cpu", rows=ROWS))
+    prompt = list(range(5, 40))
+    plain = Engine(model, max_len=256).generate(prompt, max_tokens=40).token_ids
+    engine = Engine(model, SpecConfig(drafters=("draft-mtp",), draft_n_max=4), max_len=256)
+    drafter = make_mtp_drafter(model, max_len=256)
+    engine.drafter_factory = lambda name, spec: drafter
+    result = engine.generate(prompt, max_tokens=40)
+    assert result.token_ids == plain
+    assert result.stats.drafted > 0 and drafter.hidden_layers
