@@ -11,6 +11,9 @@ file holds, exactly (model/linear.py, the gguf format). Row-invariant the same w
 rows.c: RMS norm, the rotary embedding and the KV-cache write of a forward's rows, one call each where
 torch took ~5-20 us a call (several small ops); row-wise, the rotation bitwise torch's.
 
+step.c: the decoder layers of an exact forward over gguf-format weights, two C calls a layer, through
+function pointers into the three above (the same code, the same bits as the per-op path; see step.c).
+
 w8a8.c: int8 weights x int8 activations (blocks of 32, llama.cpp's Q8_0 layout) with AVX2 integer
 dot products. torch's weight-only int8 kernel (bf16 activations) reads ~9 GB/s for one row and
 costs ~4x for four; this one reads ~13-15 GB/s per core and costs ~2x for four rows, which is what
@@ -40,6 +43,7 @@ SOURCE = Path(__file__).with_name("w8a8.c")
 ATTEND_SOURCE = Path(__file__).with_name("attend.c")
 GGUF_SOURCE = Path(__file__).with_name("gguf.c")
 ROWS_SOURCE = Path(__file__).with_name("rows.c")
+STEP_SOURCE = Path(__file__).with_name("step.c")
 ATTEND_MAX_HEAD_DIM = 512  # attend.c's MAX_HEAD_DIM
 ATTEND_MAX_GROUP = 64  # attend.c's MAX_GROUP: query heads per kv head
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
@@ -188,6 +192,63 @@ def rows():
     """The loaded row-ops library (ctypes.CDLL), or None (`why_unavailable("rows")`)."""
     return _load(ROWS_SOURCE, {"rms_norm_rows": [P, P, I64, I64, F32, P], "rope_rows": [P, P, P, I64, I64, I64, P],
                                "store_rows": [P, I64, I64, I64, P, I64, I64, I64]}, off="SPECDEC_NO_ROWS_KERNEL")
+
+
+@lru_cache(maxsize=1)
+def step():
+    """The loaded layer driver (step.c) where gguf.c, attend.c and rows.c loaded too, or None
+    (`why_unavailable("step")`; SPECDEC_NO_FUSED_STEP=1 turns it off)."""
+    missing = [name for name, lib in (("gguf", gguf()), ("attend", attend()), ("rows", rows())) if lib is None]
+    if missing:
+        _why["step"] = f"it drives {', '.join(missing)}, which did not load ({why_unavailable(missing[0])})"
+        return None
+    return _load(STEP_SOURCE, {"step_layer": [P, P, P, P, I64, P]}, off="SPECDEC_NO_FUSED_STEP")
+
+
+class StepKernels(ctypes.Structure):
+    """step.c's Kernels: the entry points it calls, in the libraries the per-op path calls."""
+
+    _fields_ = [("rms_norm", P), ("rope", P), ("store", P), ("attend", P), ("linear", P)]
+
+
+def step_kernels() -> StepKernels:
+    def address(fn) -> int:
+        return ctypes.cast(fn, ctypes.c_void_p).value
+
+    return StepKernels(address(rows().rms_norm_rows), address(rows().rope_rows), address(rows().store_rows),
+                       address(attend().attend_rows), address(gguf().gguf_linear))
+
+
+class StepLinear(ctypes.Structure):
+    """step.c's Linear: a GGUFParts' arrays, its input width and bias."""
+
+    _fields_ = [("nparts", I64), ("in_", I64), ("types", P), ("weights", P), ("rows", P), ("row_bytes", P),
+                ("bias", P)]
+
+    @classmethod
+    def of(cls, parts: "GGUFParts", in_features: int, bias=None) -> "StepLinear":
+        return cls(parts.count, in_features, ctypes.addressof(parts.types), ctypes.addressof(parts.addresses),
+                   ctypes.addressof(parts.rows), ctypes.addressof(parts.row_bytes),
+                   None if bias is None else bias.data_ptr())
+
+
+class StepLayer(ctypes.Structure):
+    """step.c's Layer: four linears, six norm weights (None where absent), and whether it is a local layer."""
+
+    _fields_ = [("qkv", StepLinear), ("o", StepLinear), ("gate_up", StepLinear), ("down", StepLinear),
+                ("attn_norm", P), ("mlp_norm", P), ("q_norm", P), ("k_norm", P), ("attn_out_norm", P),
+                ("mlp_out_norm", P), ("local", I64)]
+
+
+class StepForward(ctypes.Structure):
+    """step.c's Forward: one exact forward's sizes, inputs and scratch (pointers into tensors the caller holds)."""
+
+    _fields_ = [("M", I64), ("H", I64), ("nh", I64), ("nkv", I64), ("hd", I64), ("I", I64), ("threads", I64),
+                ("eps", F32), ("scale", F32), ("cos", P * 2), ("sin", P * 2), ("slot", P * 2), ("off", P * 2),
+                ("keys", P * 2), ("nseg", I64), ("seg_slot", P), ("seg_start", P), ("seg_row", P),
+                ("kcache", P), ("vcache", P), ("layer_floats", I64), ("slots", I64), ("max_len", I64),
+                ("x", P), ("gate_up", P), ("h", P), ("qkv", P), ("qk", P), ("rot", P), ("part", P), ("attn", P),
+                ("out", P)]
 
 
 def rms_norm_rows(x, weight, eps: float):

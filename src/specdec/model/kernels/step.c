@@ -1,0 +1,128 @@
+// The decoder layers of one exact forward over gguf-format weights, in two C calls a layer instead of
+// ~15 Python-level ops (on smollm2-135m those cost ~2 of a decode step's ~6 ms).
+//
+// It runs what model/layers.decoder_layer runs, in its order, through the same kernels: function pointers
+// into the loaded gguf.c, attend.c and rows.c (model/kernels/__init__.py, step_kernels), so the same code
+// computes every value and the bits are the path's through Python. What it adds is copies (contiguous
+// operands, as torch's .contiguous() made them) and the residual adds, x + out per float, as torch adds.
+// The MLP's activation, act(gate) * up, stays torch's (its exp is not libm's): step_layer stops after a
+// layer's gate_up matmul and the caller resumes it with the activation's output.
+//
+// Compiled without -ffast-math and with -ffp-contract=off, as the kernels are.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*rms_norm_fn)(const float *x, const float *w, int64_t M, int64_t n, float eps, float *y);
+typedef void (*rope_fn)(const float *x, const float *cos, const float *sin, int64_t N, int64_t heads, int64_t hd,
+                        float *y);
+typedef void (*store_fn)(const float *src, int64_t T, int64_t nkv, int64_t hd, float *layer, int64_t slot,
+                         int64_t max_len, int64_t start);
+typedef void (*attend_fn)(const float *q, const float *k, const float *v, const int64_t *slot, const int64_t *off,
+                          const int64_t *idx, float *out, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
+                          int64_t max_len, float scale, int threads);
+typedef void (*linear_fn)(const float *x, int64_t M, int64_t K, int nparts, const int32_t *types,
+                          const uint64_t *weights, const int64_t *rows, const int64_t *row_bytes, const float *bias,
+                          float *y, int threads);
+
+typedef struct {
+    rms_norm_fn rms_norm;
+    rope_fn rope;
+    store_fn store;
+    attend_fn attend;
+    linear_fn linear;
+} Kernels;
+
+typedef struct {  // one gguf-format linear: kernels.GGUFParts' arrays, its input width and its bias (or NULL)
+    int64_t nparts, in;
+    const int32_t *types;
+    const uint64_t *weights;
+    const int64_t *rows, *row_bytes;
+    const float *bias;
+} Linear;
+
+typedef struct {  // one layer; a norm's weight NULL where the family has no such norm
+    Linear qkv, o, gate_up, down;
+    const float *attn_norm, *mlp_norm, *q_norm, *k_norm, *attn_out_norm, *mlp_out_norm;
+    int64_t local;  // a sliding-window layer: the local key lists and RoPE rows
+} Layer;
+
+typedef struct {  // one forward of M exact rows
+    int64_t M, H, nh, nkv, hd, I, threads;
+    float eps, scale;
+    const float *cos[2], *sin[2];               // (M, hd) RoPE rows: [0] global layers, [1] local
+    const int64_t *slot[2], *off[2], *keys[2];  // attend.c's key lists, the same two ways
+    int64_t nseg;
+    const int64_t *seg_slot, *seg_start, *seg_row;  // each sequence's slot, cache length, first row (+ M at nseg)
+    float *kcache, *vcache;                     // cache.k, cache.v: (layers, slots, nkv, max_len, hd)
+    int64_t layer_floats, slots, max_len;
+    float *x;                                   // (M, H) the residual rows, updated in place
+    float *gate_up;                             // (M, 2I) a layer's gate_up output, for the caller's activation
+    float *h, *qkv, *qk, *rot, *part, *attn, *out;  // scratch: (M, max(H, I)), (M, (nh + 2 nkv) hd), ...
+} Forward;
+
+static void linear(const Kernels *k, const Linear *l, const float *x, int64_t M, float *y, int threads) {
+    k->linear(x, M, l->in, (int)l->nparts, l->types, l->weights, l->rows, l->row_bytes, l->bias, y, threads);
+}
+
+// x += out (or += rms_norm(out, norm) for Gemma's sandwich norms)
+static void residual(const Kernels *k, const Forward *f, const float *norm, float *out) {
+    const int64_t n = f->M * f->H;
+    if (norm) {
+        k->rms_norm(out, norm, f->M, f->H, f->eps, f->h);
+        out = f->h;
+    }
+    for (int64_t i = 0; i < n; i++) f->x[i] = f->x[i] + out[i];
+}
+
+// rows [r0, r1) of heads [h0, h0 + nh) of src (M, heads, hd) -> dst (r1 - r0, nh, hd), contiguous
+static void take_heads(const float *src, int64_t heads, int64_t hd, int64_t r0, int64_t r1, int64_t h0, int64_t nh,
+                       float *dst) {
+    for (int64_t r = r0; r < r1; r++)
+        memcpy(dst + (r - r0) * nh * hd, src + (r * heads + h0) * hd, sizeof(float) * (size_t)(nh * hd));
+}
+
+static void attention_part(const Kernels *k, const Layer *l, int64_t li, Forward *f) {
+    const int64_t M = f->M, nh = f->nh, nkv = f->nkv, hd = f->hd, width = nh + 2 * nkv, t = f->threads;
+    const int w = l->local ? 1 : 0;
+    k->rms_norm(f->x, l->attn_norm, M, f->H, f->eps, f->h);
+    linear(k, &l->qkv, f->h, M, f->qkv, (int)t);  // (M, nh + 2 nkv, hd)
+    if (l->q_norm) {  // per head, each (hd) row normed alone, as rms_norm over the (M, heads, hd) slices
+        take_heads(f->qkv, width, hd, 0, M, 0, nh, f->part);
+        k->rms_norm(f->part, l->q_norm, M * nh, hd, f->eps, f->attn);
+        take_heads(f->qkv, width, hd, 0, M, nh, nkv, f->part);
+        k->rms_norm(f->part, l->k_norm, M * nkv, hd, f->eps, f->out);
+        for (int64_t r = 0; r < M; r++) {  // torch.cat([q, k], dim=1)
+            memcpy(f->qk + r * (nh + nkv) * hd, f->attn + r * nh * hd, sizeof(float) * (size_t)(nh * hd));
+            memcpy(f->qk + (r * (nh + nkv) + nh) * hd, f->out + r * nkv * hd, sizeof(float) * (size_t)(nkv * hd));
+        }
+    } else {
+        take_heads(f->qkv, width, hd, 0, M, 0, nh + nkv, f->qk);
+    }
+    k->rope(f->qk, f->cos[w], f->sin[w], M, nh + nkv, hd, f->rot);  // q and k heads rotated together
+    float *kc = f->kcache + li * f->layer_floats, *vc = f->vcache + li * f->layer_floats;
+    for (int64_t s = 0; s < f->nseg; s++) {
+        const int64_t r0 = f->seg_row[s], r1 = f->seg_row[s + 1];
+        take_heads(f->rot, nh + nkv, hd, r0, r1, nh, nkv, f->part);
+        k->store(f->part, r1 - r0, nkv, hd, kc, f->seg_slot[s], f->max_len, f->seg_start[s]);
+        take_heads(f->qkv, width, hd, r0, r1, nh + nkv, nkv, f->part);
+        k->store(f->part, r1 - r0, nkv, hd, vc, f->seg_slot[s], f->max_len, f->seg_start[s]);
+    }
+    take_heads(f->rot, nh + nkv, hd, 0, M, 0, nh, f->part);
+    k->attend(f->part, kc, vc, f->slot[w], f->off[w], f->keys[w], f->attn, M, nh, nkv, hd, f->max_len, f->scale,
+              (int)t);
+    linear(k, &l->o, f->attn, M, f->out, (int)t);
+    residual(k, f, l->attn_out_norm, f->out);
+    k->rms_norm(f->x, l->mlp_norm, M, f->H, f->eps, f->h);
+    linear(k, &l->gate_up, f->h, M, f->gate_up, (int)t);
+}
+
+// Finishes layer `prev` (NULL: none) with its activation's output act (M, I), then runs layer `next` (NULL:
+// none), index li, up to its gate_up output in f->gate_up.
+void step_layer(const Kernels *k, const Layer *prev, const float *act, const Layer *next, int64_t li, Forward *f) {
+    if (prev) {
+        linear(k, &prev->down, act, f->M, f->out, (int)f->threads);
+        residual(k, f, prev->mlp_out_norm, f->out);
+    }
+    if (next) attention_part(k, next, li, f);
+}
