@@ -180,6 +180,17 @@ def test_bad_use_is_a_clear_error(models):
         bare.lm_head
 
 
+def test_memory_counts_the_device_tensors(models):
+    """The bench's memory figure for a device model: its own tensors (matrices, embedding, head, tables)."""
+    from specdec.bench.memory import transformer_bytes
+
+    _, dev = models
+    c = dev.config
+    matrices = sum(4 * (c.q_size + 2 * c.kv_size) * c.hidden_size + 4 * c.hidden_size * c.q_size
+                   + 4 * 3 * c.intermediate_size * c.hidden_size for _ in range(c.num_layers))
+    assert matrices < transformer_bytes(dev) == dev.device_bytes() < matrices + 4 * 4 * c.vocab_size * c.hidden_size
+
+
 def test_pick_device():
     assert pick_device("cpu") == "cpu"
     assert pick_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -29,7 +29,9 @@ def _tensor_bytes(t) -> int:
 
 
 def transformer_bytes(tr) -> int:
-    """Bytes of every tensor a built Transformer holds."""
+    """Bytes of every tensor a built Transformer holds (a DeviceTransformer: those on its device)."""
+    if hasattr(tr, "device_bytes"):
+        return tr.device_bytes()
     total = _tensor_bytes(tr.embed) + _tensor_bytes(tr.norm) + tr.lm_head.nbytes()
     total += _tensor_bytes(tr.cos) + _tensor_bytes(tr.sin)
     for layer in tr.layers:

@@ -257,6 +257,13 @@ class DeviceTransformer:
         tensors = [norm, lm_head] + [t for layer in layers for t in vars(layer).values() if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors) + embed.shape[1] * embed.element_size()
 
+    def device_bytes(self) -> int:
+        """Bytes of every tensor this model holds on its device (weights and RoPE tables)."""
+        embed, layers, norm, lm_head = self.weights
+        tensors = [embed, norm, lm_head, *self.rope, *(self.local_rope if self.local_rope is not self.rope else ())]
+        tensors += [t for layer in layers for t in vars(layer).values() if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
     def new_cache(self, max_len: int | None = None, num_slots: int = 1) -> DeviceKVCache:
         max_len = min(max_len or self.config.context_length, self.max_positions)
         return DeviceKVCache(self.config, max_len, num_slots, self.dtype, self.device)
