@@ -27,6 +27,7 @@ kernels in the same order: the same bits), which took smollm2-135m's decode step
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -334,8 +335,6 @@ class Transformer:
         """The decoder layers of a forward whose rows are all exact, through step.c: the per-op path's
         kernels in its order (the same bits), two C calls and the activation (torch) a layer. x (N, H) is
         updated in place and returned; hidden as the per-op path fills it."""
-        import ctypes
-
         c = self.config
         step_kernels, layers, _ = self._step
         M, H, nh, nkv, hd = x.shape[0], c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
