@@ -47,7 +47,6 @@ class ModelInfo:
     weight_bytes_per_token: int
     device: str = "cpu"  # where the target runs; on cuda its weights are weights_dtype's values in bf16 (fp32: fp32)
 
-
     def to_dict(self) -> dict:
         return asdict(self)
 
