@@ -4,6 +4,7 @@ decode step reaches, and greedy speculative output against plain decoding throug
 
     PYTHONPATH=src python3 scripts/cuda_check.py --out $OUT        # a GPU machine: writes cuda-check.md, .json
     python scripts/cuda_check.py --shape tiny --device cpu         # the same steps, small, on the CPU
+    (--shape small: Llama-3's head layout, 4 layers; a first look on a GPU in seconds)
 
 What it reports, all measured in this one process:
 - copy bandwidth: a device-to-device copy of 2 GiB (bytes read + written per second), the practical peak;
@@ -41,6 +42,8 @@ from specdec.sampling import SamplingParams  # noqa: E402
 SHAPES = {
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=8, head_dim=128,
                       intermediate_size=14336, rope_theta=500000.0, context_length=8192),
+    "small": dict(vocab_size=32000, hidden_size=1024, num_layers=4, num_heads=8, num_kv_heads=2, head_dim=128,
+                  intermediate_size=2816, rope_theta=500000.0, context_length=8192),  # Llama-3's heads, small
     "tiny": dict(vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                  intermediate_size=128, context_length=1024),
 }
