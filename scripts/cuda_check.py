@@ -120,6 +120,28 @@ def copy_bandwidth(device: str) -> float:
     return 2 * n / statistics.median(times[2:]) / 1e9
 
 
+def linears_ms(tr: DeviceTransformer, rows: int, device: str) -> float:
+    """ms of the matrices alone of one step of `rows` rows (every layer's four and the output head, the
+    median of 10): the floor the rest of a step adds to."""
+    embed, layers, norm, lm_head = tr.weights
+    x = torch.zeros(rows, tr.config.hidden_size, dtype=embed.dtype, device=device)
+    a = torch.zeros(rows, max(layer.down.shape[1] for layer in layers), dtype=embed.dtype, device=device)
+    q = torch.zeros(rows, layers[0].o.shape[1], dtype=embed.dtype, device=device)
+    times = []
+    for _ in range(12):
+        _sync(device)
+        t0 = time.perf_counter()
+        for layer in layers:
+            torch.nn.functional.linear(x, layer.qkv)
+            torch.nn.functional.linear(q, layer.o)
+            torch.nn.functional.linear(x, layer.gate_up)
+            torch.nn.functional.linear(a, layer.down)
+        torch.nn.functional.linear(x, lm_head)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[2:]) * 1e3
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -165,6 +187,7 @@ def main() -> None:
     eager = DeviceTransformer(c, *tr.weights, device, graphs=False)
     facts["eager_step_ms"] = measure_forward_cost(eager, eager.new_cache(args.ctx_size), 1, context=CONTEXT,
                                                   repeats=10)[1] * 1e3
+    facts["linears_ms"] = {rows: linears_ms(tr, rows, device) for rows in (1, tr.rows)}
     step_s = cost[1]
     facts["step_gbs"] = (weight_bytes + kv_bytes) / step_s / 1e9
     facts["weight_bytes"], facts["kv_bytes_read"] = weight_bytes, kv_bytes
@@ -210,7 +233,9 @@ def report(f: dict, out: str | None) -> None:
         f"Built in {f['build_s']:.1f} s; first step (program capture) {f['first_step_s']:.2f} s.", "",
         f"- plain decode through the engine: **{f['plain_tok_s']:.1f} tok/s** (median of the prompts)",
         f"- one decode step: {f['cost_ms'][1]:.2f} ms "
-        f"{'with CUDA graphs' if f['device'].startswith('cuda') else 'as programs'}, {f['eager_step_ms']:.2f} ms eagerly",
+        f"{'with CUDA graphs' if f['device'].startswith('cuda') else 'as programs'}, {f['eager_step_ms']:.2f} ms eagerly; "
+        f"its matrices alone (eager, no attention) {max(f['linears_ms'].values()):.2f} ms at the program's {max(f['linears_ms'])} rows, "
+        f"{f['linears_ms'][1]:.2f} ms at 1 row",
         f"- bytes read per step: {f['weight_bytes'] / 1e9:.2f} GB of weights + {f['kv_bytes_read'] / 1e9:.2f} GB of "
         f"keys and values = **{f['step_gbs']:.0f} GB/s**, {100 * f['step_gbs'] / f['copy_gbs']:.0f}% of the measured "
         f"copy bandwidth ({f['copy_gbs']:.0f} GB/s)"
