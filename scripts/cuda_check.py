@@ -234,7 +234,7 @@ def report(f: dict, out: str | None) -> None:
         f"- plain decode through the engine: **{f['plain_tok_s']:.1f} tok/s** (median of the prompts)",
         f"- one decode step: {f['cost_ms'][1]:.2f} ms "
         f"{'with CUDA graphs' if f['device'].startswith('cuda') else 'as programs'}, {f['eager_step_ms']:.2f} ms eagerly; "
-        f"its matrices alone (eager, no attention) {max(f['linears_ms'].values()):.2f} ms at the program's {max(f['linears_ms'])} rows, "
+        f"its matrices alone (eager, no attention) {f['linears_ms'][max(f['linears_ms'])]:.2f} ms at the program's {max(f['linears_ms'])} rows, "
         f"{f['linears_ms'][1]:.2f} ms at 1 row",
         f"- bytes read per step: {f['weight_bytes'] / 1e9:.2f} GB of weights + {f['kv_bytes_read'] / 1e9:.2f} GB of "
         f"keys and values = **{f['step_gbs']:.0f} GB/s**, {100 * f['step_gbs'] / f['copy_gbs']:.0f}% of the measured "
