@@ -201,6 +201,16 @@ def test_pick_device():
             pick_device("cuda")
 
 
+def test_pick_device_checks_the_gpu_index(monkeypatch):
+    """With one GPU (as torch would report it): cuda:0 is it, cuda:1 and cuda:x are clear errors."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert pick_device("cuda:0") == "cuda:0" and pick_device("cuda") == "cuda"
+    for bad in ("cuda:1", "cuda:x"):
+        with pytest.raises(ValueError, match="sees 1 CUDA device"):
+            pick_device(bad)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
 def test_cuda_graphs_give_greedy_speculation_equal_to_plain(tiny_hf_dir):
     model = load_model(str(tiny_hf_dir), "fp32", progress=False, device="cuda")

@@ -67,6 +67,10 @@ def pick_device(device: str | None) -> str:
     if device.startswith("cuda") and not torch.cuda.is_available():
         built = "with" if torch.backends.cuda.is_built() else "without"
         raise ValueError(f"--device {device}: torch {torch.__version__} (built {built} CUDA) sees no CUDA device here")
+    index = device.partition(":")[2]
+    if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        raise ValueError(f"--device {device}: torch sees {torch.cuda.device_count()} CUDA device(s), cuda:0 to "
+                         f"cuda:{torch.cuda.device_count() - 1}")
     return device
 
 
