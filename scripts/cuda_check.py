@@ -171,8 +171,7 @@ def main() -> None:
     c = tr.config
     weight_bytes = tr.weight_bytes_per_token()
     kv_bytes = c.num_layers * 2 * c.kv_size * (args.ctx_size + 1) * torch.finfo(dtype).bits // 8
-    params = sum(t.numel() for t in [tr.weights[0], tr.weights[2], tr.weights[3]] +
-                 [t for layer in tr.weights[1] for t in vars(layer).values() if t is not None])
+    params = sum(t.numel() for t in tr.weight_tensors())
     info = ModelInfo(f"random {args.shape}", "", "", "llama", "random", str(dtype).removeprefix("torch."), params,
                      weight_bytes, device)
     model = Model(tr, byte_tokenizer(c.vocab_size), info, None)

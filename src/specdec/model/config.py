@@ -95,6 +95,11 @@ class ModelConfig:
         if self.sliding_layers and self.sliding_window < 1:
             raise ValueError(f"sliding layers {self.sliding_layers} need a sliding window of at least 1 token")
 
+    @property
+    def attention_scale(self) -> float:
+        """The scale of q.k: attn_scale, or 1 / sqrt(head_dim) (a python float, as transformers computes it)."""
+        return self.attn_scale if self.attn_scale is not None else 1.0 / math.sqrt(self.head_dim)
+
     def window(self, layer: int) -> int:
         """Keys layer `layer`'s queries see, counted back from the query's position (0 = all)."""
         return self.sliding_window if layer in self.sliding_layers else 0

@@ -42,7 +42,6 @@ model it was made from (`host`), which stays loaded.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import partial
 
@@ -206,7 +205,7 @@ class DeviceTransformer:
         if config.sliding_layers and config.rope_local_theta is not None:
             cos, sin = rope_tables(config.head_dim, config.rope_local_theta, self.max_positions)
             self.local_rope = cos.to(self.device, self.dtype), sin.to(self.device, self.dtype)
-        self.attn_scale = config.attn_scale if config.attn_scale is not None else 1.0 / math.sqrt(config.head_dim)
+        self.attn_scale = config.attention_scale
         self.embed_scale = (torch.tensor(config.embed_scale, dtype=self.dtype, device=self.device)
                             if config.embed_scale != 1.0 else None)
         self._pool = None
@@ -255,18 +254,20 @@ class DeviceTransformer:
                                "read the target's embedding or output head cannot run beside it")
         return self.host
 
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """Every weight on the device: the embedding, the final norm, the output head, each layer's."""
+        embed, layers, norm, lm_head = self.weights
+        return [embed, norm, lm_head] + [t for layer in layers for t in vars(layer).values() if t is not None]
+
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads (all matrices, norms, one embedding row)."""
-        embed, layers, norm, lm_head = self.weights
-        tensors = [norm, lm_head] + [t for layer in layers for t in vars(layer).values() if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors) + embed.shape[1] * embed.element_size()
+        embed, *rest = self.weight_tensors()
+        return sum(t.numel() * t.element_size() for t in rest) + embed.shape[1] * embed.element_size()
 
     def device_bytes(self) -> int:
         """Bytes of every tensor this model holds on its device (weights and RoPE tables)."""
-        embed, layers, norm, lm_head = self.weights
-        tensors = [embed, norm, lm_head, *self.rope, *(self.local_rope if self.local_rope is not self.rope else ())]
-        tensors += [t for layer in layers for t in vars(layer).values() if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        tables = [*self.rope, *(self.local_rope if self.local_rope is not self.rope else ())]
+        return sum(t.numel() * t.element_size() for t in self.weight_tensors() + tables)
 
     def new_cache(self, max_len: int | None = None, num_slots: int = 1) -> DeviceKVCache:
         max_len = min(max_len or self.config.context_length, self.max_positions)

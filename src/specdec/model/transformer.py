@@ -28,7 +28,6 @@ kernels in the same order: the same bits), which took smollm2-135m's decode step
 from __future__ import annotations
 
 import ctypes
-import math
 from dataclasses import dataclass
 from functools import partial
 
@@ -114,7 +113,7 @@ def _linear_by_spans(linear: QLinear, x: torch.Tensor, spans: list[tuple[slice, 
     return y
 
 
-def window_start(position, window: int) -> int:
+def _window_start(position, window: int) -> int:
     """The oldest cache offset (= position) a row at `position` sees: 0, or position - window + 1."""
     return 0 if not window else max(0, int(position) - window + 1)
 
@@ -125,7 +124,7 @@ def tree_row_keys(tree_mask: torch.Tensor, t: int, start: int, positions: torch.
     nodes = tree_mask[t].nonzero().flatten()
     if window:
         nodes = nodes[positions[nodes] > positions[t] - window]
-    return torch.cat([torch.arange(min(window_start(positions[t], window), start), start), start + nodes])
+    return torch.cat([torch.arange(min(_window_start(positions[t], window), start), start), start + nodes])
 
 
 @dataclass
@@ -194,8 +193,7 @@ class Transformer:
         self.local_cos = self.local_sin = None  # the local layers' tables, when their RoPE differs
         if config.sliding_layers and config.rope_local_theta is not None:
             self.local_cos, self.local_sin = rope_tables(config.head_dim, config.rope_local_theta, self.max_positions)
-        # a python float, as transformers computes it (query_pre_attn_scalar ** -0.5 for Gemma)
-        self.attn_scale = config.attn_scale if config.attn_scale is not None else 1.0 / math.sqrt(config.head_dim)
+        self.attn_scale = config.attention_scale  # query_pre_attn_scalar ** -0.5 for Gemma
         # exact attention rows through attend.c when it builds here (AVX2, a C compiler) and fits the heads
         self._attend_kernel = (config.head_dim % 8 == 0 and config.head_dim <= kernels.ATTEND_MAX_HEAD_DIM
                                and config.num_heads // config.num_kv_heads <= kernels.ATTEND_MAX_GROUP
@@ -284,12 +282,14 @@ class Transformer:
             for window in {c.window(li) for li in range(c.num_layers)}:
                 key_lists[window] = self._exact_key_lists(segments, starts, spans, positions, window)
             x = self._layers_in_c(x, cache, segments, starts, spans, rope, local_rope, key_lists, hidden_layers, hidden)
-        for li, layer in enumerate(self.layers if not key_lists else ()):  # the per-op path
-            window = c.window(li)
-            attend = partial(self._attend_segments, cache, li, window, segments, starts, spans, positions, key_lists)
-            x = decoder_layer(x, _QuantWeights(layer, c, spans), attend, *(local_rope if window else rope))
-            if li + 1 in hidden_layers:
-                hidden[li + 1] = x
+        else:  # the per-op path
+            for li, layer in enumerate(self.layers):
+                window = c.window(li)
+                attend = partial(self._attend_segments, cache, li, window, segments, starts, spans, positions,
+                                 key_lists)
+                x = decoder_layer(x, _QuantWeights(layer, c, spans), attend, *(local_rope if window else rope))
+                if li + 1 in hidden_layers:
+                    hidden[li + 1] = x
         for seg, start, size in zip(segments, starts, sizes):
             cache.lengths[seg.slot] = start + size
 
@@ -347,9 +347,9 @@ class Transformer:
         bufs = {"gate_up": scratch(2 * inter), "h": scratch(H), "qkv": scratch((nh + 2 * nkv) * hd),
                 "qk": scratch((nh + nkv) * hd), "rot": scratch((nh + nkv) * hd), "part": scratch(nh * hd),
                 "attn": scratch(nh * hd), "out": scratch(max(H, nkv * hd))}
-        rows = torch.tensor([0] + [rows.stop for rows, _ in spans], dtype=torch.int64)
+        first_rows = torch.tensor([0] + [rows.stop for rows, _ in spans], dtype=torch.int64)
         seg = [torch.tensor([s.slot for s in segments], dtype=torch.int64), torch.tensor(starts, dtype=torch.int64),
-               rows]
+               first_rows]
         pair = ctypes.c_void_p * 2
         windows = (0, c.sliding_window if c.sliding_layers else 0)
         ropes = (rope, local_rope)
@@ -432,7 +432,7 @@ class Transformer:
             pos = positions[rows]
             for t in range(rows.stop - rows.start):
                 if seg.tree_mask is None:
-                    lists.append(torch.arange(window_start(pos[t], window), start + t + 1))
+                    lists.append(torch.arange(_window_start(pos[t], window), start + t + 1))
                 else:
                     lists.append(tree_row_keys(seg.tree_mask, t, start, pos, window))
                 picked.append(rows.start + t)
@@ -473,7 +473,7 @@ class Transformer:
         qg = q.reshape(T, c.num_kv_heads, group, c.head_dim)
         for t in range(T):
             if tree_mask is None:
-                lo = window_start(positions[t], window) if window else 0
+                lo = _window_start(positions[t], window) if window else 0
                 k, v = keys[:, lo : start + t + 1], values[:, lo : start + t + 1]
             else:
                 idx = tree_row_keys(tree_mask, t, start, positions, window)
