@@ -247,3 +247,21 @@ def test_an_mtp_head_reads_the_device_models_hidden_states(tmp_path):
     result = engine.generate(prompt, max_tokens=40)
     assert result.token_ids == plain
     assert result.stats.drafted > 0 and drafter.hidden_layers
+
+
+@pytest.mark.slow
+def test_the_real_smollm2_file_on_the_device_runtime():
+    """smollm2-135m's GGUF (its blocks' values as the device runtime holds them, bf16, as on a GPU): greedy
+    suffix speculation equals plain decoding token for token, with drafts accepted and rejected."""
+    from helpers.models import real_model
+
+    cpu = real_model("smollm2-135m", "gguf")
+    model = dataclasses.replace(cpu, transformer=DeviceTransformer.from_transformer(cpu.transformer, "cpu",
+                                                                                    torch.bfloat16))
+    engine = Engine(model, max_len=256)
+    ids = model.tokenizer.encode("def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"
+                                 "def fib2(n):\n")
+    plain = engine.generate(ids, SamplingParams(), max_tokens=48, spec=SpecConfig(drafters=()))
+    out = engine.generate(ids, SamplingParams(), max_tokens=48, spec=SpecConfig(drafters=("suffix",), draft_n_max=8))
+    assert out.token_ids == plain.token_ids and len(plain.token_ids) == 48
+    assert 0 < out.stats.accepted < out.stats.drafted
