@@ -138,3 +138,14 @@ def test_query_heads_that_do_not_divide_among_the_kv_heads_are_refused():
     k, v = cache(8)
     with pytest.raises(ValueError, match="query heads"):
         kernels.attend_rows(torch.randn(1, 7, 8), k, v, *rows([[0, 1]], [0]), 1.0)
+
+
+@pytest.mark.parametrize("nh", [2, 6, 8, 10])  # kv groups of 1, 3, 4 and 5 heads
+def test_one_verify_split_by_query_heads_gives_the_one_thread_bits(nh):
+    """One sequence's 5-row verify over 2 kv heads: at 2 threads its groups split into tasks of some of their
+    query heads (2 + 1 of a group of 3; 3 + 2 of 5), which must give the bits of one task per kv head."""
+    k, v = cache(64, seed=8)
+    lists = [list(range(0, 90 + t)) for t in range(5)]
+    q = torch.randn(5, nh, 64, generator=torch.Generator().manual_seed(9))
+    together = rows_as_alone(q, k, v, lists, [1] * 5, 0.125)
+    torch.testing.assert_close(together.double(), reference(q, k, v, lists, [1] * 5, 0.125), rtol=1e-5, atol=1e-5)

@@ -3,7 +3,7 @@
  * Row r (one query token of some sequence) reduces over its own key list idx[off[r] .. off[r+1]),
  * offsets into its slot's keys, in that order:
  *     s_j = scale * q . k_j,  p_j = exp(s_j - max s) / sum p,  out = sum_j p_j v_j.
- * Each (row, kv head) is computed by one thread in a fixed order that depends only on the row's
+ * Each (row, query head) is computed by one thread in a fixed order that depends only on the row's
  * own key list (8-wide dot products over head_dim, exp in blocks of 8 from j = 0, the tail of the
  * list one key at a time), so a row's bits never depend on which other rows share the call: the
  * property a k-token verify forward relies on to equal k one-token steps. The rows of one verify
@@ -23,11 +23,14 @@
 
 #define MAX_HEAD_DIM 512
 #define MAX_GROUP 64 /* query heads per kv head (kernels/__init__.py checks) */
-/* multiply-adds of the q.k products from which the (row, kv head) tasks share the threads: 2^18 is 171
- * keys of qwen2.5-coder-1.5b's 12 heads of 128. At 2^21 (1365 keys) a decode step at 1000 keys of
- * context ran its two kv heads on one thread: 217 against 170 us a layer with the K/V cache coming from
- * memory (2 threads, AMD EPYC), 47 against 29 us at 300 keys. */
-#define PARALLEL_MIN_WORK (1 << 18)
+/* multiply-adds of the q.k products from which the tasks share the threads. At 2^21 (1365 keys of
+ * qwen2.5-coder-1.5b's 12 heads of 128) a decode step at 1000 keys of context ran its two kv heads on one
+ * thread: 217 against 170 us a layer with the K/V cache coming from memory (2 threads, AMD EPYC), 47
+ * against 29 us at 300 keys. 2^14 is 28 keys of smollm2-135m's 9 heads of 64: with the heads split
+ * (below), its decode step and 4-token verify after 100 keys took 0.95x the time they took at 2^18,
+ * where attention ran on one thread while the other waited (same process, AMD Zen 4); after 1000 keys,
+ * alike. */
+#define PARALLEL_MIN_WORK (1 << 14)
 /* keys ahead whose rows are asked into L1 while the current ones are used: 28 layers of K/V cache pass
  * through memory once a step, and the hardware prefetcher alone left a single thread at ~10 GB/s here;
  * 170 -> 138 us a layer at 1000 keys (above), 16 keys ahead measured alike */
@@ -198,17 +201,27 @@ void attend_rows(const float *q, const float *k, const float *v, const int64_t *
     /* threads only where the work pays for waking them: an OpenMP pool that spins after a small
      * region takes the cores from torch's own pool in the matmuls that follow */
     const int parallel = threads > 1 && off[n] * nh * hd >= PARALLEL_MIN_WORK;
+    /* a task: one bundle's rows, one kv head, and `per` of its group's query heads. Where the bundles
+     * and kv heads alone leave a thread fewer than two tasks (one verify of smollm2-135m's 3 kv heads on
+     * 2 threads: 2 tasks against 1; Gemma 3's single kv head: 1 against none), the groups split. Each
+     * head's arithmetic is the same whichever heads share its task: the same bits. */
+    int64_t parts = 1;
+    while (parallel && bundles * nkv * parts < 2 * threads && parts < group) parts++;
+    const int64_t per = (group + parts - 1) / parts;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(parallel)
-    for (int64_t task = 0; task < bundles * nkv; task++) {
-        const int64_t r0 = starts[task / nkv], nr = starts[task / nkv + 1] - r0, g = task % nkv;
+    for (int64_t task = 0; task < bundles * nkv * parts; task++) {
+        const int64_t b = task / (nkv * parts), g = task / parts % nkv, h0 = g * group + task % parts * per;
+        const int64_t r0 = starts[b], nr = starts[b + 1] - r0;
+        const int64_t heads = g * group + group - h0 < per ? g * group + group - h0 : per;
+        if (heads <= 0) continue;
         int64_t lens[MAX_BUNDLE];
         for (int64_t i = 0; i < nr; i++) lens[i] = off[r0 + i + 1] - off[r0 + i];
         const int64_t L = lens[nr - 1];  // the longest list, which every row's begins
         const int64_t *keys = idx + off[r0 + nr - 1];
         const float *kb = k + (slot[r0] * nkv + g) * max_len * hd;
         const float *vb = v + (slot[r0] * nkv + g) * max_len * hd;
-        // the weights of row i's head a at s + (i * group + a) * L, then weigh_values's sums
-        float *s = malloc(sizeof(float) * (size_t)(nr * group * (L + hd)));
+        // the weights of row i's head a at s + (i * heads + a) * L, then weigh_values's sums
+        float *s = malloc(sizeof(float) * (size_t)(nr * heads * (L + hd)));
         float totals[MAX_BUNDLE * MAX_GROUP];
         int64_t j0 = 0;
         for (; j0 + 8 <= L; j0 += 8) {  // 8 keys at a time: the q loads shared, the 8 sums reduced together
@@ -220,27 +233,27 @@ void attend_rows(const float *q, const float *k, const float *v, const int64_t *
                         _mm_prefetch((const char *)(kb + keys[j0 + PREFETCH_KEYS + i] * hd + d), _MM_HINT_T0);
             for (int64_t i = 0; i < nr; i++) {
                 if (j0 + 8 > lens[i]) continue;  // that row's last keys: one at a time, below
-                for (int64_t a = 0; a < group; a++) {
-                    const float *qa = q + ((r0 + i) * nh + g * group + a) * hd;
+                for (int64_t a = 0; a < heads; a++) {
+                    const float *qa = q + ((r0 + i) * nh + h0 + a) * hd;
                     __m256 acc[8];
                     for (int e = 0; e < 8; e++) acc[e] = _mm256_setzero_ps();
                     for (int64_t d = 0; d < hd; d += 8) {
                         const __m256 qv = _mm256_loadu_ps(qa + d);
                         for (int e = 0; e < 8; e++) acc[e] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[e] + d), acc[e]);
                     }
-                    _mm256_storeu_ps(s + (i * group + a) * L + j0, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+                    _mm256_storeu_ps(s + (i * heads + a) * L + j0, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
                 }
             }
         }
         for (int64_t i = 0; i < nr; i++)
             for (int64_t j = lens[i] / 8 * 8; j < lens[i]; j++) {
                 const float *kr = kb + keys[j] * hd;
-                for (int64_t a = 0; a < group; a++)
-                    s[(i * group + a) * L + j] = dot(q + ((r0 + i) * nh + g * group + a) * hd, kr, hd) * scale;
+                for (int64_t a = 0; a < heads; a++)
+                    s[(i * heads + a) * L + j] = dot(q + ((r0 + i) * nh + h0 + a) * hd, kr, hd) * scale;
             }
         for (int64_t i = 0; i < nr; i++)
-            for (int64_t a = 0; a < group; a++) {
-                float *sa = s + (i * group + a) * L;
+            for (int64_t a = 0; a < heads; a++) {
+                float *sa = s + (i * heads + a) * L;
                 const int64_t len = lens[i];
                 float m = -INFINITY;
                 for (int64_t j = 0; j < len; j++) m = sa[j] > m ? sa[j] : m;
@@ -256,10 +269,10 @@ void attend_rows(const float *q, const float *k, const float *v, const int64_t *
                     sa[j] = exp1(sa[j] - m);
                     sum += sa[j];
                 }
-                totals[i * group + a] = sum;
+                totals[i * heads + a] = sum;
             }
-        weigh_values(s, L, lens, nr, keys, vb, hd, group, nh, totals, s + nr * group * L,
-                     out + (r0 * nh + g * group) * hd);
+        weigh_values(s, L, lens, nr, keys, vb, hd, heads, nh, totals, s + nr * heads * L,
+                     out + (r0 * nh + h0) * hd);
         free(s);
     }
     free(starts);
