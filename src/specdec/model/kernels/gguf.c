@@ -408,7 +408,7 @@ static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
 #define WIDEN_EACH 0
 #define STEP_PAIRS 0
 #endif
-// STEP_PAIRS (the VNNI build, every type but Q8_0 and Q6_K): steps c and c + 4 of a group, whose weights come
+// STEP_PAIRS (the VNNI build, every type but Q8_0): steps c and c + 4 of a group, whose weights come
 // from one 32-byte load (low and high nibbles), go into one 512-bit vpdpbusd, the weights' two halves side
 // by side and the activations' 64 bytes as interleave_rows lays them out, where two 256-bit ones took them.
 // Lanes l and l + 8 then hold sub-block l's sums of the two steps, added at the group's end: the same
@@ -578,14 +578,26 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
         __m256i da[TILE][CHAINS], db[TILE][CHAINS], ha[TILE], hb[TILE];  // steps 0..3 (first halves), 4..7 (second halves)
         for (int r = 0; r < R; r++)
             for (int k = 0; k < CHAINS; k++) da[r][k] = db[r][k] = _mm256_setzero_si256();
+#if STEP_PAIRS
+        __m512i pairs[TILE][2];  // lanes 0..7: da's sums, 8..15: db's (as dot_groups)
+        for (int r = 0; r < R; r++) pairs[r][0] = pairs[r][1] = _mm512_setzero_si512();
+#endif
         for (int c = 0; c < 4; c++) {
             const __m256i q = _mm256_loadu_si256((const __m256i *)(p + 32 * c));
             const __m256i ua = _mm256_or_si256(_mm256_and_si256(q, nib),
                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh0, 2 * c), two), 4));
             const __m256i ub = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), nib),
                                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh1, 2 * c), two), 4));
+#if STEP_PAIRS
+            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(ua), ub, 1);
+#endif
             for (int r = 0; r < R; r++) {
                 const int8_t *x = xi + r * K + i * 256;
+#if STEP_PAIRS
+                const int k = R <= 2 ? c & 1 : 0;
+                pairs[r][k] = _mm512_dpbusd_epi32(pairs[r][k], both, _mm512_loadu_si512((const void *)(x + 64 * c)));
+                continue;
+#endif
                 const __m256i xa = _mm256_loadu_si256((const __m256i *)(x + 64 * c)), xb = _mm256_loadu_si256((const __m256i *)(x + 64 * c + 32));
                 if (WIDEN_EACH) {
                     da[r][chain(R, c)] = dot4_add(da[r][chain(R, c)], ua, xa);
@@ -600,8 +612,14 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
         }
         for (int r = 0; r < R; r++) {
             const int32_t *sums = s16 + (r * (K / 256) + i) * 16;
+#if STEP_PAIRS
+            const __m512i sum = R <= 2 ? _mm512_add_epi32(pairs[r][0], pairs[r][1]) : pairs[r][0];
+            const __m512i both = _mm512_sub_epi32(sum, _mm512_slli_epi32(_mm512_loadu_si512((const void *)sums), 5));
+            const __m256i ia = _mm512_castsi512_si256(both), ib = _mm512_extracti64x4_epi64(both, 1);
+#else
             const __m256i ia = _mm256_sub_epi32(chains_sum(da[r], R), _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)sums), 5));
             const __m256i ib = _mm256_sub_epi32(chains_sum(db[r], R), _mm256_slli_epi32(_mm256_loadu_si256((const __m256i *)(sums + 8)), 5));
+#endif
             const __m256 t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ib), sb, _mm256_mul_ps(_mm256_cvtepi32_ps(ia), sa));
             acc[r] = _mm256_fmadd_ps(t, _mm256_loadu_ps(xs + r * nb + i * 8), acc[r]);
         }
