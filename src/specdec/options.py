@@ -17,6 +17,7 @@ from specdec.drafters import registry
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
 from specdec.engine.config import SpecFlags
 from specdec.model.linear import WEIGHT_FORMATS
+from specdec.model.transformer import CACHE_TYPES
 from specdec.sampling import SamplingParams
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -28,6 +29,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="in-memory weight format (default: gguf for a GGUF file, i.e. the file's own quantized "
                         "blocks computed as stored; int8 for a Hugging Face folder)")
     p.add_argument("--ctx-size", "-c", type=int, default=4096, help="KV cache length in tokens")
+    p.add_argument("--cache-type", default=None, choices=list(CACHE_TYPES),
+                   help="what the KV cache holds on the CPU (default f16, as llama.cpp's; f32 with --weights fp32): "
+                        "f16 reads half the bytes at long contexts; output stays exact either way")
     p.add_argument("--device", default=None,
                    help="cpu or cuda (cuda:N): where the target runs (default: cuda when torch sees a GPU). On cuda "
                         "every exact step is one CUDA graph of 16 rows over the whole --ctx-size cache")
@@ -100,7 +104,7 @@ def build_engine(args: argparse.Namespace):
     if not flags.auto:
         spec_config_from_flags(flags)  # a bad flag is an error before a minute of loading
     sampling = sampling_from_args(args)
-    model = load_model(args.model, args.weights, device=pick_device(args.device))
+    model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
     spec, notes = decide_spec_for_model(flags, model)
     for note in notes:
         print(note if note.startswith("auto: ") else f"note: {note}", file=sys.stderr)

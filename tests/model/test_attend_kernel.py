@@ -149,3 +149,24 @@ def test_one_verify_split_by_query_heads_gives_the_one_thread_bits(nh):
     q = torch.randn(5, nh, 64, generator=torch.Generator().manual_seed(9))
     together = rows_as_alone(q, k, v, lists, [1] * 5, 0.125)
     torch.testing.assert_close(together.double(), reference(q, k, v, lists, [1] * 5, 0.125), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("key_lists", [VERIFY_LISTS, BATCH_LISTS[:12]], ids=["verify", "decode-batch"])
+def test_a_float16_cache_gives_attention_over_its_values_with_the_same_invariance(key_lists):
+    """A float16 cache: each value widened exactly as it is read, so the rows are softmax attention over the
+    float16 values (float64 reference), bitwise the same alone, with any neighbours, at any thread count."""
+    k, v = (t.half() for t in cache(64, seed=10))
+    slots = [r % SLOTS for r in range(len(key_lists))]
+    q = torch.randn(len(key_lists), 8, 64, generator=torch.Generator().manual_seed(11))
+    together = rows_as_alone(q, k, v, key_lists, slots, 0.125)
+    expected = reference(q, k.float(), v.float(), key_lists, slots, 0.125)
+    torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=1e-5)
+    # the same values in a float32 cache: the same math, to float32 rounding
+    as_float = kernels.attend_rows(q, k.float(), v.float(), *rows(key_lists, slots), 0.125)
+    torch.testing.assert_close(together, as_float, rtol=1e-6, atol=1e-6)
+
+
+def test_keys_and_values_of_different_dtypes_are_refused():
+    k, v = cache(8)
+    with pytest.raises(ValueError, match="share a dtype"):
+        kernels.attend_rows(torch.randn(1, 2, 8), k.half(), v, *rows([[0, 1]], [0]), 1.0)

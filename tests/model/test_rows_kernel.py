@@ -78,3 +78,20 @@ def test_store_rows_writes_what_the_strided_copy_writes():
     want[1, :, 30:37] = new.transpose(0, 1)
     kernels.store_rows(new, layer, 1, 30)
     assert torch.equal(layer, want)
+
+
+@pytest.mark.parametrize("hd", [16, 12])  # 12: a tail past the last 8 values
+def test_store_rows_into_a_float16_cache_rounds_as_torch_does(hd):
+    g = torch.Generator().manual_seed(6)
+    layer = torch.randn(3, 2, 40, hd, generator=g).half()
+    new = torch.randn(7, 2, hd, generator=g) * 1000
+    new[0, 0, :4] = torch.tensor([1 + 2**-11, 1 + 3 * 2**-11, 70000.0, 2**-26])  # ties to even, overflow, subnormal
+    want = layer.clone()
+    want[1, :, 30:37] = new.transpose(0, 1).half()
+    kernels.store_rows(new, layer, 1, 30)
+    assert torch.equal(layer, want)
+
+
+def test_store_rows_refuses_a_cache_dtype_the_kernels_do_not_take():
+    with pytest.raises(ValueError, match="float32 or float16"):
+        kernels.store_rows(torch.zeros(1, 2, 16), torch.zeros(3, 2, 40, 16, dtype=torch.bfloat16), 0, 0)

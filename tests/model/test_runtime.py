@@ -10,7 +10,7 @@ from specdec.drafters.base import TokenTree
 from specdec.model import kernels
 from specdec.model.linear import CONVERTED_FORMATS
 from specdec.model.load import load_model
-from specdec.model.transformer import Segment
+from specdec.model.transformer import CACHE_TYPES, Segment
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 9, 3, 12]
 NEW = [40, 41, 300, 301, 7, 8]
@@ -209,10 +209,13 @@ def test_int4_and_int8_weights_stay_close_to_fp32(tiny_hf_dir):
         assert m.info.weights_dtype == fmt
 
 
-def test_exact_rows_with_and_without_the_attention_kernel(tiny_model, monkeypatch):
+@pytest.mark.parametrize("kv", ["f32", "f16"])
+def test_exact_rows_with_and_without_the_attention_kernel(tiny_model, monkeypatch, kv):
     """attend.c (all exact rows of a forward in one call) and torch's row-by-row fallback (no C
-    compiler, no AVX2) each keep a k-token forward bitwise k one-token steps; they agree closely."""
+    compiler, no AVX2) each keep a k-token forward bitwise k one-token steps, over a float32 and a
+    float16 cache; they agree closely."""
     tr = tiny_model.transformer
+    monkeypatch.setattr(tr, "kv_dtype", CACHE_TYPES[kv])
     outputs = {}
     for use_kernel in (False, True):
         if use_kernel and kernels.attend() is None:
@@ -231,3 +234,13 @@ def test_exact_rows_with_and_without_the_attention_kernel(tiny_model, monkeypatc
         outputs[use_kernel] = outs[0].logits[0]
     if len(outputs) == 2:
         torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+
+
+def test_the_kv_cache_holds_float16_but_for_the_fp32_format_and_as_asked(tiny_hf_dir):
+    for fmt, cache_type, held in (("fp32", None, torch.float32), ("int8", None, torch.float16),
+                                  ("int8", "f32", torch.float32), ("fp32", "f16", torch.float16)):
+        m = load_model(str(tiny_hf_dir), fmt, progress=False, cache_type=cache_type)
+        assert m.transformer.new_cache(8).k.dtype == held
+        assert m.info.kv_cache == str(held).removeprefix("torch.")
+    with pytest.raises(ValueError, match="--cache-type q8_0: choose one of f16, f32"):
+        load_model(str(tiny_hf_dir), "int8", progress=False, cache_type="q8_0")

@@ -170,6 +170,7 @@ def cmd_load(args) -> int:
                       "--spec-draft-n-max", str(args.spec_draft_n_max)]
         serve_args += ["--weights", args.weights] if args.weights else []
         serve_args += ["--device", args.device] if args.device else []
+        serve_args += ["--cache-type", args.cache_type] if args.cache_type else []
         serve_args += ["--spec-type", args.spec_type] if args.spec_type else []
         serve_args += ["-md", args.draft_model] if args.draft_model else []
         env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
@@ -230,7 +231,7 @@ def cmd_bench(args) -> int:
                   args.spec_draft_n_max)
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = load_model(args.model, args.weights, device=pick_device(args.device))
+    model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
     results = bench(
         model, args.prompts, args.methods, args.draft_model, _floats(args.temperature), args.max_tokens,
         args.repeats, args.spec_draft_n_max, _ints(args.draft_lengths) if args.draft_lengths else None,

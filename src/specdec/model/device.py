@@ -194,6 +194,7 @@ class DeviceTransformer:
         self.config = config
         self.device = torch.device(device)
         self.dtype = embed.dtype
+        self.kv_dtype = self.dtype  # what DeviceKVCache holds
         self.rows, self.graphs, self.host = rows, graphs, host
         self.weights = embed, layers, norm, lm_head  # (V, H), [DenseLayer], (H,), (V, H): on the device
         self.max_positions = config.context_length

@@ -11,7 +11,7 @@ from specdec.model.errors import ModelFileError
 from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.registry import cached_sha256, resolve
 from specdec.model.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
-from specdec.model.transformer import Transformer
+from specdec.model.transformer import CACHE_TYPES, Transformer
 from specdec.model.weight_cache import load_or_build, worth_caching
 
 FOLDER_WEIGHTS_FORMAT = "int8"  # the default for a Hugging Face folder (a GGUF file's is "gguf", its own blocks)
@@ -46,6 +46,7 @@ class ModelInfo:
     params: int
     weight_bytes_per_token: int
     device: str = "cpu"  # where the target runs; on cuda its weights are weights_dtype's values in bf16 (fp32: fp32)
+    kv_cache: str = "float32"  # what its KV cache holds (float16 or float32; on cuda the compute dtype)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -64,17 +65,24 @@ class Model:
 
 
 def load_model(name_or_path: str, weights_format: str | None = None, progress: bool = True,
-               weight_cache: bool = True, device: str = "cpu") -> Model:
+               weight_cache: bool = True, device: str = "cpu", cache_type: str | None = None) -> Model:
     """weights_format: one of WEIGHT_FORMATS, or None for the checkpoint's default (`weights_format_for`).
     weight_cache: read the converted weights from $SPECDEC_HOME/converted when they are there, save them
     when not (model/weight_cache.py); False, or SPECDEC_NO_WEIGHT_CACHE=1, converts from the checkpoint.
     device: cpu, or cuda (cuda:N): the model built on the CPU, then run by model/device.py's
-    DeviceTransformer on that GPU (see device.pick_device for the command line's default)."""
+    DeviceTransformer on that GPU (see device.pick_device for the command line's default).
+    cache_type: what the CPU runtime's KV cache holds, "f16" or "f32" (transformer.CACHE_TYPES); None: f16,
+    f32 for the fp32 format. On cuda the cache holds the compute dtype, and a cache_type is refused."""
     from tqdm import tqdm
 
     from specdec.model.device import DeviceTransformer, pick_device
 
     device = pick_device(device)  # an unknown or absent device is an error before the load
+    if cache_type is not None and cache_type not in CACHE_TYPES:
+        raise ValueError(f"--cache-type {cache_type}: choose one of {', '.join(CACHE_TYPES)}")
+    if cache_type is not None and device != "cpu":
+        raise ValueError(f"--cache-type {cache_type}: the {device} runtime keeps its KV cache in its compute dtype "
+                         "(bf16; fp32 with --weights fp32); the flag is for the CPU runtime")
     path = resolve(name_or_path)
     weights_format = weights_format_for(path, weights_format)  # checks the name too
     checkpoint, tokenizer = open_checkpoint(path)
@@ -89,12 +97,14 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
     else:
         transformer = build_transformer(checkpoint, weights_format, progress=bar.update)
     bar.close()
+    if cache_type is not None:
+        transformer.kv_dtype = CACHE_TYPES[cache_type]
     if device != "cpu":
         transformer = DeviceTransformer.from_transformer(transformer, device)
     info = ModelInfo(
         name=name_or_path, path=str(path), sha256=sha, arch=c.arch, quant=checkpoint.quant,
         weights_dtype=weights_format, params=params, weight_bytes_per_token=transformer.weight_bytes_per_token(),
-        device=device,
+        device=device, kv_cache=str(transformer.kv_dtype).removeprefix("torch."),
     )
     return Model(transformer, tokenizer, info, checkpoint)
 

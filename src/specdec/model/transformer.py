@@ -40,6 +40,14 @@ from specdec.model.config import ModelConfig
 from specdec.model.layers import decoder_layer, rms_norm, rope_rows, rope_tables, softcap
 from specdec.model.linear import QLinear
 
+# What the KV cache holds (--cache-type): float16, as llama.cpp keeps it by default, or float32. A step reads
+# every cached key and value of every layer, so at long contexts the cache's bytes rival the weights': after
+# 3000 tokens qwen2.5-coder-1.5b's is 172 MB a step in float32, against ~1 GB of weights. Both are exact
+# (a k-token forward reads the same stored values as k one-token steps); float16 rounds each stored value.
+CACHE_TYPES = {"f16": torch.float16, "f32": torch.float32}
+# the dtypes whose cache the C kernels (rows.c, attend.c, step.c) write and read; another goes through torch
+KERNEL_CACHE_DTYPES = (torch.float32, torch.float16)
+
 
 @dataclass
 class Layer:
@@ -187,6 +195,8 @@ class Transformer:
         self.norm = norm
         self.lm_head = lm_head
         self.weights_format = weights_format
+        # float16 but for the fp32 format, the reference the others are measured against (load_model's cache_type)
+        self.kv_dtype = torch.float32 if weights_format == "fp32" else torch.float16
         self.max_positions = config.context_length
         self.cos, self.sin = rope_tables(config.head_dim, config.rope_theta, self.max_positions,
                                            config.rope_freq_factors)
@@ -213,7 +223,7 @@ class Transformer:
     def new_cache(self, max_len: int | None = None, num_slots: int = 1) -> KVCache:
         c = self.config
         max_len = min(max_len or c.context_length, self.max_positions)
-        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_len, num_slots)
+        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, max_len, num_slots, dtype=self.kv_dtype)
 
     # -- forward -----------------------------------------------------------------------------
     @torch.inference_mode()
@@ -277,7 +287,7 @@ class Transformer:
         if 0 in hidden_layers:
             hidden[0] = x
         key_lists: dict[int, tuple] = {}  # window -> the exact rows' key lists (attend.c), shared by the layers
-        if (self.step_kernel and all(exact for _, exact in spans) and cache.k.dtype == torch.float32
+        if (self.step_kernel and all(exact for _, exact in spans) and cache.k.dtype in KERNEL_CACHE_DTYPES
                 and self._step_layers() is not None):
             for window in {c.window(li) for li in range(c.num_layers)}:
                 key_lists[window] = self._exact_key_lists(segments, starts, spans, positions, window)
@@ -360,7 +370,8 @@ class Transformer:
             pair(*(r[0].data_ptr() for r in ropes)), pair(*(r[1].data_ptr() for r in ropes)),
             *(pair(*(keys[i].data_ptr() for keys in lists)) for i in range(3)),
             len(segments), *(t.data_ptr() for t in seg), cache.k.data_ptr(), cache.v.data_ptr(), cache.k[0].numel(),
-            cache.k.shape[1], cache.k.shape[3], x.data_ptr(), *(b.data_ptr() for b in bufs.values()))
+            cache.k.shape[1], cache.k.shape[3], int(cache.k.dtype == torch.float16), x.data_ptr(),
+            *(b.data_ptr() for b in bufs.values()))
         run, forward = kernels.step().step_layer, ctypes.byref(f)
         gate, up = bufs["gate_up"].chunk(2, dim=-1)
         act, prev = None, None
@@ -389,7 +400,7 @@ class Transformer:
         Writes each sequence's new K/V into its cache slot, then attends: the exact rows of every
         sequence in one attend.c call where it loaded (each row over its own key list, in order),
         the others (prefill) sequence by sequence with fused attention."""
-        store = cache.k.dtype == torch.float32 and kernels.rows() is not None
+        store = cache.k.dtype in KERNEL_CACHE_DTYPES and kernels.rows() is not None
         for seg, start, (rows, _) in zip(segments, starts, spans):
             if store:  # one C call each instead of a strided torch copy
                 kernels.store_rows(k[rows], cache.k[li], seg.slot, start)
@@ -398,7 +409,7 @@ class Transformer:
                 size = rows.stop - rows.start
                 cache.k[li, seg.slot, :, start : start + size] = k[rows].transpose(0, 1)
                 cache.v[li, seg.slot, :, start : start + size] = v[rows].transpose(0, 1)
-        kernel = self._attend_kernel and cache.k.dtype == torch.float32 and any(exact for _, exact in spans)
+        kernel = self._attend_kernel and cache.k.dtype in KERNEL_CACHE_DTYPES and any(exact for _, exact in spans)
         if kernel and window not in key_lists:
             key_lists[window] = self._exact_key_lists(segments, starts, spans, positions, window)
         parts = []
@@ -462,8 +473,8 @@ class Transformer:
         if not exact and tree_mask is None:
             end = start + T
             qh = q.transpose(0, 1)  # (nh, T, hd)
-            k = keys[:, :end].repeat_interleave(group, dim=0)
-            v = values[:, :end].repeat_interleave(group, dim=0)
+            k = keys[:, :end].float().repeat_interleave(group, dim=0)  # a float16 cache's values widened
+            v = values[:, :end].float().repeat_interleave(group, dim=0)
             allowed = torch.arange(end)[None, :] <= (start + torch.arange(T))[:, None]  # (T, end)
             if window:
                 allowed &= torch.arange(end)[None, :] > (positions - window)[:, None]
@@ -474,10 +485,10 @@ class Transformer:
         for t in range(T):
             if tree_mask is None:
                 lo = _window_start(positions[t], window) if window else 0
-                k, v = keys[:, lo : start + t + 1], values[:, lo : start + t + 1]
+                k, v = keys[:, lo : start + t + 1].float(), values[:, lo : start + t + 1].float()
             else:
                 idx = tree_row_keys(tree_mask, t, start, positions, window)
-                k, v = keys[:, idx], values[:, idx]
+                k, v = keys[:, idx].float(), values[:, idx].float()
             # one decode step's attention: (nkv, group, hd) x (nkv, L, hd) -> (nkv, group, hd)
             scores = torch.matmul(qg[t], k.transpose(1, 2)) * scale
             out[t] = torch.matmul(torch.softmax(scores, dim=-1), v).reshape(c.num_heads, c.head_dim)

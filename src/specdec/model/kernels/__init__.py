@@ -168,7 +168,7 @@ def w8a8_build(vnni: bool):
 @lru_cache(maxsize=1)
 def attend():
     """The loaded exact-attention library (ctypes.CDLL), or None (`why_unavailable("attend")`)."""
-    return _load(ATTEND_SOURCE, {"attend_rows": [P, P, P, P, P, P, P, I64, I64, I64, I64, I64, F32, I32]},
+    return _load(ATTEND_SOURCE, {"attend_rows": [P, P, P, P, P, P, P, I64, I64, I64, I64, I64, F32, I32, I32]},
                  off="SPECDEC_NO_ATTEND_KERNEL")
 
 
@@ -191,7 +191,7 @@ def gguf_build(vnni: bool):
 def rows():
     """The loaded row-ops library (ctypes.CDLL), or None (`why_unavailable("rows")`)."""
     return _load(ROWS_SOURCE, {"rms_norm_rows": [P, P, I64, I64, F32, P], "rope_rows": [P, P, P, I64, I64, I64, P],
-                               "store_rows": [P, I64, I64, I64, P, I64, I64, I64]}, off="SPECDEC_NO_ROWS_KERNEL")
+                               "store_rows": [P, I64, I64, I64, P, I64, I64, I64, I32]}, off="SPECDEC_NO_ROWS_KERNEL")
 
 
 @lru_cache(maxsize=1)
@@ -246,7 +246,7 @@ class StepForward(ctypes.Structure):
     _fields_ = [("M", I64), ("H", I64), ("nh", I64), ("nkv", I64), ("hd", I64), ("I", I64), ("threads", I64),
                 ("eps", F32), ("scale", F32), ("cos", P * 2), ("sin", P * 2), ("slot", P * 2), ("off", P * 2),
                 ("keys", P * 2), ("nseg", I64), ("seg_slot", P), ("seg_start", P), ("seg_row", P),
-                ("kcache", P), ("vcache", P), ("layer_floats", I64), ("slots", I64), ("max_len", I64),
+                ("kcache", P), ("vcache", P), ("layer_values", I64), ("slots", I64), ("max_len", I64), ("half", I64),
                 ("x", P), ("gate_up", P), ("h", P), ("qkv", P), ("qk", P), ("rot", P), ("part", P), ("attn", P),
                 ("out", P)]
 
@@ -276,11 +276,20 @@ def rope(x, cos, sin):
 
 
 def store_rows(new, layer, slot: int, start: int):
-    """new (T, nkv, hd) float32 -> layer[slot, :, start:start + T] (layer: (slots, nkv, max_len, hd) float32,
-    contiguous), as layer[slot, :, start:start + T] = new.transpose(0, 1) (rows.c)."""
+    """new (T, nkv, hd) float32 -> layer[slot, :, start:start + T] (layer: (slots, nkv, max_len, hd) float32 or
+    float16, contiguous), as layer[slot, :, start:start + T] = new.transpose(0, 1) (rows.c)."""
     new = new.contiguous()
     T, nkv, hd = new.shape
-    rows().store_rows(new.data_ptr(), T, nkv, hd, layer.data_ptr(), slot, layer.shape[2], start)
+    rows().store_rows(new.data_ptr(), T, nkv, hd, layer.data_ptr(), slot, layer.shape[2], start, _half(layer))
+
+
+def _half(cache_layer) -> int:
+    """1 for a float16 cache, 0 for float32: the kernels' `half` argument (ValueError for any other dtype)."""
+    import torch
+
+    if cache_layer.dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"the KV cache kernels take float32 or float16, not {cache_layer.dtype}")
+    return int(cache_layer.dtype == torch.float16)
 
 
 def gguf_quantize(x):
@@ -420,7 +429,7 @@ def w8a8_matmul(x, weight, scale, bias=None, lib=None):
 def attend_rows(q, k, v, slot, offsets, keys, scale: float):
     """Each query row over exactly its own keys of its own cache slot (see attend.c).
 
-    q: (n, nh, hd) float32; k, v: one layer of the cache, (slots, nkv, max_len, hd) float32,
+    q: (n, nh, hd) float32; k, v: one layer of the cache, (slots, nkv, max_len, hd) float32 or float16,
     contiguous; slot: (n,) int64; offsets: (n + 1,) int64 into keys; keys: key offsets in the
     slot, row r's at keys[offsets[r]:offsets[r + 1]], in reduction order. Returns (n, nh, hd).
     Needs `attend()` to have loaded.
@@ -432,8 +441,10 @@ def attend_rows(q, k, v, slot, offsets, keys, scale: float):
     slots, nkv, max_len, _ = k.shape
     if nh % nkv:
         raise ValueError(f"{nh} query heads do not divide among {nkv} kv heads")
+    if v.dtype != k.dtype:
+        raise ValueError(f"keys ({k.dtype}) and values ({v.dtype}) must share a dtype")
     out = torch.empty_like(q)
     attend().attend_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), slot.data_ptr(), offsets.data_ptr(),
-                         keys.data_ptr(), out.data_ptr(), n, nh, nkv, hd, max_len, scale,
+                         keys.data_ptr(), out.data_ptr(), n, nh, nkv, hd, max_len, scale, _half(k),
                          torch.get_num_threads())
     return out

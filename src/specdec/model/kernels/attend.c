@@ -12,8 +12,9 @@
  * each is bitwise the one-key dot), and p . v runs the group's heads together over blocks of keys
  * (weigh_values).
  *
- * q: (n, nh, hd); k, v: one layer of the cache, (slots, nkv, max_len, hd); slot: (n,); off: (n + 1,);
- * out: (n, nh, hd). hd % 8 == 0, hd <= MAX_HEAD_DIM. Built by kernels/__init__.py with -O3 -mavx2 -mfma -ffp-contract=off.
+ * q: (n, nh, hd); k, v: one layer of the cache, (slots, nkv, max_len, hd), float32, or float16 where half
+ * (each value widened exactly as it is read); slot: (n,); off: (n + 1,); out: (n, nh, hd). hd % 8 == 0,
+ * hd <= MAX_HEAD_DIM. Built by kernels/__init__.py with -O3 -mavx2 -mfma -mf16c -ffp-contract=off.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -59,10 +60,24 @@ static inline __m256 hsum8x8(const __m256 v[8]) {
     return _mm256_permutevar8x32_ps(t, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static inline float dot(const float *a, const float *b, int64_t n) {
+/* The cache holds float32 or float16 (half) values: a key's or value's row at `index` (in values) of base,
+ * and 8 of its values from d on as floats (F16C: exact, as every float16 is a float32) */
+static inline const void *kv_row(const void *base, int64_t index, int half) {
+    return (const char *)base + index * (half ? 2 : 4);
+}
+static inline __m256 kv8(const void *row, int64_t d, int half) {
+    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + d)))
+                : _mm256_loadu_ps((const float *)row + d);
+}
+/* a row's hd values asked into L1, a cache line a prefetch */
+static inline void prefetch_row(const void *row, int64_t hd, int half) {
+    for (int64_t o = 0; o < hd * (half ? 2 : 4); o += 64) _mm_prefetch((const char *)row + o, _MM_HINT_T0);
+}
+
+static inline __attribute__((always_inline)) float dot(const float *a, const void *b, int64_t n, int half) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t d = 0; d < n; d += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), kv8(b, d, half), acc);
     return hsum8(acc);
 }
 
@@ -108,15 +123,15 @@ static inline float exp1(float x) {
 #define HEADS_AT_ONCE 6
 #define VALUE_BLOCK 64
 static inline __attribute__((always_inline)) void weigh_block(const float *s, int64_t L, const int64_t *keys,
-                                                            const float *vb, int64_t hd, int64_t j0, int64_t j1,
-                                                            int64_t d0, int HEADS, int W, float *acc) {
+                                                            const void *vb, int64_t hd, int64_t j0, int64_t j1,
+                                                            int64_t d0, int HEADS, int W, int half, float *acc) {
     __m256 c[HEADS_AT_ONCE][2];
     for (int a = 0; a < HEADS; a++)
         for (int w = 0; w < W; w++) c[a][w] = _mm256_loadu_ps(acc + a * hd + d0 + 8 * w);
     for (int64_t j = j0; j < j1; j++) {
-        const float *vr = vb + keys[j] * hd + d0;
+        const void *vr = kv_row(vb, keys[j] * hd, half);
         __m256 v[2];
-        for (int w = 0; w < W; w++) v[w] = _mm256_loadu_ps(vr + 8 * w);
+        for (int w = 0; w < W; w++) v[w] = kv8(vr, d0 + 8 * w, half);
         for (int a = 0; a < HEADS; a++) {
             const __m256 p = _mm256_broadcast_ss(s + a * L + j);
             for (int w = 0; w < W; w++) c[a][w] = _mm256_fmadd_ps(p, v[w], c[a][w]);
@@ -130,15 +145,16 @@ static inline __attribute__((always_inline)) void weigh_block(const float *s, in
  * the values of the row's first lens[i] keys / total[i * group + a] (s: the softmax's unnormalized weights,
  * rows L apart; total: their sums); acc: nr * group * hd floats of scratch. Block by block of keys, every
  * row that reaches the block takes it while its values are in L1. */
-static void weigh_values(const float *s, int64_t L, const int64_t *lens, int64_t nr, const int64_t *keys,
-                         const float *vb, int64_t hd, int64_t group, int64_t nh, const float *total, float *acc,
-                         float *out) {
+static inline __attribute__((always_inline)) void weigh_values(const float *s, int64_t L, const int64_t *lens,
+                                                             int64_t nr, const int64_t *keys, const void *vb,
+                                                             int64_t hd, int64_t group, int64_t nh, int half,
+                                                             const float *total, float *acc, float *out) {
     for (int64_t i = 0; i < nr * group * hd; i++) acc[i] = 0.0f;
     const int64_t longest = lens[nr - 1];
     for (int64_t j0 = 0; j0 < longest; j0 += VALUE_BLOCK) {
         const int64_t j1 = j0 + VALUE_BLOCK < longest ? j0 + VALUE_BLOCK : longest;
         for (int64_t j = j1; j < j1 + VALUE_BLOCK && j < longest; j++)  // the next block's rows, from memory
-            for (int64_t d = 0; d < hd; d += 16) _mm_prefetch((const char *)(vb + keys[j] * hd + d), _MM_HINT_T0);
+            prefetch_row(kv_row(vb, keys[j] * hd, half), hd, half);
         for (int64_t i = 0; i < nr; i++) {
             const int64_t end = j1 < lens[i] ? j1 : lens[i];
             if (end <= j0) continue;
@@ -147,8 +163,8 @@ static void weigh_values(const float *s, int64_t L, const int64_t *lens, int64_t
                 const float *sa = s + (i * group + a0) * L;
                 float *ca = acc + (i * group + a0) * hd;
                 for (int64_t d0 = 0; d0 < hd; d0 += 16) {
-#define WEIGH(H) (hd - d0 >= 16 ? weigh_block(sa, L, keys, vb, hd, j0, end, d0, H, 2, ca) \
-                                : weigh_block(sa, L, keys, vb, hd, j0, end, d0, H, 1, ca))
+#define WEIGH(H) (hd - d0 >= 16 ? weigh_block(sa, L, keys, vb, hd, j0, end, d0, H, 2, half, ca) \
+                                : weigh_block(sa, L, keys, vb, hd, j0, end, d0, H, 1, half, ca))
                     switch (heads) {
                     case 1: WEIGH(1); break;
                     case 2: WEIGH(2); break;
@@ -191,9 +207,76 @@ static int64_t bundle_end(const int64_t *slot, const int64_t *off, const int64_t
     return r;
 }
 
-void attend_rows(const float *q, const float *k, const float *v, const int64_t *slot, const int64_t *off,
+/* One task of attend_rows: rows starts[b] .. starts[b + 1] - 1 (a bundle), kv head g, query heads h0 .. h0 +
+ * heads - 1 (the cache's values float16 where half) */
+static inline __attribute__((always_inline)) void attend_task(const float *q, const void *k, const void *v,
+                                                            const int64_t *slot, const int64_t *off,
+                                                            const int64_t *idx, float *out, int64_t r0, int64_t nr,
+                                                            int64_t g, int64_t h0, int64_t heads, int64_t nh,
+                                                            int64_t nkv, int64_t hd, int64_t max_len, float scale,
+                                                            int half) {
+    int64_t lens[MAX_BUNDLE];
+    for (int64_t i = 0; i < nr; i++) lens[i] = off[r0 + i + 1] - off[r0 + i];
+    const int64_t L = lens[nr - 1];  // the longest list, which every row's begins
+    const int64_t *keys = idx + off[r0 + nr - 1];
+    const void *kb = kv_row(k, (slot[r0] * nkv + g) * max_len * hd, half);
+    const void *vb = kv_row(v, (slot[r0] * nkv + g) * max_len * hd, half);
+    // the weights of row i's head a at s + (i * heads + a) * L, then weigh_values's sums
+    float *s = malloc(sizeof(float) * (size_t)(nr * heads * (L + hd)));
+    float totals[MAX_BUNDLE * MAX_GROUP];
+    int64_t j0 = 0;
+    for (; j0 + 8 <= L; j0 += 8) {  // 8 keys at a time: the q loads shared, the 8 sums reduced together
+        const void *kr[8];
+        for (int i = 0; i < 8; i++) kr[i] = kv_row(kb, keys[j0 + i] * hd, half);
+        if (j0 + PREFETCH_KEYS + 8 <= L)
+            for (int i = 0; i < 8; i++) prefetch_row(kv_row(kb, keys[j0 + PREFETCH_KEYS + i] * hd, half), hd, half);
+        for (int64_t i = 0; i < nr; i++) {
+            if (j0 + 8 > lens[i]) continue;  // that row's last keys: one at a time, below
+            for (int64_t a = 0; a < heads; a++) {
+                const float *qa = q + ((r0 + i) * nh + h0 + a) * hd;
+                __m256 acc[8];
+                for (int e = 0; e < 8; e++) acc[e] = _mm256_setzero_ps();
+                for (int64_t d = 0; d < hd; d += 8) {
+                    const __m256 qv = _mm256_loadu_ps(qa + d);
+                    for (int e = 0; e < 8; e++) acc[e] = _mm256_fmadd_ps(qv, kv8(kr[e], d, half), acc[e]);
+                }
+                _mm256_storeu_ps(s + (i * heads + a) * L + j0, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
+            }
+        }
+    }
+    for (int64_t i = 0; i < nr; i++)
+        for (int64_t j = lens[i] / 8 * 8; j < lens[i]; j++) {
+            const void *kr = kv_row(kb, keys[j] * hd, half);
+            for (int64_t a = 0; a < heads; a++)
+                s[(i * heads + a) * L + j] = dot(q + ((r0 + i) * nh + h0 + a) * hd, kr, hd, half) * scale;
+        }
+    for (int64_t i = 0; i < nr; i++)
+        for (int64_t a = 0; a < heads; a++) {
+            float *sa = s + (i * heads + a) * L;
+            const int64_t len = lens[i];
+            float m = -INFINITY;
+            for (int64_t j = 0; j < len; j++) m = sa[j] > m ? sa[j] : m;
+            __m256 lanes = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+            int64_t j = 0;
+            for (; j + 8 <= len; j += 8) {
+                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sa + j), mv));
+                _mm256_storeu_ps(sa + j, e);
+                lanes = _mm256_add_ps(lanes, e);
+            }
+            float sum = hsum8(lanes);
+            for (; j < len; j++) {
+                sa[j] = exp1(sa[j] - m);
+                sum += sa[j];
+            }
+            totals[i * heads + a] = sum;
+        }
+    weigh_values(s, L, lens, nr, keys, vb, hd, heads, nh, half, totals, s + nr * heads * L, out + (r0 * nh + h0) * hd);
+    free(s);
+}
+
+void attend_rows(const float *q, const void *k, const void *v, const int64_t *slot, const int64_t *off,
                  const int64_t *idx, float *out, int64_t n, int64_t nh, int64_t nkv, int64_t hd, int64_t max_len,
-                 float scale, int threads) {
+                 float scale, int half, int threads) {
     const int64_t group = nh / nkv;
     int64_t *starts = malloc(sizeof(int64_t) * (size_t)(n + 1)), bundles = 0;
     for (int64_t r = 0; r < n; r = bundle_end(slot, off, idx, r, n)) starts[bundles++] = r;
@@ -214,66 +297,10 @@ void attend_rows(const float *q, const float *k, const float *v, const int64_t *
         const int64_t r0 = starts[b], nr = starts[b + 1] - r0;
         const int64_t heads = g * group + group - h0 < per ? g * group + group - h0 : per;
         if (heads <= 0) continue;
-        int64_t lens[MAX_BUNDLE];
-        for (int64_t i = 0; i < nr; i++) lens[i] = off[r0 + i + 1] - off[r0 + i];
-        const int64_t L = lens[nr - 1];  // the longest list, which every row's begins
-        const int64_t *keys = idx + off[r0 + nr - 1];
-        const float *kb = k + (slot[r0] * nkv + g) * max_len * hd;
-        const float *vb = v + (slot[r0] * nkv + g) * max_len * hd;
-        // the weights of row i's head a at s + (i * heads + a) * L, then weigh_values's sums
-        float *s = malloc(sizeof(float) * (size_t)(nr * heads * (L + hd)));
-        float totals[MAX_BUNDLE * MAX_GROUP];
-        int64_t j0 = 0;
-        for (; j0 + 8 <= L; j0 += 8) {  // 8 keys at a time: the q loads shared, the 8 sums reduced together
-            const float *kr[8];
-            for (int i = 0; i < 8; i++) kr[i] = kb + keys[j0 + i] * hd;
-            if (j0 + PREFETCH_KEYS + 8 <= L)  // a cache line (16 floats) a prefetch
-                for (int i = 0; i < 8; i++)
-                    for (int64_t d = 0; d < hd; d += 16)
-                        _mm_prefetch((const char *)(kb + keys[j0 + PREFETCH_KEYS + i] * hd + d), _MM_HINT_T0);
-            for (int64_t i = 0; i < nr; i++) {
-                if (j0 + 8 > lens[i]) continue;  // that row's last keys: one at a time, below
-                for (int64_t a = 0; a < heads; a++) {
-                    const float *qa = q + ((r0 + i) * nh + h0 + a) * hd;
-                    __m256 acc[8];
-                    for (int e = 0; e < 8; e++) acc[e] = _mm256_setzero_ps();
-                    for (int64_t d = 0; d < hd; d += 8) {
-                        const __m256 qv = _mm256_loadu_ps(qa + d);
-                        for (int e = 0; e < 8; e++) acc[e] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kr[e] + d), acc[e]);
-                    }
-                    _mm256_storeu_ps(s + (i * heads + a) * L + j0, _mm256_mul_ps(hsum8x8(acc), _mm256_set1_ps(scale)));
-                }
-            }
-        }
-        for (int64_t i = 0; i < nr; i++)
-            for (int64_t j = lens[i] / 8 * 8; j < lens[i]; j++) {
-                const float *kr = kb + keys[j] * hd;
-                for (int64_t a = 0; a < heads; a++)
-                    s[(i * heads + a) * L + j] = dot(q + ((r0 + i) * nh + h0 + a) * hd, kr, hd) * scale;
-            }
-        for (int64_t i = 0; i < nr; i++)
-            for (int64_t a = 0; a < heads; a++) {
-                float *sa = s + (i * heads + a) * L;
-                const int64_t len = lens[i];
-                float m = -INFINITY;
-                for (int64_t j = 0; j < len; j++) m = sa[j] > m ? sa[j] : m;
-                __m256 lanes = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
-                int64_t j = 0;
-                for (; j + 8 <= len; j += 8) {
-                    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sa + j), mv));
-                    _mm256_storeu_ps(sa + j, e);
-                    lanes = _mm256_add_ps(lanes, e);
-                }
-                float sum = hsum8(lanes);
-                for (; j < len; j++) {
-                    sa[j] = exp1(sa[j] - m);
-                    sum += sa[j];
-                }
-                totals[i * heads + a] = sum;
-            }
-        weigh_values(s, L, lens, nr, keys, vb, hd, heads, nh, totals, s + nr * heads * L,
-                     out + (r0 * nh + h0) * hd);
-        free(s);
+        if (half)
+            attend_task(q, k, v, slot, off, idx, out, r0, nr, g, h0, heads, nh, nkv, hd, max_len, scale, 1);
+        else
+            attend_task(q, k, v, slot, off, idx, out, r0, nr, g, h0, heads, nh, nkv, hd, max_len, scale, 0);
     }
     free(starts);
 }

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 static inline float hsum_ps(__m256 s) {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -58,13 +59,22 @@ void rope_rows(const float *x, const float *cos, const float *sin, int64_t N, in
 
 // New keys or values (T, nkv, hd) into one layer of the cache, (slots, nkv, max_len, hd), at slot
 // `slot`, offsets start .. start + T - 1: what cache.k[layer, slot, :, start:start + T] = new.transpose(0, 1)
-// does, one call instead of a strided torch copy
-void store_rows(const float *src, int64_t T, int64_t nkv, int64_t hd, float *layer, int64_t slot, int64_t max_len,
-                int64_t start) {
+// does, one call instead of a strided torch copy. A float16 cache (half) takes each value rounded to the
+// nearest float16, ties to even, as torch's conversion does (F16C).
+void store_rows(const float *src, int64_t T, int64_t nkv, int64_t hd, void *layer, int64_t slot, int64_t max_len,
+                int64_t start, int half) {
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < nkv; h++) {
             const float *s = src + (t * nkv + h) * hd;
-            float *d = layer + ((slot * nkv + h) * max_len + start + t) * hd;
-            for (int64_t i = 0; i < hd; i++) d[i] = s[i];
+            const int64_t at = ((slot * nkv + h) * max_len + start + t) * hd;
+            if (!half) {
+                memcpy((float *)layer + at, s, sizeof(float) * (size_t)hd);
+                continue;
+            }
+            uint16_t *d = (uint16_t *)layer + at;
+            int64_t i = 0;
+            for (; i + 8 <= hd; i += 8)
+                _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+            for (; i < hd; i++) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
         }
 }

@@ -16,11 +16,11 @@
 typedef void (*rms_norm_fn)(const float *x, const float *w, int64_t M, int64_t n, float eps, float *y);
 typedef void (*rope_fn)(const float *x, const float *cos, const float *sin, int64_t N, int64_t heads, int64_t hd,
                         float *y);
-typedef void (*store_fn)(const float *src, int64_t T, int64_t nkv, int64_t hd, float *layer, int64_t slot,
-                         int64_t max_len, int64_t start);
-typedef void (*attend_fn)(const float *q, const float *k, const float *v, const int64_t *slot, const int64_t *off,
+typedef void (*store_fn)(const float *src, int64_t T, int64_t nkv, int64_t hd, void *layer, int64_t slot,
+                         int64_t max_len, int64_t start, int half);
+typedef void (*attend_fn)(const float *q, const void *k, const void *v, const int64_t *slot, const int64_t *off,
                           const int64_t *idx, float *out, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
-                          int64_t max_len, float scale, int threads);
+                          int64_t max_len, float scale, int half, int threads);
 typedef void (*linear_fn)(const float *x, int64_t M, int64_t K, int nparts, const int32_t *types,
                           const uint64_t *weights, const int64_t *rows, const int64_t *row_bytes, const float *bias,
                           float *y, int threads);
@@ -54,8 +54,8 @@ typedef struct {  // one forward of M exact rows
     const int64_t *slot[2], *off[2], *keys[2];  // attend.c's key lists, the same two ways
     int64_t nseg;
     const int64_t *seg_slot, *seg_start, *seg_row;  // each sequence's slot, cache length, first row (+ M at nseg)
-    float *kcache, *vcache;                     // cache.k, cache.v: (layers, slots, nkv, max_len, hd)
-    int64_t layer_floats, slots, max_len;
+    char *kcache, *vcache;                      // cache.k, cache.v: (layers, slots, nkv, max_len, hd)
+    int64_t layer_values, slots, max_len, half;  // half: the cache holds float16, else float32
     float *x;                                   // (M, H) the residual rows, updated in place
     float *gate_up;                             // (M, 2I) a layer's gate_up output, for the caller's activation
     float *h, *qkv, *qk, *rot, *part, *attn, *out;  // scratch: (M, max(H, I)), (M, (nh + 2 nkv) hd), ...
@@ -100,17 +100,18 @@ static void attention_part(const Kernels *k, const Layer *l, int64_t li, Forward
         take_heads(f->qkv, width, hd, 0, M, 0, nh + nkv, f->qk);
     }
     k->rope(f->qk, f->cos[w], f->sin[w], M, nh + nkv, hd, f->rot);  // q and k heads rotated together
-    float *kc = f->kcache + li * f->layer_floats, *vc = f->vcache + li * f->layer_floats;
+    const int64_t layer_bytes = f->layer_values * (f->half ? 2 : 4);
+    char *kc = f->kcache + li * layer_bytes, *vc = f->vcache + li * layer_bytes;
     for (int64_t s = 0; s < f->nseg; s++) {
         const int64_t r0 = f->seg_row[s], r1 = f->seg_row[s + 1];
         take_heads(f->rot, nh + nkv, hd, r0, r1, nh, nkv, f->part);
-        k->store(f->part, r1 - r0, nkv, hd, kc, f->seg_slot[s], f->max_len, f->seg_start[s]);
+        k->store(f->part, r1 - r0, nkv, hd, kc, f->seg_slot[s], f->max_len, f->seg_start[s], (int)f->half);
         take_heads(f->qkv, width, hd, r0, r1, nh + nkv, nkv, f->part);
-        k->store(f->part, r1 - r0, nkv, hd, vc, f->seg_slot[s], f->max_len, f->seg_start[s]);
+        k->store(f->part, r1 - r0, nkv, hd, vc, f->seg_slot[s], f->max_len, f->seg_start[s], (int)f->half);
     }
     take_heads(f->rot, nh + nkv, hd, 0, M, 0, nh, f->part);
     k->attend(f->part, kc, vc, f->slot[w], f->off[w], f->keys[w], f->attn, M, nh, nkv, hd, f->max_len, f->scale,
-              (int)t);
+              (int)f->half, (int)t);
     linear(k, &l->o, f->attn, M, f->out, (int)t);
     residual(k, f, l->attn_out_norm, f->out);
     k->rms_norm(f->x, l->mlp_norm, M, f->H, f->eps, f->h);
