@@ -174,11 +174,16 @@ static inline __attribute__((always_inline)) void weigh_values(const float *s, i
         const int64_t j1 = j0 + VALUE_BLOCK < longest ? j0 + VALUE_BLOCK : longest;
         for (int64_t j = j1; j < j1 + VALUE_BLOCK && j < longest; j++)  // the next block's rows, from memory
             prefetch_row(kv_row(vb, keys[j] * hd, half), hd, half);
-        for (int64_t i = 0; i < nr; i++) {
-            const int64_t end = j1 < lens[i] ? j1 : lens[i];
+        // a block that every row's list covers: the rows' heads taken together, (row, head) pairs in s's and
+        // acc's order, each key's values loaded once for up to HEADS_AT_ONCE of them (a 4-row verify of 3
+        // heads a group: 2 passes over the block where a row at a time took 4); the block the shorter rows
+        // end in, a row at a time. Either way each sum takes the same keys in the same order.
+        const int together = lens[0] >= j1;
+        for (int64_t i = 0; i < (together ? 1 : nr); i++) {
+            const int64_t end = j1 < lens[i] ? j1 : lens[i], pairs = together ? nr * group : group;
             if (end <= j0) continue;
-            for (int64_t a0 = 0; a0 < group; a0 += HEADS_AT_ONCE) {
-                const int heads = group - a0 < HEADS_AT_ONCE ? (int)(group - a0) : HEADS_AT_ONCE;
+            for (int64_t a0 = 0; a0 < pairs; a0 += HEADS_AT_ONCE) {
+                const int heads = pairs - a0 < HEADS_AT_ONCE ? (int)(pairs - a0) : HEADS_AT_ONCE;
                 const float *sa = s + (i * group + a0) * L;
                 float *ca = acc + (i * group + a0) * hd;
                 for (int64_t d0 = 0; d0 < hd; d0 += 16) {
