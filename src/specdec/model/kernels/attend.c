@@ -29,7 +29,7 @@
  * thread: 217 against 170 us a layer with the K/V cache coming from memory (2 threads, AMD EPYC), 47
  * against 29 us at 300 keys. 2^14 is 28 keys of smollm2-135m's 9 heads of 64: with the heads split
  * (below), its decode step and 4-token verify after 100 keys took 0.95x the time they took at 2^18,
- * where attention ran on one thread while the other waited (same process, AMD Zen 4); after 1000 keys,
+ * where attention ran on one thread while the other waited (same process, AMD EPYC, Zen 5 class); after 1000 keys,
  * alike. */
 #define PARALLEL_MIN_WORK (1 << 14)
 /* keys ahead whose rows are asked into L1 while the current ones are used: 28 layers of K/V cache pass
@@ -63,7 +63,7 @@ static inline __m256 hsum8x8(const __m256 v[8]) {
 /* max(s[0..n-1]), -inf for n = 0: 8 lanes in 4 chains, then across (max is exact, so the value of a scalar
  * loop; a NaN never wins, as `s[j] > m ? s[j] : m` keeps m). Against that scalar loop's chain of dependent
  * compares, after 3000 tokens of context: 0.95-0.97x the time of smollm2-135m's decode step and 0.96x its
- * 4-token verify, qwen2.5-coder-0.5b's 0.95x and 0.98x (same process, AMD Zen 4). */
+ * 4-token verify, qwen2.5-coder-0.5b's 0.95x and 0.98x (same process, AMD EPYC, Zen 5 class). */
 static inline float max_of(const float *s, int64_t n) {
     __m256 m[4];
     for (int c = 0; c < 4; c++) m[c] = _mm256_set1_ps(-INFINITY);

@@ -31,7 +31,7 @@ enum { F32 = 0, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_
 // out[r] = the sum of v[r]'s 8 lanes for r < R, as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) whatever R
 // is (a row's lanes only ever meet its own). Four rows take three hadds, where each row alone took three
 // shuffles and three adds: with a row's lanes summed once (dot_rows), 0.86x the time of smollm2-135m's
-// 4-token forward and 0.95x its 1-token one (same process, AMD EPYC Zen 4, 2 threads; K = 576 leaves
+// 4-token forward and 0.95x its 1-token one (same process, AMD EPYC, Zen 5 class, 2 threads; K = 576 leaves
 // each weight row only 2.25 groups to amortize its end over).
 static inline void hsum_rows(const __m256 *v, int R, float *out) {
     const __m256 z = _mm256_setzero_ps();
@@ -413,8 +413,8 @@ static inline __m256i dot4_add(__m256i acc, __m256i u, __m256i s) {
 // by side and the activations' 64 bytes as interleave_rows lays them out, where two 256-bit ones took them.
 // Lanes l and l + 8 then hold sub-block l's sums of the two steps, added at the group's end: the same
 // integers, so the same bits. smollm2-135m's linears at four rows 0.91-0.96x the time, qwen2.5-coder-0.5b's
-// and -1.5b's 0.95-0.98x, one row alike (same process, AMD Zen 4, where a 512-bit operation runs as two
-// halves: the gain is in issuing half the instructions).
+// and -1.5b's 0.95-0.98x, one row alike (same process, AMD EPYC, Zen 5 class: 48 KB L1d a core). Not measured
+// where 512-bit operations run as two halves (Zen 4); there only the issue slots are saved.
 // AVX2 without VNNI: maddubs's int16 pair sums of a type's q (unsigned, at most qmax; Q8_0's |q| at most 128)
 // and activations (|x| <= 127) are each at most 2 * qmax * 127, so sums16(type) of them add up in int16
 // exactly before one madd widens them to int32: a Q4 group's 8 steps take one madd where they took 8
