@@ -166,12 +166,11 @@ static inline __m256i dot4(__m256i u, __m256i s) {
 
 // Blocks b0..nb-1 of one weight row of a legacy type (blocks of 32 in the file's layout: a row's last
 // nb % 8 blocks, past its interleaved groups) . R activation rows, added into each row's lanes acc[r]
-// (the scaled integer dots) and mins[r] (the mins' terms, set here)
+// (the scaled integer dots) and mins[r] (the mins' terms)
 static inline __attribute__((always_inline)) void dot_legacy(int type, const uint8_t *row, int64_t b0, int64_t nb, int R,
                                                            const int8_t *xq, int64_t K, const float *xs,
                                                            const float *xsum, __m256 *acc, float *mins) {
     const int has_min = type == Q4_1 || type == Q5_1;
-    for (int r = 0; r < R; r++) mins[r] = 0.0f;
     for (int64_t b = b0; b < nb; b++) {
         const Unpacked u = unpack(type, row, b);
         const __m256i aq = _mm256_abs_epi8(u.q);
@@ -596,18 +595,15 @@ static inline __attribute__((always_inline)) void dot_q6k(const uint8_t *row, in
 #if STEP_PAIRS
                 const int k = R <= 2 ? c & 1 : 0;
                 pairs[r][k] = _mm512_dpbusd_epi32(pairs[r][k], both, _mm512_loadu_si512((const void *)(x + 64 * c)));
-                continue;
-#endif
+#else  // AVX2: sums16(Q6_K) = 2, two steps' pairs in int16, then one madd
                 const __m256i xa = _mm256_loadu_si256((const __m256i *)(x + 64 * c)), xb = _mm256_loadu_si256((const __m256i *)(x + 64 * c + 32));
-                if (WIDEN_EACH) {
-                    da[r][chain(R, c)] = dot4_add(da[r][chain(R, c)], ua, xa);
-                    db[r][chain(R, c)] = dot4_add(db[r][chain(R, c)], ub, xb);
-                } else if (c % 2 == 0) {  // sums16(Q6_K) = 2: two steps' pairs in int16, then one madd
+                if (c % 2 == 0) {
                     ha[r] = _mm256_maddubs_epi16(ua, xa), hb[r] = _mm256_maddubs_epi16(ub, xb);
                 } else {
                     da[r][chain(R, c)] = _mm256_add_epi32(da[r][chain(R, c)], widen16(_mm256_add_epi16(ha[r], _mm256_maddubs_epi16(ua, xa))));
                     db[r][chain(R, c)] = _mm256_add_epi32(db[r][chain(R, c)], widen16(_mm256_add_epi16(hb[r], _mm256_maddubs_epi16(ub, xb))));
                 }
+#endif
             }
         }
         for (int r = 0; r < R; r++) {
