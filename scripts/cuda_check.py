@@ -173,7 +173,7 @@ def main() -> None:
     kv_bytes = c.num_layers * 2 * c.kv_size * (args.ctx_size + 1) * torch.finfo(dtype).bits // 8
     params = sum(t.numel() for t in tr.weight_tensors())
     info = ModelInfo(f"random {args.shape}", "", "", "llama", "random", str(dtype).removeprefix("torch."), params,
-                     weight_bytes, device)
+                     weight_bytes, device, kv_cache=str(tr.kv_dtype).removeprefix("torch."))
     model = Model(tr, byte_tokenizer(c.vocab_size), info, None)
 
     # the verify cost curve, with graphs (first call captures), then t = 1 eagerly

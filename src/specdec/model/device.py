@@ -272,7 +272,7 @@ class DeviceTransformer:
 
     def new_cache(self, max_len: int | None = None, num_slots: int = 1) -> DeviceKVCache:
         max_len = min(max_len or self.config.context_length, self.max_positions)
-        return DeviceKVCache(self.config, max_len, num_slots, self.dtype, self.device)
+        return DeviceKVCache(self.config, max_len, num_slots, self.kv_dtype, self.device)
 
     def graph_pool(self):
         """One CUDA graph memory pool for every program of this model."""
