@@ -55,6 +55,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return F.rms_norm(x, weight.shape, None, eps) * weight
 
 
+def mlp_act(gate: torch.Tensor, up: torch.Tensor, act: str, norm: torch.Tensor) -> torch.Tensor:
+    """act(gate) * up, act "silu" or "gelu_tanh" (model.config.MLP_ACTIVATIONS). In rows.c where rms_norm
+    with the layer's norm weight `norm` runs there (the runtime's tensors), else torch's; the two differ in
+    the last bits (rows.c's exp is its own), so a module computes one way. step.c calls the same kernel."""
+    if _row_kernel(gate, up, norm):
+        return kernels.act_mul(gate, up, act)
+    return (F.silu(gate) if act == "silu" else F.gelu(gate, approximate="tanh")) * up
+
+
 def _row_kernel(*tensors: torch.Tensor) -> bool:
     """Whether model/kernels' rows.c takes this call: float32 CPU tensors that do not require grad (the
     runtime's; a trainable module's stay on torch, under no_grad too, so one module computes one way).
@@ -160,7 +169,7 @@ def decoder_layer(x: torch.Tensor, w: LayerWeights, attend: Attend, cos: torch.T
     out = w.o(attn.reshape(N, nh * hd))  # (N, H)
     x = x + (out if w.attn_out_norm is None else rms_norm(out, w.attn_out_norm, w.eps))
     gate, up = w.gate_up(rms_norm(x, w.mlp_norm, w.eps))  # (N, I) each
-    out = w.down((F.silu(gate) if w.act == "silu" else F.gelu(gate, approximate="tanh")) * up)
+    out = w.down(mlp_act(gate, up, w.act, w.mlp_norm))
     return x + (out if w.mlp_out_norm is None else rms_norm(out, w.mlp_out_norm, w.eps))
 
 

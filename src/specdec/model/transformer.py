@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from specdec.cache.kv import KVCache
 from specdec.model import kernels
-from specdec.model.config import ModelConfig
+from specdec.model.config import MLP_ACTIVATIONS, ModelConfig
 from specdec.model.layers import decoder_layer, rms_norm, rope_rows, rope_tables, softcap
 from specdec.model.linear import QLinear
 
@@ -343,8 +343,8 @@ class Transformer:
                      spans: list[tuple[slice, bool]], rope, local_rope, key_lists: dict, hidden_layers,
                      hidden: dict) -> torch.Tensor:
         """The decoder layers of a forward whose rows are all exact, through step.c: the per-op path's
-        kernels in its order (the same bits), two C calls and the activation (torch) a layer. x (N, H) is
-        updated in place and returned; hidden as the per-op path fills it."""
+        kernels in its order (the same bits), one C call for the layers between two hidden states the
+        caller keeps. x (N, H) is updated in place and returned; hidden as the per-op path fills it."""
         c = self.config
         step_kernels, layers, _ = self._step
         M, H, nh, nkv, hd = x.shape[0], c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
@@ -354,9 +354,9 @@ class Transformer:
         def scratch(width: int) -> torch.Tensor:
             return torch.empty(M, width)
 
-        bufs = {"gate_up": scratch(2 * inter), "h": scratch(H), "qkv": scratch((nh + 2 * nkv) * hd),
-                "qk": scratch((nh + nkv) * hd), "rot": scratch((nh + nkv) * hd), "part": scratch(nh * hd),
-                "attn": scratch(nh * hd), "out": scratch(max(H, nkv * hd))}
+        bufs = {"gate_up": scratch(2 * inter), "act_out": scratch(inter), "h": scratch(H),
+                "qkv": scratch((nh + 2 * nkv) * hd), "qk": scratch((nh + nkv) * hd), "rot": scratch((nh + nkv) * hd),
+                "part": scratch(nh * hd), "attn": scratch(nh * hd), "out": scratch(max(H, nkv * hd))}
         first_rows = torch.tensor([0] + [rows.stop for rows, _ in spans], dtype=torch.int64)
         seg = [torch.tensor([s.slot for s in segments], dtype=torch.int64), torch.tensor(starts, dtype=torch.int64),
                first_rows]
@@ -366,25 +366,19 @@ class Transformer:
         # (slot, offsets, keys) of the global and the local layers (a kind of layer the model lacks: unread)
         lists = [key_lists.get(w, next(iter(key_lists.values())))[1:] for w in windows]
         f = kernels.StepForward(
-            M, H, nh, nkv, hd, inter, torch.get_num_threads(), c.rms_norm_eps, self.attn_scale,
-            pair(*(r[0].data_ptr() for r in ropes)), pair(*(r[1].data_ptr() for r in ropes)),
+            M, H, nh, nkv, hd, inter, MLP_ACTIVATIONS.index(c.mlp_act), torch.get_num_threads(), c.rms_norm_eps,
+            self.attn_scale, pair(*(r[0].data_ptr() for r in ropes)), pair(*(r[1].data_ptr() for r in ropes)),
             *(pair(*(keys[i].data_ptr() for keys in lists)) for i in range(3)),
             len(segments), *(t.data_ptr() for t in seg), cache.k.data_ptr(), cache.v.data_ptr(), cache.k[0].numel(),
             cache.k.shape[1], cache.k.shape[3], int(cache.k.dtype == torch.float16), x.data_ptr(),
             *(b.data_ptr() for b in bufs.values()))
-        run, forward = kernels.step().step_layer, ctypes.byref(f)
-        gate, up = bufs["gate_up"].chunk(2, dim=-1)
-        act, prev = None, None
-        for li in range(len(self.layers) + 1):
-            if li in hidden_layers and li > 0:  # layer li - 1 finished alone, to take its output
-                run(ctypes.byref(step_kernels), prev, act.data_ptr(), None, 0, forward)
-                hidden[li] = x.clone()
-                prev = None
-            nxt = ctypes.byref(layers[li]) if li < len(self.layers) else None
-            run(ctypes.byref(step_kernels), prev, None if act is None else act.data_ptr(), nxt, li, forward)
-            if nxt is not None:  # the activation, as decoder_layer computes it
-                act = (F.silu(gate) if c.mlp_act == "silu" else F.gelu(gate, approximate="tanh")) * up
-                prev = nxt
+        stops = sorted({li for li in hidden_layers if 0 < li < len(self.layers)} | {len(self.layers)})
+        done = 0
+        for stop in stops:
+            kernels.step().step_layers(ctypes.byref(step_kernels), layers, done, stop, ctypes.byref(f))
+            if stop in hidden_layers:
+                hidden[stop] = x.clone()
+            done = stop
         return x
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:

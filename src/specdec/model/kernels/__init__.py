@@ -8,11 +8,12 @@ gguf.c: a matmul over a GGUF file's own quantized blocks (Q4_0 ... Q8_0, Q4_K, Q
 inside the kernel, with activations quantized as w8a8.c's and integer dot products: the weights the
 file holds, exactly (model/linear.py, the gguf format). Row-invariant the same way.
 
-rows.c: RMS norm, the rotary embedding and the KV-cache write of a forward's rows, one call each where
-torch took ~5-20 us a call (several small ops); row-wise, the rotation bitwise torch's.
+rows.c: RMS norm, the rotary embedding, the KV-cache write and the MLP's activation of a forward's rows,
+one call each where torch took ~5-20 us a call (several small ops); row-wise, the rotation bitwise torch's,
+the activation within a few ulps of the exact value (its own exp).
 
-step.c: the decoder layers of an exact forward over gguf-format weights, two C calls a layer, through
-function pointers into the three above (the same code, the same bits as the per-op path; see step.c).
+step.c: the decoder layers of an exact forward over gguf-format weights in one C call, through function
+pointers into the three above (the same code, the same bits as the per-op path; see step.c).
 
 w8a8.c: int8 weights x int8 activations (blocks of 32, llama.cpp's Q8_0 layout) with AVX2 integer
 dot products. torch's weight-only int8 kernel (bf16 activations) reads ~9 GB/s for one row and
@@ -38,6 +39,8 @@ import subprocess
 import tempfile
 from functools import lru_cache
 from pathlib import Path
+
+from specdec.model.config import MLP_ACTIVATIONS  # act_mul_rows' kinds: their indices
 
 SOURCE = Path(__file__).with_name("w8a8.c")
 ATTEND_SOURCE = Path(__file__).with_name("attend.c")
@@ -191,7 +194,8 @@ def gguf_build(vnni: bool):
 def rows():
     """The loaded row-ops library (ctypes.CDLL), or None (`why_unavailable("rows")`)."""
     return _load(ROWS_SOURCE, {"rms_norm_rows": [P, P, I64, I64, F32, P], "rope_rows": [P, P, P, I64, I64, I64, P],
-                               "store_rows": [P, I64, I64, I64, P, I64, I64, I64, I32]}, off="SPECDEC_NO_ROWS_KERNEL")
+                               "store_rows": [P, I64, I64, I64, P, I64, I64, I64, I32],
+                               "act_mul_rows": [P, P, I64, I64, I64, I64, I32, P]}, off="SPECDEC_NO_ROWS_KERNEL")
 
 
 @lru_cache(maxsize=1)
@@ -202,13 +206,13 @@ def step():
     if missing:
         _why["step"] = f"it drives {', '.join(missing)}, which did not load ({why_unavailable(missing[0])})"
         return None
-    return _load(STEP_SOURCE, {"step_layer": [P, P, P, P, I64, P]}, off="SPECDEC_NO_FUSED_STEP")
+    return _load(STEP_SOURCE, {"step_layers": [P, P, I64, I64, P]}, off="SPECDEC_NO_FUSED_STEP")
 
 
 class StepKernels(ctypes.Structure):
     """step.c's Kernels: the entry points it calls, in the libraries the per-op path calls."""
 
-    _fields_ = [("rms_norm", P), ("rope", P), ("store", P), ("attend", P), ("linear", P)]
+    _fields_ = [("rms_norm", P), ("rope", P), ("store", P), ("attend", P), ("act", P), ("linear", P)]
 
 
 def step_kernels() -> StepKernels:
@@ -216,7 +220,7 @@ def step_kernels() -> StepKernels:
         return ctypes.cast(fn, ctypes.c_void_p).value
 
     return StepKernels(address(rows().rms_norm_rows), address(rows().rope_rows), address(rows().store_rows),
-                       address(attend().attend_rows), address(gguf().gguf_linear))
+                       address(attend().attend_rows), address(rows().act_mul_rows), address(gguf().gguf_linear))
 
 
 class StepLinear(ctypes.Structure):
@@ -243,11 +247,12 @@ class StepLayer(ctypes.Structure):
 class StepForward(ctypes.Structure):
     """step.c's Forward: one exact forward's sizes, inputs and scratch (pointers into tensors the caller holds)."""
 
-    _fields_ = [("M", I64), ("H", I64), ("nh", I64), ("nkv", I64), ("hd", I64), ("I", I64), ("threads", I64),
+    _fields_ = [("M", I64), ("H", I64), ("nh", I64), ("nkv", I64), ("hd", I64), ("I", I64), ("act", I64),
+                ("threads", I64),
                 ("eps", F32), ("scale", F32), ("cos", P * 2), ("sin", P * 2), ("slot", P * 2), ("off", P * 2),
                 ("keys", P * 2), ("nseg", I64), ("seg_slot", P), ("seg_start", P), ("seg_row", P),
                 ("kcache", P), ("vcache", P), ("layer_values", I64), ("slots", I64), ("max_len", I64), ("half", I64),
-                ("x", P), ("gate_up", P), ("h", P), ("qkv", P), ("qk", P), ("rot", P), ("part", P), ("attn", P),
+                ("x", P), ("gate_up", P), ("act_out", P), ("h", P), ("qkv", P), ("qk", P), ("rot", P), ("part", P), ("attn", P),
                 ("out", P)]
 
 
@@ -273,6 +278,21 @@ def rope(x, cos, sin):
     N, heads, hd = x.shape
     rows().rope_rows(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), N, heads, hd, y.data_ptr())
     return y
+
+
+def act_mul(gate, up, act: str):
+    """act(gate) * up for gate, up (N, I) float32 (rows.c; act "silu" or "gelu_tanh"). Rows may sit at any
+    stride (the two halves of one gate_up output): only the last dim must be dense."""
+    import torch
+
+    if act not in MLP_ACTIVATIONS:
+        raise ValueError(f"unknown MLP activation {act!r}; the kernel computes {', '.join(MLP_ACTIVATIONS)}")
+    if gate.dim() != 2 or gate.stride(-1) != 1 or up.stride(-1) != 1:
+        gate, up = gate.reshape(-1, gate.shape[-1]).contiguous(), up.reshape(-1, up.shape[-1]).contiguous()
+    out = torch.empty(gate.shape, dtype=torch.float32)
+    rows().act_mul_rows(gate.data_ptr(), up.data_ptr(), gate.shape[0], gate.shape[1], gate.stride(0), up.stride(0),
+                        MLP_ACTIVATIONS.index(act), out.data_ptr())
+    return out
 
 
 def store_rows(new, layer, slot: int, start: int):

@@ -1,6 +1,6 @@
 // The small row-wise ops of a decode step in one call each, where torch spends ~5-20 us per call on a
-// few thousand floats (its CPU rms_norm is several ops): RMS norm, the rotary embedding, the KV-cache write.
-// Each output row is a function of its own input row only, in a fixed order, so a k-token forward
+// few thousand floats (its CPU rms_norm is several ops): RMS norm, the rotary embedding, the KV-cache write,
+// the MLP's activation. Each output row is a function of its own input row only, in a fixed order, so a k-token forward
 // stays bitwise k one-token forwards. Compiled without -ffast-math and with -ffp-contract=off.
 #include <immintrin.h>
 #include <math.h>
@@ -77,4 +77,64 @@ void store_rows(const float *src, int64_t T, int64_t nkv, int64_t hd, void *laye
                 _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
             for (; i < hd; i++) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
         }
+}
+
+// exp(x) in 8 lanes: x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite: ln2 in two parts, n ln2's high part
+// exact), exp(r) by its Taylor series to r^7 (truncation under 6e-9), 2^n as two powers of two so that
+// n from -150 to 128 scales without a special case: overflow gives inf, underflow 0 (or a subnormal);
+// NaN stays NaN. Within 2 ulp of exp's exact value.
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));  // NaN: the 2nd operand
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_cvtps_epi32(n), e1 = _mm256_srai_epi32(e, 1), e2 = _mm256_sub_epi32(e, e1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    p = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e1, bias), 23)));
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e2, bias), 23)));
+}
+
+// act(g) * u in 8 lanes, with act(g) = g * sigmoid(z) = g / (1 + exp(-z)): SiLU takes z = g; GELU's tanh
+// form, 0.5 g (1 + tanh(y)) with y = sqrt(2 / pi) (g + 0.044715 g^3), is the same with z = 2y (no
+// cancellation in 1 + tanh). act(g) is rounded, then multiplied by u, as torch's act(gate) * up.
+static inline __m256 act_mul8(__m256 g, __m256 u, int gelu) {
+    __m256 z = g;
+    if (gelu) {
+        const __m256 cube = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+        z = _mm256_mul_ps(_mm256_set1_ps(1.5957691216057308f),  // 2 sqrt(2 / pi)
+                          _mm256_add_ps(g, _mm256_mul_ps(_mm256_set1_ps(0.044715f), cube)));
+    }
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), z));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+// The MLP's act(gate) * up: out (M, I) from gate and up rows of I floats at row strides gs and us
+// (step.c and the per-op path pass the two halves of one gate_up row). kind 0: SiLU, 1: GELU (tanh).
+// Each value is a function of its own gate and up values only: a row's tail goes through the same
+// 8-lane code, padded, so no value's bits depend on where it sits.
+void act_mul_rows(const float *gate, const float *up, int64_t M, int64_t I, int64_t gs, int64_t us, int kind,
+                  float *out) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *g = gate + m * gs, *u = up + m * us;
+        float *o = out + m * I;
+        int64_t i = 0;
+        for (; i + 8 <= I; i += 8)
+            _mm256_storeu_ps(o + i, act_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i), kind));
+        if (i < I) {
+            float gt[8] = {0}, ut[8] = {0}, ot[8];
+            memcpy(gt, g + i, sizeof(float) * (size_t)(I - i));
+            memcpy(ut, u + i, sizeof(float) * (size_t)(I - i));
+            _mm256_storeu_ps(ot, act_mul8(_mm256_loadu_ps(gt), _mm256_loadu_ps(ut), kind));
+            memcpy(o + i, ot, sizeof(float) * (size_t)(I - i));
+        }
+    }
 }

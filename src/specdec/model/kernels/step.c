@@ -1,12 +1,11 @@
-// The decoder layers of one exact forward over gguf-format weights, in two C calls a layer instead of
-// ~15 Python-level ops (on smollm2-135m those cost ~2 of a decode step's ~6 ms).
+// The decoder layers of one exact forward over gguf-format weights, in one C call for all of them instead
+// of ~15 Python-level ops a layer (on smollm2-135m those cost ~2 of a decode step's ~6 ms).
 //
 // It runs what model/layers.decoder_layer runs, in its order, through the same kernels: function pointers
 // into the loaded gguf.c, attend.c and rows.c (model/kernels/__init__.py, step_kernels), so the same code
 // computes every value and the bits are the path's through Python. What it adds is copies (contiguous
 // operands, as torch's .contiguous() made them) and the residual adds, x + out per float, as torch adds.
-// The MLP's activation, act(gate) * up, stays torch's (its exp is not libm's): step_layer stops after a
-// layer's gate_up matmul and the caller resumes it with the activation's output.
+// The MLP's activation is rows.c's act_mul_rows, which layers.mlp_act calls on the per-op path.
 //
 // Compiled without -ffast-math and with -ffp-contract=off, as the kernels are.
 #include <stdint.h>
@@ -21,6 +20,8 @@ typedef void (*store_fn)(const float *src, int64_t T, int64_t nkv, int64_t hd, v
 typedef void (*attend_fn)(const float *q, const void *k, const void *v, const int64_t *slot, const int64_t *off,
                           const int64_t *idx, float *out, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
                           int64_t max_len, float scale, int half, int threads);
+typedef void (*act_fn)(const float *gate, const float *up, int64_t M, int64_t I, int64_t gs, int64_t us, int kind,
+                       float *out);
 typedef void (*linear_fn)(const float *x, int64_t M, int64_t K, int nparts, const int32_t *types,
                           const uint64_t *weights, const int64_t *rows, const int64_t *row_bytes, const float *bias,
                           float *y, int threads);
@@ -30,6 +31,7 @@ typedef struct {
     rope_fn rope;
     store_fn store;
     attend_fn attend;
+    act_fn act;
     linear_fn linear;
 } Kernels;
 
@@ -48,7 +50,7 @@ typedef struct {  // one layer; a norm's weight NULL where the family has no suc
 } Layer;
 
 typedef struct {  // one forward of M exact rows
-    int64_t M, H, nh, nkv, hd, I, threads;
+    int64_t M, H, nh, nkv, hd, I, act, threads;  // act: act_mul_rows' kind (0 SiLU, 1 GELU tanh)
     float eps, scale;
     const float *cos[2], *sin[2];               // (M, hd) RoPE rows: [0] global layers, [1] local
     const int64_t *slot[2], *off[2], *keys[2];  // attend.c's key lists, the same two ways
@@ -57,8 +59,8 @@ typedef struct {  // one forward of M exact rows
     char *kcache, *vcache;                      // cache.k, cache.v: (layers, slots, nkv, max_len, hd)
     int64_t layer_values, slots, max_len, half;  // half: the cache holds float16, else float32
     float *x;                                   // (M, H) the residual rows, updated in place
-    float *gate_up;                             // (M, 2I) a layer's gate_up output, for the caller's activation
-    float *h, *qkv, *qk, *rot, *part, *attn, *out;  // scratch: (M, max(H, I)), (M, (nh + 2 nkv) hd), ...
+    float *gate_up, *act_out;                   // scratch: (M, 2I) a layer's gate_up output, (M, I) act(gate) * up
+    float *h, *qkv, *qk, *rot, *part, *attn, *out;  // scratch: (M, H), (M, (nh + 2 nkv) hd), ...
 } Forward;
 
 static void linear(const Kernels *k, const Linear *l, const float *x, int64_t M, float *y, int threads) {
@@ -82,7 +84,7 @@ static void take_heads(const float *src, int64_t heads, int64_t hd, int64_t r0, 
         memcpy(dst + (r - r0) * nh * hd, src + (r * heads + h0) * hd, sizeof(float) * (size_t)(nh * hd));
 }
 
-static void attention_part(const Kernels *k, const Layer *l, int64_t li, Forward *f) {
+static void run_layer(const Kernels *k, const Layer *l, int64_t li, Forward *f) {
     const int64_t M = f->M, nh = f->nh, nkv = f->nkv, hd = f->hd, width = nh + 2 * nkv, t = f->threads;
     const int w = l->local ? 1 : 0;
     k->rms_norm(f->x, l->attn_norm, M, f->H, f->eps, f->h);
@@ -115,15 +117,14 @@ static void attention_part(const Kernels *k, const Layer *l, int64_t li, Forward
     linear(k, &l->o, f->attn, M, f->out, (int)t);
     residual(k, f, l->attn_out_norm, f->out);
     k->rms_norm(f->x, l->mlp_norm, M, f->H, f->eps, f->h);
-    linear(k, &l->gate_up, f->h, M, f->gate_up, (int)t);
+    linear(k, &l->gate_up, f->h, M, f->gate_up, (int)t);  // (M, 2I): gate, then up
+    k->act(f->gate_up, f->gate_up + f->I, M, f->I, 2 * f->I, 2 * f->I, (int)f->act, f->act_out);
+    linear(k, &l->down, f->act_out, M, f->out, (int)t);
+    residual(k, f, l->mlp_out_norm, f->out);
 }
 
-// Finishes layer `prev` (NULL: none) with its activation's output act (M, I), then runs layer `next` (NULL:
-// none), index li, up to its gate_up output in f->gate_up.
-void step_layer(const Kernels *k, const Layer *prev, const float *act, const Layer *next, int64_t li, Forward *f) {
-    if (prev) {
-        linear(k, &prev->down, act, f->M, f->out, (int)f->threads);
-        residual(k, f, prev->mlp_out_norm, f->out);
-    }
-    if (next) attention_part(k, next, li, f);
+// Layers l0 .. l1 - 1 (indices into layers, as in the model) of the forward, each whole; f->x holds the
+// residual rows before and after. The caller stops at a layer whose output it keeps (hidden states).
+void step_layers(const Kernels *k, const Layer *layers, int64_t l0, int64_t l1, Forward *f) {
+    for (int64_t li = l0; li < l1; li++) run_layer(k, &layers[li], li, f);
 }
