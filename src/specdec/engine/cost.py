@@ -49,7 +49,8 @@ def expected_tokens(k: int, acceptance: float) -> float:
 # acceptance estimate is an average of a few steps, the forward costs move by a few percent between
 # measurements, and a step that drafts pays more than its forward (proposing, verifying, rolling back).
 # Without it, text that rarely repeats kept 1-token drafts going at an acceptance of 0.1-0.2 and ran
-# 2-9% slower than plain decoding (docs/bench/qwen2.5-coder-1.5b-gguf-auto, prose and chat).
+# 2-9% slower than plain decoding (prose and chat in the git history of docs/bench/qwen2.5-coder-1.5b-gguf-auto;
+# its report now is a run with the margin: every category at 1.00x or more).
 DRAFT_MARGIN = 0.05
 
 
