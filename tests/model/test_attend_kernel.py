@@ -161,9 +161,25 @@ def test_a_float16_cache_gives_attention_over_its_values_with_the_same_invarianc
     together = rows_as_alone(q, k, v, key_lists, slots, 0.125)
     expected = reference(q, k.float(), v.float(), key_lists, slots, 0.125)
     torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=1e-5)
-    # the same values in a float32 cache: the same math, to float32 rounding
+    # the same values in a float32 cache: the same arithmetic on the same floats (widening is exact)
     as_float = kernels.attend_rows(q, k.float(), v.float(), *rows(key_lists, slots), 0.125)
-    torch.testing.assert_close(together, as_float, rtol=1e-6, atol=1e-6)
+    assert torch.equal(together, as_float)
+
+
+@pytest.mark.parametrize("nh", [2, 12, 14])  # groups of 1, 6 and 7 heads: a task of 1 head widens nothing
+def test_long_float16_key_lists_widened_a_block_at_a_time_give_the_float32_bits(nh):
+    """Key lists of 2^15 values and more (here 700 keys of 64) have their float16 keys widened 8 at a time
+    once for all of a task's (row, head) pairs: the bits of the float32 cache of the same values, alone, in a
+    5-row verify, at any thread count."""
+    g = torch.Generator().manual_seed(12)
+    k, v = (torch.randn(2, NKV, 720, 64, generator=g) * 2).half(), torch.randn(2, NKV, 720, 64, generator=g).half()
+    lists = [list(range(0, 700 + t)) for t in range(5)] + [list(range(3, 709))]
+    slots = [1] * 5 + [0]
+    q = torch.randn(len(lists), nh, 64, generator=g)
+    together = rows_as_alone(q, k, v, lists, slots, 0.125)
+    assert torch.equal(together, kernels.attend_rows(q, k.float(), v.float(), *rows(lists, slots), 0.125))
+    expected = reference(q, k.float(), v.float(), lists, slots, 0.125)
+    torch.testing.assert_close(together.double(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_keys_and_values_of_different_dtypes_are_refused():
