@@ -140,11 +140,13 @@ def test_query_heads_that_do_not_divide_among_the_kv_heads_are_refused():
         kernels.attend_rows(torch.randn(1, 7, 8), k, v, *rows([[0, 1]], [0]), 1.0)
 
 
-@pytest.mark.parametrize("nh", [2, 6, 8, 10])  # kv groups of 1, 3, 4 and 5 heads
-def test_one_verify_split_by_query_heads_gives_the_one_thread_bits(nh):
-    """One sequence's 5-row verify over 2 kv heads: at 2 threads its groups split into tasks of some of their
-    query heads (2 + 1 of a group of 3; 3 + 2 of 5), which must give the bits of one task per kv head."""
-    k, v = cache(64, seed=8)
+@pytest.mark.parametrize("nkv,nh", [(3, 3), (3, 9), (3, 12), (3, 15), (1, 4)])  # kv groups of 1, 3, 4, 5 and 4
+def test_one_verify_split_by_query_heads_gives_the_one_thread_bits(nkv, nh):
+    """One sequence's 5-row verify over 3 kv heads (or 1): at 2 threads the tasks would not divide evenly, so
+    its groups split into tasks of some of their query heads (2 + 1 of a group of 3; 3 + 2 of 5), which must
+    give the bits of one task per kv head."""
+    g = torch.Generator().manual_seed(8)
+    k, v = torch.randn(2, nkv, 100, 64, generator=g) * 2, torch.randn(2, nkv, 100, 64, generator=g)
     lists = [list(range(0, 90 + t)) for t in range(5)]
     q = torch.randn(5, nh, 64, generator=torch.Generator().manual_seed(9))
     together = rows_as_alone(q, k, v, lists, [1] * 5, 0.125)

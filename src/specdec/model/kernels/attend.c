@@ -336,11 +336,16 @@ void attend_rows(const float *q, const void *k, const void *v, const int64_t *sl
      * region takes the cores from torch's own pool in the matmuls that follow */
     const int parallel = threads > 1 && off[n] * nh * hd >= PARALLEL_MIN_WORK;
     /* a task: one bundle's rows, one kv head, and `per` of its group's query heads. Where the bundles
-     * and kv heads alone leave a thread fewer than two tasks (one verify of smollm2-135m's 3 kv heads on
-     * 2 threads: 2 tasks against 1; Gemma 3's single kv head: 1 against none), the groups split. Each
-     * head's arithmetic is the same whichever heads share its task: the same bits. */
+     * and kv heads alone leave the threads uneven work, and few tasks (one verify of smollm2-135m's 3 kv
+     * heads on 2 threads: 2 tasks against 1; Gemma 3's single kv head: 1 against none), the groups split.
+     * Not where they divide evenly: each task reads its kv head's keys and values whole, so qwen2.5-coder-
+     * 1.5b's decode step split into 4 tasks of 3 heads read its cache twice, and one layer's attention took
+     * 1.37x the time of 2 tasks of 6 after 3000 keys, 1.11x after 1000 and 100 (Gemma 3's 4 heads of 256:
+     * 1.16x and 1.20x for 4 tasks against 2). Each head's arithmetic is the same whichever heads share its
+     * task: the same bits. */
     int64_t parts = 1;
-    while (parallel && bundles * nkv * parts < 2 * threads && parts < group) parts++;
+    while (parallel && bundles * nkv * parts < 2 * threads && bundles * nkv * parts % threads && parts < group)
+        parts++;
     const int64_t per = (group + parts - 1) / parts;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(parallel)
     for (int64_t task = 0; task < bundles * nkv * parts; task++) {
