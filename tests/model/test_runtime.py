@@ -8,6 +8,7 @@ import torch
 from helpers.tiny import make_gguf_model, make_hf_model
 from specdec.drafters.base import TokenTree
 from specdec.model import kernels
+from specdec.model.errors import CacheOverflowError
 from specdec.model.linear import CONVERTED_FORMATS
 from specdec.model.load import load_model
 from specdec.model.transformer import CACHE_TYPES, Segment
@@ -244,3 +245,43 @@ def test_the_kv_cache_holds_float16_but_for_the_fp32_format_and_as_asked(tiny_hf
         assert m.info.kv_cache == str(held).removeprefix("torch.")
     with pytest.raises(ValueError, match="--cache-type q8_0: choose one of f16, f32"):
         load_model(str(tiny_hf_dir), "int8", progress=False, cache_type="q8_0")
+
+
+def test_a_value_too_large_for_the_float16_cache_is_an_error_not_inf(tmp_path, monkeypatch):
+    """A key or value beyond float16's range would be stored as inf and turn attention into NaN: the
+    forward refuses it with an error naming --cache-type f32, on step.c's path, the per-op path and torch's
+    fallback, and leaves the cache's length as it was. A float32 cache holds the same values."""
+    path = make_gguf_model(tmp_path / "m.gguf")
+    tr = load_model(str(path), "gguf", progress=False).transformer
+    cache = tr.new_cache(64, num_slots=2)
+    slot = cache.allocate()
+    _prefill(tr, cache, slot, PROMPT)
+    for layer in tr.layers:
+        layer.attn_norm.mul_(1e5)  # q, k, v far beyond 65504
+    with pytest.raises(CacheOverflowError, match="exceed float16's range .* --cache-type f32"):
+        tr.forward(torch.tensor([NEW[:2]]), cache, [slot])  # exact rows: step.c where it runs
+    assert cache.lengths[slot] == len(PROMPT)
+    monkeypatch.setattr(tr, "step_kernel", False)
+    with pytest.raises(CacheOverflowError, match="in layer 0"):
+        tr.forward(torch.tensor([NEW[:2]]), cache, [slot])  # the per-op path, rows.c's store
+    with pytest.raises(CacheOverflowError, match="in layer 0"):
+        _prefill(tr, cache, cache.allocate(), PROMPT)  # a prefill
+    monkeypatch.setattr(kernels, "rows", lambda: None)
+    with pytest.raises(CacheOverflowError, match="in layer 0"):
+        tr.forward(torch.tensor([NEW[:2]]), cache, [slot])  # torch's copy into the cache
+    monkeypatch.undo()
+    tr.kv_dtype = torch.float32
+    wide = tr.new_cache(64)
+    out = _prefill(tr, wide, wide.allocate(), PROMPT).logits
+    assert torch.isfinite(out).all()
+
+
+def test_store_rows_counts_the_values_a_float16_cache_cannot_hold():
+    if kernels.rows() is None:
+        pytest.skip(f"rows kernel unavailable: {kernels.why_unavailable('rows')}")
+    new = torch.tensor([65504.0, 65519.0, 65520.0, -70000.0, float("inf"), 1.0, -65519.9, 3e38, 0.5])
+    new = new.repeat(2).reshape(2, 1, 9)  # 9 values a row: 8 lanes and a tail of 1
+    half = torch.zeros(1, 1, 4, 9, dtype=torch.float16)
+    assert kernels.store_rows(new, half, 0, 1) == 8
+    assert half[0, 0, 1:3].isinf().sum() == 8 and half[0, 0, 1, 0] == 65504
+    assert kernels.store_rows(new, torch.zeros(1, 1, 4, 9), 0, 0) == 0

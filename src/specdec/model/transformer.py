@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from specdec.cache.kv import KVCache
 from specdec.model import kernels
 from specdec.model.config import MLP_ACTIVATIONS, ModelConfig
+from specdec.model.errors import CacheOverflowError
 from specdec.model.layers import decoder_layer, rms_norm, rope_rows, rope_tables, softcap
 from specdec.model.linear import QLinear
 
@@ -47,6 +48,7 @@ from specdec.model.linear import QLinear
 CACHE_TYPES = {"f16": torch.float16, "f32": torch.float32}
 # the dtypes whose cache the C kernels (rows.c, attend.c, step.c) write and read; another goes through torch
 KERNEL_CACHE_DTYPES = (torch.float32, torch.float16)
+F16_OVERFLOW = 65520.0  # the smallest magnitude a float16 cache stores as inf (rows.c checks the same)
 
 
 @dataclass
@@ -376,6 +378,8 @@ class Transformer:
         done = 0
         for stop in stops:
             kernels.step().step_layers(ctypes.byref(step_kernels), layers, done, stop, ctypes.byref(f))
+            if f.overflow:
+                raise CacheOverflowError(f.overflow)
             if stop in hidden_layers:
                 hidden[stop] = x.clone()
             done = stop
@@ -395,14 +399,19 @@ class Transformer:
         sequence in one attend.c call where it loaded (each row over its own key list, in order),
         the others (prefill) sequence by sequence with fused attention."""
         store = cache.k.dtype in KERNEL_CACHE_DTYPES and kernels.rows() is not None
+        over = 0
         for seg, start, (rows, _) in zip(segments, starts, spans):
             if store:  # one C call each instead of a strided torch copy
-                kernels.store_rows(k[rows], cache.k[li], seg.slot, start)
-                kernels.store_rows(v[rows], cache.v[li], seg.slot, start)
+                over += kernels.store_rows(k[rows], cache.k[li], seg.slot, start)
+                over += kernels.store_rows(v[rows], cache.v[li], seg.slot, start)
             else:
                 size = rows.stop - rows.start
+                if cache.k.dtype == torch.float16:
+                    over += int((k[rows].abs() >= F16_OVERFLOW).sum() + (v[rows].abs() >= F16_OVERFLOW).sum())
                 cache.k[li, seg.slot, :, start : start + size] = k[rows].transpose(0, 1)
                 cache.v[li, seg.slot, :, start : start + size] = v[rows].transpose(0, 1)
+        if over:
+            raise CacheOverflowError(over, li)
         kernel = self._attend_kernel and cache.k.dtype in KERNEL_CACHE_DTYPES and any(exact for _, exact in spans)
         if kernel and window not in key_lists:
             key_lists[window] = self._exact_key_lists(segments, starts, spans, positions, window)

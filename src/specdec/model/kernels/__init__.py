@@ -193,9 +193,12 @@ def gguf_build(vnni: bool):
 @lru_cache(maxsize=1)
 def rows():
     """The loaded row-ops library (ctypes.CDLL), or None (`why_unavailable("rows")`)."""
-    return _load(ROWS_SOURCE, {"rms_norm_rows": [P, P, I64, I64, F32, P], "rope_rows": [P, P, P, I64, I64, I64, P],
-                               "store_rows": [P, I64, I64, I64, P, I64, I64, I64, I32],
-                               "act_mul_rows": [P, P, I64, I64, I64, I64, I32, P]}, off="SPECDEC_NO_ROWS_KERNEL")
+    lib = _load(ROWS_SOURCE, {"rms_norm_rows": [P, P, I64, I64, F32, P], "rope_rows": [P, P, P, I64, I64, I64, P],
+                              "store_rows": [P, I64, I64, I64, P, I64, I64, I64, I32],
+                              "act_mul_rows": [P, P, I64, I64, I64, I64, I32, P]}, off="SPECDEC_NO_ROWS_KERNEL")
+    if lib is not None:
+        lib.store_rows.restype = I64  # how many values were too large for a float16 cache
+    return lib
 
 
 @lru_cache(maxsize=1)
@@ -253,7 +256,7 @@ class StepForward(ctypes.Structure):
                 ("keys", P * 2), ("nseg", I64), ("seg_slot", P), ("seg_start", P), ("seg_row", P),
                 ("kcache", P), ("vcache", P), ("layer_values", I64), ("slots", I64), ("max_len", I64), ("half", I64),
                 ("x", P), ("gate_up", P), ("act_out", P), ("h", P), ("qkv", P), ("qk", P), ("rot", P), ("part", P), ("attn", P),
-                ("out", P)]
+                ("out", P), ("overflow", I64)]
 
 
 def rms_norm_rows(x, weight, eps: float):
@@ -295,12 +298,14 @@ def act_mul(gate, up, act: str):
     return out
 
 
-def store_rows(new, layer, slot: int, start: int):
+def store_rows(new, layer, slot: int, start: int) -> int:
     """new (T, nkv, hd) float32 -> layer[slot, :, start:start + T] (layer: (slots, nkv, max_len, hd) float32 or
-    float16, contiguous), as layer[slot, :, start:start + T] = new.transpose(0, 1) (rows.c)."""
+    float16, contiguous), as layer[slot, :, start:start + T] = new.transpose(0, 1) (rows.c). Returns how many
+    values a float16 layer could not hold (|x| >= 65520: stored as inf); 0 for float32."""
     new = new.contiguous()
     T, nkv, hd = new.shape
-    rows().store_rows(new.data_ptr(), T, nkv, hd, layer.data_ptr(), slot, layer.shape[2], start, _half(layer))
+    return rows().store_rows(new.data_ptr(), T, nkv, hd, layer.data_ptr(), slot, layer.shape[2], start,
+                             _half(layer))
 
 
 def _half(cache_layer) -> int:

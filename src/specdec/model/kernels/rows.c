@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#define F16_OVERFLOW 65520.0f  // the smallest magnitude that rounds to float16's infinity (65504 is its largest)
+
 static inline float hsum_ps(__m256 s) {
     __m128 q = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     q = _mm_add_ps(q, _mm_movehl_ps(q, q));
@@ -60,9 +62,12 @@ void rope_rows(const float *x, const float *cos, const float *sin, int64_t N, in
 // New keys or values (T, nkv, hd) into one layer of the cache, (slots, nkv, max_len, hd), at slot
 // `slot`, offsets start .. start + T - 1: what cache.k[layer, slot, :, start:start + T] = new.transpose(0, 1)
 // does, one call instead of a strided torch copy. A float16 cache (half) takes each value rounded to the
-// nearest float16, ties to even, as torch's conversion does (F16C).
-void store_rows(const float *src, int64_t T, int64_t nkv, int64_t hd, void *layer, int64_t slot, int64_t max_len,
-                int64_t start, int half) {
+// nearest float16, ties to even, as torch's conversion does (F16C). Returns how many values were too large
+// for it (|x| >= 65520, stored as inf), which the caller refuses; 0 for a float32 cache.
+int64_t store_rows(const float *src, int64_t T, int64_t nkv, int64_t hd, void *layer, int64_t slot,
+                   int64_t max_len, int64_t start, int half) {
+    int64_t over = 0;
+    const __m256 limit = _mm256_set1_ps(F16_OVERFLOW), sign = _mm256_set1_ps(-0.0f);
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < nkv; h++) {
             const float *s = src + (t * nkv + h) * hd;
@@ -73,10 +78,18 @@ void store_rows(const float *src, int64_t T, int64_t nkv, int64_t hd, void *laye
             }
             uint16_t *d = (uint16_t *)layer + at;
             int64_t i = 0;
-            for (; i + 8 <= hd; i += 8)
-                _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
-            for (; i < hd; i++) d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+            for (; i + 8 <= hd; i += 8) {
+                const __m256 x = _mm256_loadu_ps(s + i);
+                over += __builtin_popcount((unsigned)_mm256_movemask_ps(
+                    _mm256_cmp_ps(_mm256_andnot_ps(sign, x), limit, _CMP_GE_OQ)));
+                _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT));
+            }
+            for (; i < hd; i++) {
+                over += fabsf(s[i]) >= F16_OVERFLOW;
+                d[i] = _cvtss_sh(s[i], _MM_FROUND_TO_NEAREST_INT);
+            }
         }
+    return over;
 }
 
 // exp(x) in 8 lanes: x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite: ln2 in two parts, n ln2's high part

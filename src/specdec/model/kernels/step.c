@@ -15,8 +15,8 @@
 typedef void (*rms_norm_fn)(const float *x, const float *w, int64_t M, int64_t n, float eps, float *y);
 typedef void (*rope_fn)(const float *x, const float *cos, const float *sin, int64_t N, int64_t heads, int64_t hd,
                         float *y);
-typedef void (*store_fn)(const float *src, int64_t T, int64_t nkv, int64_t hd, void *layer, int64_t slot,
-                         int64_t max_len, int64_t start, int half);
+typedef int64_t (*store_fn)(const float *src, int64_t T, int64_t nkv, int64_t hd, void *layer, int64_t slot,
+                            int64_t max_len, int64_t start, int half);
 typedef void (*attend_fn)(const float *q, const void *k, const void *v, const int64_t *slot, const int64_t *off,
                           const int64_t *idx, float *out, int64_t n, int64_t nh, int64_t nkv, int64_t hd,
                           int64_t max_len, float scale, int half, int threads);
@@ -61,6 +61,7 @@ typedef struct {  // one forward of M exact rows
     float *x;                                   // (M, H) the residual rows, updated in place
     float *gate_up, *act_out;                   // scratch: (M, 2I) a layer's gate_up output, (M, I) act(gate) * up
     float *h, *qkv, *qk, *rot, *part, *attn, *out;  // scratch: (M, H), (M, (nh + 2 nkv) hd), ...
+    int64_t overflow;  // out: keys and values a float16 cache could not hold (store_rows), for the caller to refuse
 } Forward;
 
 static void linear(const Kernels *k, const Linear *l, const float *x, int64_t M, float *y, int threads) {
@@ -107,9 +108,11 @@ static void run_layer(const Kernels *k, const Layer *l, int64_t li, Forward *f) 
     for (int64_t s = 0; s < f->nseg; s++) {
         const int64_t r0 = f->seg_row[s], r1 = f->seg_row[s + 1];
         take_heads(f->rot, nh + nkv, hd, r0, r1, nh, nkv, f->part);
-        k->store(f->part, r1 - r0, nkv, hd, kc, f->seg_slot[s], f->max_len, f->seg_start[s], (int)f->half);
+        f->overflow += k->store(f->part, r1 - r0, nkv, hd, kc, f->seg_slot[s], f->max_len, f->seg_start[s],
+                                (int)f->half);
         take_heads(f->qkv, width, hd, r0, r1, nh + nkv, nkv, f->part);
-        k->store(f->part, r1 - r0, nkv, hd, vc, f->seg_slot[s], f->max_len, f->seg_start[s], (int)f->half);
+        f->overflow += k->store(f->part, r1 - r0, nkv, hd, vc, f->seg_slot[s], f->max_len, f->seg_start[s],
+                                (int)f->half);
     }
     take_heads(f->rot, nh + nkv, hd, 0, M, 0, nh, f->part);
     k->attend(f->part, kc, vc, f->slot[w], f->off[w], f->keys[w], f->attn, M, nh, nkv, hd, f->max_len, f->scale,
