@@ -1,7 +1,7 @@
 // The small row-wise ops of a decode step in one call each, where torch spends ~5-20 us per call on a
 // few thousand floats (its CPU rms_norm is several ops): RMS norm, the rotary embedding, the KV-cache write,
-// the MLP's activation. Each output row is a function of its own input row only, in a fixed order, so a k-token forward
-// stays bitwise k one-token forwards. Compiled without -ffast-math and with -ffp-contract=off.
+// the MLP's activation. Each output row is a function of its own input row only, in a fixed order, so a
+// k-token forward stays bitwise k one-token forwards. Compiled without -ffast-math and with -ffp-contract=off.
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -95,7 +95,7 @@ int64_t store_rows(const float *src, int64_t T, int64_t nkv, int64_t hd, void *l
 // exp(x) in 8 lanes: x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite: ln2 in two parts, n ln2's high part
 // exact), exp(r) by its Taylor series to r^7 (truncation under 6e-9), 2^n as two powers of two so that
 // n from -150 to 128 scales without a special case: overflow gives inf, underflow 0 (or a subnormal);
-// NaN stays NaN. Within 2 ulp of exp's exact value.
+// NaN stays NaN. (attend.c's softmax has an exp of its own, for x <= 0 only: its bits are attention's.)
 static inline __m256 exp8(__m256 x) {
     x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));  // NaN: the 2nd operand
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
