@@ -251,12 +251,11 @@ class StepForward(ctypes.Structure):
     """step.c's Forward: one exact forward's sizes, inputs and scratch (pointers into tensors the caller holds)."""
 
     _fields_ = [("M", I64), ("H", I64), ("nh", I64), ("nkv", I64), ("hd", I64), ("I", I64), ("act", I64),
-                ("threads", I64),
-                ("eps", F32), ("scale", F32), ("cos", P * 2), ("sin", P * 2), ("slot", P * 2), ("off", P * 2),
-                ("keys", P * 2), ("nseg", I64), ("seg_slot", P), ("seg_start", P), ("seg_row", P),
+                ("threads", I64), ("eps", F32), ("scale", F32), ("cos", P * 2), ("sin", P * 2), ("slot", P * 2),
+                ("off", P * 2), ("keys", P * 2), ("nseg", I64), ("seg_slot", P), ("seg_start", P), ("seg_row", P),
                 ("kcache", P), ("vcache", P), ("layer_values", I64), ("slots", I64), ("max_len", I64), ("half", I64),
-                ("x", P), ("gate_up", P), ("act_out", P), ("h", P), ("qkv", P), ("qk", P), ("rot", P), ("part", P), ("attn", P),
-                ("out", P), ("overflow", I64)]
+                ("x", P), ("gate_up", P), ("act_out", P), ("h", P), ("qkv", P), ("qk", P), ("rot", P), ("part", P),
+                ("attn", P), ("out", P), ("overflow", I64)]
 
 
 def rms_norm_rows(x, weight, eps: float):
