@@ -53,10 +53,10 @@ class Fact:
 # pointing at a measurement someone can repeat.
 FACTS: tuple[Fact, ...] = (
     Fact("draft-simple", "cpu", "*", SLOWER,
-         "measured 2026-11-29, docs/bench/qwen2.5-coder-1.5b (1.5B int8 target, 0.5B int8 draft, k=3, AMD EPYC "
-         "2 cores): greedy 1.10x overall (code 1.22x, edit 1.45x, summarize 1.10x) but prose 0.73x and chat 0.92x; "
-         "T=0.7 0.93x overall; the draft's 3 steps cost ~70% of a target step, so it loses wherever acceptance "
-         "is below ~0.75"),
+         "measured 2026-12-03, docs/bench/qwen2.5-coder-1.5b-gguf-draft (1.5B Q4_K_M target, 0.5B Q4_K_M draft, "
+         "both gguf, k=3, AMD EPYC 2 cores): greedy 1.27x overall (code, edit, summarize 1.33x) but prose 0.88x "
+         "and chat 0.97x; on 2026-11-29 with int8 weights (docs/bench/qwen2.5-coder-1.5b) 1.10x, prose 0.73x, "
+         "T=0.7 0.93x; the draft's steps cost too much wherever acceptance is low"),
     Fact("suffix", "*", "*", UNMEASURED,
          "model-free; drafts only where the context repeats and the estimated chance of the whole draft "
          "stays above its floor, so text without repeats costs (almost) nothing; to be confirmed per "
