@@ -54,9 +54,10 @@ class Fact:
 FACTS: tuple[Fact, ...] = (
     Fact("draft-simple", "cpu", "*", SLOWER,
          "measured 2026-12-03, docs/bench/qwen2.5-coder-1.5b-gguf-draft (1.5B Q4_K_M target, 0.5B Q4_K_M draft, "
-         "both gguf, k=3, AMD EPYC 2 cores): greedy 1.27x overall (code, edit, summarize 1.33x) but prose 0.88x "
-         "and chat 0.97x; on 2026-11-29 with int8 weights (docs/bench/qwen2.5-coder-1.5b) 1.10x, prose 0.73x, "
-         "T=0.7 0.93x; the draft's steps cost too much wherever acceptance is low"),
+         "both gguf, AMD EPYC 2 cores, greedy): k=3 1.25x overall (code 1.27x, edit 1.41x) but prose 0.98x and "
+         "chat 0.96x; adaptive length 1.17x, every category 1.03x or more, yet below suffix's 1.22x on that set; "
+         "T=0.7 unmeasured. On 2026-11-29 with int8 weights (docs/bench/qwen2.5-coder-1.5b) k=3 1.10x, prose "
+         "0.73x, T=0.7 0.93x"),
     Fact("suffix", "*", "*", UNMEASURED,
          "model-free; drafts only where the context repeats and the estimated chance of the whole draft "
          "stays above its floor, so text without repeats costs (almost) nothing; to be confirmed per "

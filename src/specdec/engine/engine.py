@@ -68,6 +68,12 @@ class Request:
     acceptance_ema: float = PRIOR_ACCEPTANCE  # recent per-token acceptance of drafted tokens
     paused_steps: int = 0  # plain steps since adaptive mode paused drafting (draft_length 0) or last probed
     probe_every: int = PROBE_EVERY  # steps between probes while paused (doubles after each rejected probe)
+    # drafting seconds, tokens and steps of the steps that drafted at the chosen length, what adaptive mode
+    # prices a draft from. Not probes: a probe's time includes catching a draft model up on every token
+    # committed while drafting paused, which priced its drafts at 2-3x their cost and kept it paused
+    draft_cost_s: float = 0.0
+    draft_cost_tokens: int = 0
+    draft_cost_steps: int = 0
     hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -321,7 +327,7 @@ class Engine:
         req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted)
         req.stats.lossy |= result.lossy
         req.stats.draft_s += plan.draft_s
-        self._adapt(req, len(draft), result.num_accepted)
+        self._adapt(req, len(draft), result.num_accepted, plan.draft_s)
         return self._emit(req, result.tokens)
 
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
@@ -358,10 +364,10 @@ class Engine:
             if d.hidden_layers:
                 d.on_target_hidden({layer: picked[layer] for layer in d.hidden_layers}, tokens)
 
-    def _adapt(self, req: Request, drafted: int, accepted: int) -> None:
+    def _adapt(self, req: Request, drafted: int, accepted: int, draft_s: float = 0.0) -> None:
         """Track recent acceptance (the server's batch budget reads it too); in adaptive mode pick the
-        draft length with the most expected tokens per second, from it and the measured cost of
-        verifying k tokens."""
+        draft length with the most expected tokens per second, from it, the measured cost of verifying
+        k tokens and the drafting seconds of this request's non-probe steps (draft_s: this step's)."""
         if drafted == 0:
             return
         req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / drafted)
@@ -369,11 +375,18 @@ class Engine:
             return
         if req.draft_length == 0:  # a probe: probe sooner after an accepted one, later after a rejected one
             req.probe_every = PROBE_EVERY if accepted else min(2 * req.probe_every, MAX_PROBE_EVERY)
+        else:
+            req.draft_cost_s += draft_s
+            req.draft_cost_tokens += drafted
+            req.draft_cost_steps += 1
+        # before any step at a chosen length (probes only), every drafting step's time
+        spent, tokens, steps = ((req.draft_cost_s, req.draft_cost_tokens, req.draft_cost_steps) if req.draft_cost_steps
+                                else (req.stats.draft_s, req.stats.drafted, req.stats.steps))
         per_token = per_pass = 0.0
         if req.drafters and all(d.cost_per_pass for d in req.drafters):
-            per_pass = req.stats.draft_s / max(req.stats.steps, 1)  # a block costs one pass, however long
+            per_pass = spent / max(steps, 1)  # a block costs one pass, however long
         else:
-            per_token = req.stats.draft_s / max(req.stats.drafted, 1)
+            per_token = spent / max(tokens, 1)
         req.draft_length = best_draft_length(req.acceptance_ema, self.forward_cost(req.spec.draft_n_max + 1),
                                              per_token, req.spec.draft_n_max, per_pass)
 
