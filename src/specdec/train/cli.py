@@ -197,13 +197,25 @@ def target_info(model_name: str, path, checkpoint) -> dict:
 
 
 def cmd_train(args) -> int:
+    from specdec.train.loop import finish_distributed, init_distributed
+
+    rank, world, dist_device = init_distributed()
+    ok = False
+    try:
+        code = _train(args, rank, world, dist_device)
+        ok = True
+    finally:
+        finish_distributed(world, ok)
+    return code
+
+
+def _train(args, rank: int, world: int, dist_device) -> int:
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
     from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
-    from specdec.train.loop import Trainer, init_distributed
+    from specdec.train.loop import Trainer
     from specdec.train.target import DenseTarget
 
-    rank, world, dist_device = init_distributed()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = dist_device or args.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -370,3 +370,20 @@ def init_distributed():
         torch.cuda.set_device(local)
         device = f"cuda:{local}"
     return rank, world, device
+
+
+def finish_distributed(world: int, ok: bool) -> None:
+    """Leaves torchrun's process group before the interpreter shuts down: a gloo rank that exits
+    without it can still hold finished work whose tensors are freed during finalization, and
+    aborts (SIGABRT; seen once in CI, see pytorch PR 179291). After a barrier when this rank
+    finished, so that none leaves while another still talks to it; without one after an error,
+    which the other ranks may never reach."""
+    if world <= 1:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    if ok:
+        dist.barrier()
+    dist.destroy_process_group()
