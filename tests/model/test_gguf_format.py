@@ -171,6 +171,17 @@ def test_large_repacked_weights_sit_in_memory_that_may_take_huge_pages():
     assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+def test_pieces_repack_into_the_rows_of_one_part():
+    """gguf_repack takes a fused weight's pieces (say q, k, v straight from the file's mapping) and gives
+    the bytes of repacking them concatenated; pieces of different widths are refused."""
+    q, k = blocks_of("Q4_K", 6, 512, seed=1), blocks_of("Q4_K", 2, 512, seed=2)
+    kind = GGUF_KERNEL_TYPES["Q4_K"]
+    assert torch.equal(kernels.gguf_repack(kind, [q, k]), kernels.gguf_repack(kind, torch.cat([q, k])))
+    assert not torch.equal(kernels.gguf_repack(kind, q), q)  # repacking moves bits: the check above can fail
+    with pytest.raises(ValueError, match="different row widths"):
+        kernels.gguf_repack(kind, [q, blocks_of("Q4_K", 2, 256)])
+
+
 @pytest.mark.skipif(not kernels.has_vnni(), reason="this CPU has no AVX512-VNNI: only the AVX2 build runs here")
 @pytest.mark.parametrize("kind", TYPES)
 def test_the_vnni_build_gives_the_avx2_builds_bits(kind):

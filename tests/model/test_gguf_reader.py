@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from gguf import GGUFReader
 
 from helpers.tiny import make_gguf_model
@@ -36,3 +37,17 @@ def test_a_file_cut_inside_the_token_arrays_is_refused(tmp_path, keep):
     path.write_bytes(data[: int(header_end * keep)])
     with pytest.raises(ModelFileError, match="m.gguf"):
         read_gguf(path)
+
+
+def test_blocks_are_a_view_that_cannot_write_the_file(tmp_path):
+    """GGUFModel.blocks hands over the mapped file's bytes without a copy (copy-on-write): writing into
+    them changes the process's pages, never the file."""
+    path = make_gguf_model(tmp_path / "m.gguf", tensor_type="Q8_0")
+    before = path.read_bytes()
+    model = read_gguf(path)
+    name = next(n for n in model.names() if n.endswith("down_proj.weight"))
+    kind, blocks = model.blocks(name)
+    assert kind == "Q8_0" and blocks.dtype == torch.uint8
+    blocks.fill_(7)
+    assert model.blocks(name)[1].eq(7).all()  # the same pages: no copy was made
+    assert path.read_bytes() == before

@@ -111,7 +111,9 @@ class GGUFModel:
         rows = int(t.shape[1])
         if data.ndim != 2 or data.shape[0] != rows:
             raise ModelFileError(self.path, f"tensor {t.name} ({kind}) has {data.shape} bytes for {rows} rows")
-        out = torch.from_numpy(np.array(data, dtype=np.uint8, copy=True))
+        if data.dtype != np.uint8 or not data.flags.writeable:  # not read_gguf's copy-on-write mapping
+            data = np.array(data, dtype=np.uint8, copy=True)
+        out = torch.from_numpy(data)  # a view of the mapped file: QLinear.from_gguf copies it once, repacking
         if self.config.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
             out = _unpermute_rope(out, heads).contiguous()
@@ -148,6 +150,11 @@ def _reader_class():
     ARRAY, STRING = GGUFValueType.ARRAY, GGUFValueType.STRING
 
     class Reader(GGUFReader):
+        def __init__(self, path, mode="c"):
+            # copy-on-write: the file's blocks can be handed to torch without a copy (GGUFModel.blocks),
+            # and nothing written to them could reach the file
+            super().__init__(path, mode)
+
         @property
         def data(self):
             return self._plain

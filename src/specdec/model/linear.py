@@ -166,16 +166,19 @@ class QLinear:
         self.in_features = widths.pop()
         if self.in_features % 32:
             parts = [("F32", t if kind == "F32" else dequantize_blocks(kind, t)) for kind, t in parts]
-        joined: list[tuple[str, torch.Tensor]] = []
+        joined: list[tuple[str, list[torch.Tensor]]] = []  # neighbours of one type, stacked when held
         for kind, t in parts:
-            t = t.float().contiguous() if kind == "F32" else t.contiguous()
             if joined and joined[-1][0] == kind:
-                t = torch.cat([joined.pop()[1], t])
-            joined.append((kind, t))
-        # held once, in gguf.c's layout (the blocks interleaved; the same bytes and values)
-        self._kernel_parts = kernels.GGUFParts([(GGUF_KERNEL_TYPES.get(kind, 0), t) for kind, t in joined])
+                joined[-1][1].append(t)
+            else:
+                joined.append((kind, [t]))
+        # held once, in gguf.c's layout (the blocks interleaved; the same bytes and values), repacked
+        # straight from the file's mapping: a fused q/k/v is not concatenated first
+        self._kernel_parts = kernels.GGUFParts([
+            (0, torch.cat(ts).float().contiguous()) if kind == "F32" else (GGUF_KERNEL_TYPES[kind], ts)
+            for kind, ts in joined])
         self.parts = [(kind, t) for (kind, _), t in zip(joined, self._kernel_parts.tensors)]
-        self.out_features = sum(t.shape[0] for _, t in joined)
+        self.out_features = sum(t.shape[0] for t in self._kernel_parts.tensors)
         self.bias = None if bias is None else bias.float().contiguous()
         return self
 

@@ -360,23 +360,30 @@ def empty_huge(shape, dtype):
 
 
 def gguf_repack(type_id: int, blocks):
-    """(rows, row_bytes) uint8 of a GGUF type -> a new tensor in gguf.c's layout: each
-    row's groups of 256 values (a K-quant super-block, 8 blocks of the others) with their bits moved so that
-    one vector holds 4 values of each of 8 sub-blocks of 32 (see gguf.c): the same bytes per group, the same
-    values and scales; the rest of a row as it was."""
+    """(rows, row_bytes) uint8 of a GGUF type, or a list of such pieces stacked row-wise -> a new tensor in
+    gguf.c's layout: each row's groups of 256 values (a K-quant super-block, 8 blocks of the others) with
+    their bits moved so that one vector holds 4 values of each of 8 sub-blocks of 32 (see gguf.c): the same
+    bytes per group, the same values and scales; the rest of a row as it was. Rows are repacked one by one,
+    so the pieces go straight from (say) a mapped file into their rows of the result."""
     import torch
 
-    blocks = blocks.contiguous()
-    out = empty_huge(blocks.shape, blocks.dtype)
-    gguf().gguf_repack(type_id, blocks.data_ptr(), blocks.shape[0], blocks.shape[1], out.data_ptr(),
-                       torch.get_num_threads())
+    pieces = [blocks] if isinstance(blocks, torch.Tensor) else list(blocks)
+    if len({p.shape[1] for p in pieces}) != 1:
+        raise ValueError(f"pieces of different row widths {[tuple(p.shape) for p in pieces]} cannot be stacked")
+    out = empty_huge((sum(p.shape[0] for p in pieces), pieces[0].shape[1]), torch.uint8)
+    at = out.data_ptr()
+    for piece in pieces:
+        piece = piece.contiguous()
+        gguf().gguf_repack(type_id, piece.data_ptr(), piece.shape[0], piece.shape[1], at, torch.get_num_threads())
+        at += piece.numel()
     return out
 
 
 class GGUFParts:
     """The parts of one gguf-format weight as gguf_linear takes them, from [(ggml type id, tensor)]: tensor
-    (rows, row_bytes) uint8 of the file's blocks or (rows, K) float32 for type 0 (F32). The blocks are held
-    in gguf.c's interleaved layout (gguf_repack), F32 parts as given; `parts` lists them."""
+    (rows, row_bytes) uint8 of the file's blocks (or a list of such, stacked into one part) or (rows, K)
+    float32 for type 0 (F32). The blocks are held in gguf.c's interleaved layout (gguf_repack), F32 parts as
+    given; `parts` lists them."""
 
     def __init__(self, parts):
         n = len(parts)
