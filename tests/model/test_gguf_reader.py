@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
 
 from helpers.tiny import make_gguf_model
 from specdec.model.errors import ModelFileError
@@ -22,6 +22,9 @@ def test_fields_and_tensors_equal_the_stock_reader(tmp_path):
         assert len(got.parts) == len(want.parts), key
         assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(got.parts, want.parts)), key
         assert got.contents() == want.contents(), key
+        if want.types[0] == GGUFValueType.ARRAY and want.data:
+            for index in (0, -1, slice(1, 4), slice(None, None, -2)):
+                assert got.contents(index) == want.contents(index), (key, index)
     assert len(stock.fields["tokenizer.ggml.tokens"].contents()) == 512  # the arrays took the fast path
     assert fast.data_offset == stock.data_offset
     assert [(t.name, t.tensor_type, t.data_offset) for t in fast.tensors] == \

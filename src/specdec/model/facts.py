@@ -130,12 +130,10 @@ def raw_checkpoint(path: Path) -> SimpleNamespace:
                     files[name] = shard
         return SimpleNamespace(raw_config=raw, _files=files, names=lambda: list(files), arch=raw.get("model_type"),
                                quant="safetensors", context_length=raw.get("max_position_embeddings"))
-    from gguf import GGUFReader
-
-    from specdec.model.gguf_loader import _FILE_TYPES
+    from specdec.model.gguf_loader import _FILE_TYPES, _reader_class
 
     try:
-        reader = GGUFReader(path)
+        reader = _reader_class()(path)
     except Exception as exc:
         raise ModelFileError(path, f"not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     meta = {}
