@@ -130,6 +130,34 @@ def test_stops_inside_an_accepted_run_match_plain_decoding(engine):
             assert stop[0] not in b.text
 
 
+def test_a_stop_string_ends_the_output_where_the_whole_text_first_holds_it(engine):
+    """The engine looks for stop strings only in the text each token adds (model.tokenizer.StreamDecoder):
+    the output still ends with the first token after which the decoded output holds one of them, and the
+    text is that decoded output cut before the first of them (in the request's order) that it holds."""
+    tok = engine.model.tokenizer
+    ids = tok.encode(EDIT_PROMPT)
+    full = engine.generate(ids, SamplingParams(), max_tokens=40)
+    text = full.text
+    assert len(text) > 60
+    stops = [[text[3:5]], [text[10:16]], [text[len(text) // 2 : len(text) // 2 + 3]], [text[-4:]],
+             [text[40:44], text[12:14]], [text[12:14], text[40:44]], ["never in this text"]]
+    for stop in stops:
+        got = engine.generate(ids, SamplingParams(), max_tokens=40, stop=stop)
+        holds = [n for n in range(1, len(full.token_ids) + 1) if any(s in tok.decode(full.token_ids[:n]) for s in stop)]
+        if not holds:
+            assert (got.token_ids, got.text, got.finish_reason) == (full.token_ids, text, full.finish_reason)
+            continue
+        whole = tok.decode(full.token_ids[: holds[0]])
+        first = next(s for s in stop if s in whole)
+        assert (got.token_ids, got.text, got.finish_reason) == (full.token_ids[: holds[0]], whole[: whole.find(first)],
+                                                                "stop"), stop
+
+
+def test_an_empty_stop_string_is_refused(engine):
+    with pytest.raises(ValueError, match="stop strings must not be empty"):
+        engine.generate([1, 2, 3], SamplingParams(), max_tokens=4, stop=["x", ""])
+
+
 def test_eos_stops_generation(engine):
     """Where plain decoding meets EOS, speculation stops at the same token. Short chat answers end in EOS,
     but which of them does within 200 tokens moves with the last bits of the numerics, so several are asked."""

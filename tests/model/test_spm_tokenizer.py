@@ -188,8 +188,18 @@ def test_stream_decoder_assembles_byte_tokens(tiny):
     text = "the 日本 🤖 world"
     ids = tiny.encode(text, add_bos=False)
     stream = StreamDecoder(tiny)
-    out = [stream.push([i]) for i in ids]
+    out = []
+    for i in ids:
+        out.append(stream.push([i]))
+        assert stream.text + stream.pending == tiny.decode(stream.ids)
+        assert text.startswith(stream.text)  # never a character the next byte token turns back to U+FFFD
     assert "".join(out) == text
+    # after a whole character of byte tokens, a byte that cannot follow it makes the run U+FFFD again:
+    # that character stays pending until a token that is not a byte comes
+    ni = tiny.encode("日", add_bos=False)
+    stream = StreamDecoder(tiny)
+    assert stream.push(ni) == "" and stream.pending == "日"
+    assert stream.push(ni[:1]) == "" and stream.pending == tiny.decode(ni + ni[:1])
     assert not any("\ufffd" in piece for piece in out)
 
 

@@ -96,10 +96,23 @@ def test_overrides_the_server_cannot_honour_are_400(base, override):
 
 # -- text deltas ----------------------------------------------------------------------------------
 class CharTokenizer:
-    """Token i is chr(i); 0xFFFD decodes like an incomplete UTF-8 character."""
+    """Token i is chr(i)."""
 
     def decode(self, ids):
         return "".join(chr(i) for i in ids)
+
+    def token_text(self, token_id):
+        return None
+
+
+class ByteTokenizer:
+    """Token i is byte i, decoded as UTF-8 with U+FFFD for what is not a whole character."""
+
+    def decode(self, ids):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id):
+        return None
 
 
 def test_text_stream_never_takes_back_what_it_sent():
@@ -109,10 +122,12 @@ def test_text_stream_never_takes_back_what_it_sent():
     sent = "".join(stream.advance(ids[:n]) for n in range(1, 5))  # "abc " so far; "STOP" may still start
     assert sent == "a"  # 3 characters (len("STOP") - 1) held back
     assert sent + stream.finish("abc ") == "abc "
-    plain = TextStream(tok, ())
-    assert plain.advance([ord("x"), 0xFFFD]) == "x"  # an incomplete character waits
-    assert plain.advance([ord("x"), ord("y")]) == "y"
-    assert plain.finish("xyz") == "z"
+    plain = TextStream(ByteTokenizer(), ())
+    e_acute = list("é".encode())
+    assert plain.advance([ord("w")]) == "w"
+    assert plain.advance([ord("w"), ord("x"), e_acute[0]]) == ""  # the step's text waits for its last character
+    assert plain.advance([ord("w"), ord("x"), *e_acute, ord("y")]) == "xéy"
+    assert plain.finish("wxéyz") == "z"
 
 
 # -- the scheduler --------------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from specdec.engine.cost import best_draft_length, measure_forward_cost
 from specdec.engine.pool import DrafterPool
 from specdec.engine.stats import SpecStats
 from specdec.model.load import Model, load_model
+from specdec.model.tokenizer import StreamDecoder
 from specdec.model.transformer import Segment
 from specdec.sampling import SamplingParams, process_logits
 from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
@@ -61,6 +62,7 @@ class Request:
     output: list[int] = field(default_factory=list)  # emitted tokens; the last one is not in the cache yet
     prefilled: int = 0  # prompt tokens in the cache; the first token is emitted when all are
     stop_text: str | None = None  # the decoded output cut before the stop string that ended it
+    text: StreamDecoder | None = field(default=None, repr=False)  # the output's text, where stop strings are set
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
     stats: SpecStats = field(default_factory=SpecStats)
@@ -160,6 +162,8 @@ class Engine:
             raise ValueError("the prompt is empty")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if any(not s for s in stop):
+            raise ValueError("stop strings must not be empty")
         if len(prompt) + 1 > self.cache.max_len:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context holds {self.cache.max_len}")
         vocab = self.model.config.vocab_size
@@ -411,9 +415,19 @@ class Engine:
         return new
 
     def _hit_stop(self, req: Request) -> bool:
-        text = self.model.tokenizer.decode(req.output)
+        """Whether the output's text holds a stop string now; if so stop_text is the text before it.
+
+        The text grows by a decoded window of tokens (StreamDecoder), and each stop string is looked for
+        only where it could end in text new since the last token: one that lay in the settled text was
+        found then. The first stop string of req.stop found wins, at its first place, as in the whole text.
+        """
+        if req.text is None:
+            req.text = StreamDecoder(self.model.tokenizer)
+        settled = len(req.text.text)
+        req.text.push(req.output[len(req.text.ids) :])
+        text = req.text.text + req.text.pending
         for s in req.stop:
-            at = text.find(s)
+            at = text.find(s, max(0, settled - len(s) + 1))
             if at >= 0:
                 req.stop_text = text[:at]
                 return True

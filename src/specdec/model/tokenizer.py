@@ -10,6 +10,7 @@ scores and token types by specdec.model.spm.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from specdec.model.errors import ModelFileError
@@ -71,22 +72,58 @@ class Tokenizer:
                                eos_token=eos)
 
 
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback token's text
+
+
 class StreamDecoder:
-    """Turns a growing list of token ids into text pieces, never splitting a UTF-8 character."""
+    """The text of a growing list of token ids, decoded a few tokens at a time.
+
+    Decoding the whole output again at every step costs time in its length (0.15 ms for 1000 of
+    Qwen2.5's tokens, 0.64 ms for 4000, against a 3 ms decode step of smollm2-135m), so a long answer
+    cost time quadratic in its length. Here each push decodes a short window instead: the tokens
+    since the last settled point, after the few before it as context (a SentencePiece decoder drops
+    the space that starts its text, and a window of context keeps that space where it belongs).
+
+        stream = StreamDecoder(tokenizer)
+        stream.push([9707, 11])  # -> "Hello," : the text these tokens settled
+        stream.text + stream.pending == tokenizer.decode(stream.ids)  # always
+
+    `text` is settled: it ends on a whole character and never changes; `pending` is the text of the
+    tokens after it while they end inside a UTF-8 character (ending in U+FFFD) or with a byte token
+    ("<0xE6>": SentencePiece's byte fallback decodes a run of them together, so a character already
+    whole turns to U+FFFD again if a byte that cannot follow it comes next). Where a window's text does
+    not extend its context's (a decoder that does not work piecewise), the whole list is decoded.
+    """
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
-        self.emitted = 0  # characters of the decoded text already handed out
+        self.text = ""
+        self.pending = ""
+        self._context = 0  # ids[_context:_settled] decode to the end of text: the window's context
+        self._settled = 0  # ids[:_settled] decode to text
 
     def push(self, ids) -> str:
+        """Append ids; returns the text they settled ("" while a character is incomplete)."""
         self.ids.extend(ids)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):
-            return ""  # an incomplete multi-byte character: wait for the next token
-        piece = text[self.emitted :]
-        self.emitted = len(text)
-        return piece
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self._context : self._settled])
+        window = decode(self.ids[self._context :])
+        if window.startswith(before):
+            new = window[len(before) :]
+        else:  # not piecewise: decode the whole list
+            full = decode(self.ids)
+            if not full.startswith(self.text):
+                raise RuntimeError("the tokenizer's decoding of this output changed text already settled")
+            new = full[len(self.text) :]
+        last = self.tokenizer.token_text(self.ids[-1]) if self.ids else None
+        if new.endswith("\ufffd") or (last is not None and _BYTE_TOKEN.fullmatch(last)):
+            self.pending = new
+            return ""
+        self.text += new
+        self.pending = ""
+        self._context, self._settled = self._settled, len(self.ids)
+        return new
 
 
 def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:

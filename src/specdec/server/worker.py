@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from specdec.engine.config import SpecConfig
 from specdec.engine.stats import SpecStats
+from specdec.model.tokenizer import StreamDecoder
 from specdec.sampling import SamplingParams
 
 
@@ -79,12 +80,14 @@ class TextStream:
     """
 
     def __init__(self, tokenizer, stop: tuple[str, ...]):
-        self.tokenizer = tokenizer
+        self.decoder = StreamDecoder(tokenizer)  # the output's text, a window of new tokens decoded a step
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.sent = ""
 
     def advance(self, output: list[int]) -> str:
-        text = self.tokenizer.decode(output).rstrip("\ufffd")
+        """output: the request's tokens so far, of which the last call's are the start."""
+        self.decoder.push(output[len(self.decoder.ids) :])
+        text = self.decoder.text  # settled: what a later token cannot change
         return self._take(text[: max(0, len(text) - self.hold)])
 
     def finish(self, final_text: str) -> str:
