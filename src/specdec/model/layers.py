@@ -68,9 +68,9 @@ def _row_kernel(*tensors: torch.Tensor) -> bool:
     """Whether model/kernels' rows.c takes this call: float32 CPU tensors that do not require grad (the
     runtime's; a trainable module's stay on torch, under no_grad too, so one module computes one way).
     Never by layout, so that a row's bits do not depend on whether it came as a one-row slice or not."""
-    if kernels.rows() is None or any(t.requires_grad for t in tensors):
+    if not all(t.dtype == torch.float32 and t.device.type == "cpu" and not t.requires_grad for t in tensors):
         return False
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+    return kernels.rows() is not None
 
 
 def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
