@@ -14,7 +14,8 @@ from helpers.tiny import make_gemma3_hf_model, make_hf_model
 from specdec.drafters.base import TokenTree
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
-from specdec.model.device import DeviceKVCache, DeviceTransformer, pick_device, row_masks
+from specdec.model.device import (KEY_ALIGN, DeviceKVCache, DeviceTransformer, chain_masks, pick_device,
+                                  row_masks)
 from specdec.model.load import load_model
 from specdec.model.transformer import Segment
 from specdec.sampling import SamplingParams
@@ -152,6 +153,20 @@ def test_greedy_speculation_equals_plain_decoding(models, drafter):
     assert 0 < accepted < drafted, "both the accepted and the rejected branch must have run"
 
 
+def test_a_program_makes_the_masks_of_a_chain_as_row_masks_does():
+    """The programs make their masks from the rows' cache offsets (chain_masks); row_masks is the reference."""
+    width, rows = 24, 6
+    for start, n in ((0, 1), (5, 4), (12, 6), (20, 3)):
+        positions = start + torch.arange(n)
+        for window in (0, 1, 3, 8):
+            for lo in range(0, n, 4):  # a chain split over calls of 4 rows: rows lo.. of it
+                k = min(4, n - lo)
+                writes = torch.full((rows,), width - 1)  # padding writes the spare position
+                writes[:k] = positions[lo : lo + k]
+                want = row_masks(None, start, positions, window, range(lo, lo + k), rows, width)
+                assert torch.equal(chain_masks(writes, width, window), want), (start, n, window, lo)
+
+
 def test_row_masks_give_each_row_its_keys():
     positions = torch.tensor([5, 6, 7])
     chain = row_masks(None, 5, positions, 0, range(1, 3), 4, 10)  # rows 1, 2 of a segment at offset 5
@@ -169,7 +184,8 @@ def test_bad_use_is_a_clear_error(models):
     with pytest.raises(TypeError, match="its own cache"):
         dev.forward(torch.tensor([[1]]), cpu.transformer.new_cache(16), [0])
     cache = dev.new_cache(8)
-    assert isinstance(cache, DeviceKVCache) and cache.k.shape[3] == 9  # one spare position
+    assert isinstance(cache, DeviceKVCache) and cache.k.shape[3] == cache.width == KEY_ALIGN  # spare positions
+    assert dev.new_cache(KEY_ALIGN).width == 2 * KEY_ALIGN  # at least one spare
     slot = cache.allocate()
     with pytest.raises(ValueError, match="exceed the cache length 8"):
         dev.forward(torch.tensor([list(range(9))]), cache, [slot], exact=False)

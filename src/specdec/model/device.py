@@ -6,8 +6,9 @@
 Numerics. The CPU runtime is row-invariant because its kernels compute every row alone
 (model/transformer.py). A GPU library picks its matmul algorithm by shape, so a 1-row and a 4-row
 product may round differently. Here every exact forward runs one program of one shape:
-`rows` (default 16) query rows, the real ones first and the rest padding, over all
-max_len + 1 key positions of its cache slot, the keys a row may not see masked to -inf.
+`rows` (default 16) query rows, the real ones first and the rest padding, over all `width` key
+positions of its cache slot (max_len and a spare one, rounded up to a multiple of KEY_ALIGN), the
+keys a row may not see masked to -inf.
 Decode and verify are then the same kernels on the same shapes, and a row's bits depend on its
 own inputs only. What this rests on, and what tests/model/test_device.py (CPU) and
 scripts/cuda_check.py (GPU) check: a fixed-shape matmul rounds a row the same whichever row of
@@ -16,8 +17,9 @@ the operand it is.
     segment of T rows at cache offset start      one program call per `rows` of them
     rows t < T: tokens, positions, writes        K/V written at start + t, then attention
     rows t >= T: padding                         token 0 at position 0, writes the spare position
-                                                 max_len, sees only that key
-    mask (rows, max_len + 1) bool per window     [r, j]: row r attends cache position j
+                                                 width - 1, sees only that key
+    mask (rows, width) per window, made in the   [r, j]: row r attends cache position j (a chain's
+    program from the write offsets               row: j <= its offset, inside its window)
 
 Trees are refused in exact forwards (ValueError; the engine refuses --spec-tree-topk > 1 first). A
 tree node's ancestors sit at cache offsets start + node index, not at their positions as in the
@@ -55,6 +57,10 @@ from specdec.model.transformer import ForwardOutput, Segment, Transformer, segme
 
 DEFAULT_ROWS = 16  # rows of every exact program: the longest draft tree verified in one call, + 1
 DEVICES = ("cpu", "cuda")
+# The programs' key width is a multiple of this. With the odd width max_len + 1 the attention's products
+# had unaligned rows and cuBLAS ran them on old, slow kernels: an H200 spent 3.3 ms of a 13 ms
+# Llama-3-8B step in p·V alone, 0.4 ms for both products once aligned.
+KEY_ALIGN = 256
 
 
 def pick_device(device: str | None) -> str:
@@ -115,13 +121,16 @@ class _DenseWeights:
 
 
 class DeviceKVCache(KVCache):
-    """The KV cache on the device: one spare position past max_len that padded rows write, every
-    position zero-filled (the programs read them all, masked; a masked key must still be finite),
-    and the captured programs that use this buffer, which live as long as it does."""
+    """The KV cache on the device: `width` positions per slot, max_len and spare ones up to a multiple of
+    KEY_ALIGN, the last of which padded rows write (spare_position); every position zero-filled (the
+    programs read them all, masked; a masked key must still be finite); and the captured programs that
+    use this buffer, which live as long as it does."""
 
     def __init__(self, config: ModelConfig, max_len: int, num_slots: int, dtype: torch.dtype, device: torch.device):
+        self.width = -(-(max_len + 1) // KEY_ALIGN) * KEY_ALIGN
+        self.spare_position = self.width - 1
         super().__init__(config.num_layers, config.num_kv_heads, config.head_dim, max_len, num_slots, dtype, device,
-                         spare=1)
+                         spare=self.width - max_len)
         self.programs: dict[tuple[int, tuple[int, ...]], _Program] = {}  # (slot, hidden layers) -> program
 
 
@@ -130,13 +139,16 @@ class _Program:
     asked-for hidden states out, all in fixed buffers. On CUDA a captured graph, else run eagerly."""
 
     def __init__(self, model: DeviceTransformer, cache: DeviceKVCache, slot: int, hidden_layers: tuple[int, ...]):
-        rows, width, device = model.rows, cache.max_len + 1, model.device
-        self.tokens = torch.zeros(rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(rows, dtype=torch.long, device=device)
-        self.writes = torch.full((rows,), cache.max_len, dtype=torch.long, device=device)  # the spare position
-        self.masks = {w: torch.zeros(rows, width, dtype=torch.bool, device=device) for w in model.windows}
-        for mask in self.masks.values():
-            mask[:, -1] = True  # until filled: every row sees the spare key only (finite, and writes go there)
+        rows, width, device = model.rows, cache.width, model.device
+        # the inputs, tokens, positions and write offsets, in one buffer filled by one copy from a host
+        # buffer (pinned on CUDA, so that the copy does not stage through another); until filled, padding
+        pinned = device.type == "cuda"
+        self.spare = cache.spare_position
+        self.ids = torch.zeros(3, rows, dtype=torch.long, device=device)
+        self.ids[2] = self.spare
+        self.tokens, self.positions, self.writes = self.ids
+        self.host_ids = torch.empty(self.ids.shape, dtype=torch.long, pin_memory=pinned)
+        self.copied = torch.cuda.Event() if pinned else None  # the last copy out of host_ids is done
         self.run = partial(model._exact_program, self, cache, slot, hidden_layers)
         self.out: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
         self.graph = None
@@ -156,15 +168,19 @@ class _Program:
         with torch.cuda.graph(self.graph, pool=pool):
             self.out = self.run()
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor, writes: torch.Tensor,
-                 masks: dict[int, torch.Tensor]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Inputs (rows,) each and {window: (rows, max_len + 1) bool}, on the host; outputs on the device,
-        overwritten by the next call."""
-        self.tokens.copy_(tokens)
-        self.positions.copy_(positions)
-        self.writes.copy_(writes)
-        for w, mask in masks.items():
-            self.masks[w].copy_(mask)
+    def __call__(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """n <= rows tokens (host) of a chain at cache offset and position start.., the other rows padding;
+        outputs on the device, logits and hidden states in float32, overwritten by the next call."""
+        if self.copied is not None:
+            self.copied.synchronize()  # a call whose outputs nobody read may still be copying from its inputs
+        n, ids = len(tokens), self.host_ids
+        ids[0, :n] = tokens
+        ids[1, :n] = ids[2, :n] = torch.arange(start, start + n)
+        ids[:2, n:] = 0
+        ids[2, n:] = self.spare
+        self.ids.copy_(ids, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
         if self.graph is not None:
             self.graph.replay()
         elif self.out is None:
@@ -210,6 +226,7 @@ class DeviceTransformer:
         self.embed_scale = (torch.tensor(config.embed_scale, dtype=self.dtype, device=self.device)
                             if config.embed_scale != 1.0 else None)
         self._pool = None
+        self._pinned: torch.Tensor | None = None  # host buffer that program outputs come back through (CUDA)
 
     @classmethod
     def from_transformer(cls, host: Transformer, device: str | torch.device, dtype: torch.dtype | None = None,
@@ -313,28 +330,49 @@ class DeviceTransformer:
         if key not in cache.programs:
             cache.programs[key] = _Program(self, cache, seg.slot, hidden_layers)
         program, R, T = cache.programs[key], self.rows, len(tokens)
-        logits, hidden = [], {layer: [] for layer in hidden_layers}
+        embed, _, _, lm_head = self.weights
+        logits = torch.empty(1 if seg.last_only else T, lm_head.shape[0])
+        hidden = {layer: torch.empty(T, embed.shape[1]) for layer in hidden_layers}
         for lo in range(0, T, R):
             n = min(R, T - lo)
-            ids, pos = torch.zeros(R, dtype=torch.long), torch.zeros(R, dtype=torch.long)
-            writes = torch.full((R,), cache.max_len, dtype=torch.long)
-            ids[:n], pos[:n], writes[:n] = tokens[lo : lo + n], positions[lo : lo + n], start + torch.arange(lo, lo + n)
-            masks = {w: row_masks(seg.tree_mask, start, positions, w, range(lo, lo + n), R, cache.max_len + 1)
-                     for w in self.windows}
-            out, out_hidden = program(ids, pos, writes, masks)  # the next call overwrites them: copy now
-            if not seg.last_only or lo + n == T:
-                logits.append(_to_host(out[n - 1 : n] if seg.last_only else out[:n]))
-            for layer in hidden_layers:
-                hidden[layer].append(_to_host(out_hidden[layer][:n]))
-        return torch.cat(logits), {layer: torch.cat(parts) for layer, parts in hidden.items()}
+            out, out_hidden = program(tokens[lo : lo + n], start + lo)  # the next call overwrites them: copy now
+            fetch = [(hidden[layer][lo : lo + n], out_hidden[layer][:n]) for layer in hidden_layers]
+            if not seg.last_only:
+                fetch.append((logits[lo : lo + n], out[:n]))
+            elif lo + n == T:
+                fetch.append((logits, out[n - 1 : n]))
+            self._fetch(fetch)
+        return logits, hidden
+
+    def _fetch(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy each (host destination, device float32 source). From CUDA through one pinned buffer and one
+        wait: a copy into pageable memory stages through the driver's own buffer, and 16 rows of logits
+        (8 MB for Llama-3) made a verify 3 ms slower than 11 rows. The buffer is this model's: programs run
+        one after another, and each call waits for its copies before the next begins."""
+        if self.device.type != "cuda":
+            for dst, src in pairs:
+                dst.copy_(src)
+            return
+        need = sum(src.numel() for _, src in pairs)
+        if self._pinned is None or self._pinned.numel() < need:
+            self._pinned = torch.empty(need, dtype=torch.float32, pin_memory=True)
+        views, at = [], 0
+        for _, src in pairs:
+            views.append(self._pinned[at : at + src.numel()].view(src.shape))
+            views[-1].copy_(src, non_blocking=True)
+            at += src.numel()
+        torch.cuda.current_stream(self.device).synchronize()
+        for (dst, _), view in zip(pairs, views):
+            dst.copy_(view)
 
     def _exact_program(self, p: _Program, cache: DeviceKVCache, slot: int,
                        hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The ops of one program over its fixed buffers (what a CUDA graph captures)."""
-        biases = {w: torch.zeros(m.shape, dtype=torch.float32, device=self.device).masked_fill_(~m, float("-inf"))
-                  for w, m in p.masks.items()}
+        biases = {w: torch.zeros(p.writes.shape[0], cache.width, dtype=torch.float32, device=self.device).masked_fill_(
+                      ~chain_masks(p.writes, cache.width, w), float("-inf")) for w in self.windows}
         attend = partial(self._attend_fixed, cache, slot, p.writes)
-        return self._layers(p.tokens, p.positions, hidden_layers, lambda li, w: partial(attend, li, biases[w]))
+        logits, hidden = self._layers(p.tokens, p.positions, hidden_layers, lambda li, w: partial(attend, li, biases[w]))
+        return logits.float(), {layer: h.float() for layer, h in hidden.items()}  # as the host takes them
 
     def _prefill(self, seg: Segment, cache: DeviceKVCache, start: int, tokens: torch.Tensor, positions: torch.Tensor,
                  hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -370,15 +408,15 @@ class DeviceTransformer:
     def _attend_fixed(self, cache: DeviceKVCache, slot: int, writes: torch.Tensor, li: int, bias: torch.Tensor,
                       q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (R, nh, hd), k, v (R, nkv, hd) -> (R, nh, hd): K/V written at `writes` (R,), then every row over
-        all max_len + 1 positions of the slot, bias (R, max_len + 1) 0 or -inf added to its scores."""
+        all `width` positions of the slot, bias (R, width) 0 or -inf added to its scores."""
         R, nh, hd = q.shape
-        keys, values = cache.k[li, slot], cache.v[li, slot]  # (nkv, max_len + 1, hd)
+        keys, values = cache.k[li, slot], cache.v[li, slot]  # (nkv, width, hd)
         nkv = keys.shape[0]
         group = nh // nkv
         keys.index_copy_(1, writes, k.transpose(0, 1).to(keys.dtype))
         values.index_copy_(1, writes, v.transpose(0, 1).to(values.dtype))
         qg = q.reshape(R, nkv, group, hd).permute(1, 0, 2, 3).reshape(nkv, R * group, hd)
-        scores = torch.matmul(qg, keys.transpose(1, 2)).float() * self.attn_scale  # (nkv, R * group, max_len + 1)
+        scores = torch.matmul(qg, keys.transpose(1, 2)).float() * self.attn_scale  # (nkv, R * group, width)
         scores = scores.view(nkv, R, group, -1) + bias[None, :, None, :]
         p = torch.softmax(scores, dim=-1).to(values.dtype).view(nkv, R * group, -1)
         out = torch.matmul(p, values)  # (nkv, R * group, hd)
@@ -408,8 +446,23 @@ def _is_chain(tree_mask: torch.Tensor | None, start: int, positions: torch.Tenso
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """A float32 copy on the host (a copy even where t is one already: program outputs are reused)."""
+    """A float32 copy on the host (a copy even where t is one already)."""
     return t.to(device="cpu", dtype=torch.float32, copy=True)
+
+
+def chain_masks(writes: torch.Tensor, width: int, window: int) -> torch.Tensor:
+    """(rows, width) bool: row_masks of a chain's rows from their cache offsets alone (in a chain each row's
+    position is its offset), made on the device inside a program. A row at the last position is padding
+    and sees only that key.
+
+    >>> chain_masks(torch.tensor([2, 3, 4]), 5, 0).int().tolist()
+    [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [0, 0, 0, 0, 1]]
+    """
+    cols, w = torch.arange(width, device=writes.device), writes[:, None]
+    sees = cols <= w
+    if window:
+        sees &= cols > w - window
+    return torch.where(w == width - 1, cols == width - 1, sees)
 
 
 def row_masks(tree_mask: torch.Tensor | None, start: int, positions: torch.Tensor, window: int, rows: range,
