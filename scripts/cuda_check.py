@@ -142,6 +142,31 @@ def linears_ms(tr: DeviceTransformer, rows: int, device: str) -> float:
     return statistics.median(times[2:]) * 1e3
 
 
+def profile_step(eager: DeviceTransformer, ctx_size: int, device: str, out: str | None) -> None:
+    """torch.profiler's table of one eager decode step after CONTEXT tokens, by device time (on CUDA the
+    kernels a graph replays, one launch each): printed, and written to cuda-profile.txt under `out`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cache = eager.new_cache(ctx_size)
+    slot = cache.allocate()
+    eager.forward(torch.zeros(1, CONTEXT, dtype=torch.long), cache, [slot], exact=False, last_only=True)
+    step = torch.zeros(1, 1, dtype=torch.long)
+    for _ in range(2):  # warm: the program's first run, the library's workspaces
+        eager.forward(step, cache, [slot])
+        cache.truncate(slot, CONTEXT)
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        eager.forward(step, cache, [slot])
+        _sync(device)
+    table = prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=30,
+                                      max_name_column_width=80)
+    print(table)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "cuda-profile.txt").write_text(table)
+
+
 def replay_ms(cache, device: str) -> float:
     """ms of the decode program's device work alone (a graph replay on CUDA, the ops eagerly elsewhere; the
     median of 10): what a step costs less the host's share (inputs, masks, the copy of the logits back)."""
@@ -168,6 +193,8 @@ def main() -> None:
     p.add_argument("--ctx-size", type=int, default=4096, help="the cache every program reads in full")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--out", default=None, help="folder for cuda-check.md and cuda-check.json")
+    p.add_argument("--profile", action="store_true",
+                   help="also write cuda-profile.txt: the kernels of one eager decode step, by device time")
     args = p.parse_args()
     device = pick_device(args.device)
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -202,6 +229,8 @@ def main() -> None:
                                                   repeats=10)[1] * 1e3
     facts["linears_ms"] = {rows: linears_ms(tr, rows, device) for rows in (1, tr.rows)}
     facts["replay_ms"] = replay_ms(cache, device)
+    if args.profile:
+        profile_step(eager, args.ctx_size, device, args.out)
     step_s = cost[1]
     facts["step_gbs"] = (weight_bytes + kv_bytes) / step_s / 1e9
     facts["weight_bytes"], facts["kv_bytes_read"] = weight_bytes, kv_bytes
