@@ -44,6 +44,7 @@ model it was made from (`host`), which stays loaded.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 
@@ -314,12 +315,16 @@ class DeviceTransformer:
             if seg.exact and not _is_chain(seg.tree_mask, start, pos):
                 raise ValueError(f"slot {seg.slot}: the device runtime verifies chains only, and this forward "
                                  "is a tree (its rows would not be bitwise the single steps of their paths)")
-        for seg, start, pos in zip(segments, starts, positions):
-            tokens = torch.as_tensor(seg.tokens).reshape(-1)
-            run = self._exact if seg.exact else self._prefill
-            logits, hidden = run(seg, cache, start, tokens, pos, tuple(hidden_layers))
-            cache.lengths[seg.slot] = start + len(tokens)
-            outs.append(ForwardOutput(logits[None], {layer: h[None] for layer, h in hidden.items()}))
+        # the model's GPU as the current one: a program's side stream, its graph capture and its copies'
+        # event belong to the current device, while torch launches a tensor's kernels on its own device's
+        # stream: on cuda:1, a capture on cuda:0 would not hold the program's kernels
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
+            for seg, start, pos in zip(segments, starts, positions):
+                tokens = torch.as_tensor(seg.tokens).reshape(-1)
+                run = self._exact if seg.exact else self._prefill
+                logits, hidden = run(seg, cache, start, tokens, pos, tuple(hidden_layers))
+                cache.lengths[seg.slot] = start + len(tokens)
+                outs.append(ForwardOutput(logits[None], {layer: h[None] for layer, h in hidden.items()}))
         return outs
 
     def _exact(self, seg: Segment, cache: DeviceKVCache, start: int, tokens: torch.Tensor, positions: torch.Tensor,
