@@ -211,7 +211,6 @@ def main() -> None:
     facts["build_s"] = time.perf_counter() - t0
     c = tr.config
     weight_bytes = tr.weight_bytes_per_token()
-    kv_bytes = c.num_layers * 2 * c.kv_size * tr.new_cache(args.ctx_size).width * torch.finfo(dtype).bits // 8
     params = sum(t.numel() for t in tr.weight_tensors())
     info = ModelInfo(f"random {args.shape}", "", "", "llama", "random", str(dtype).removeprefix("torch."), params,
                      weight_bytes, device, kv_cache=str(tr.kv_dtype).removeprefix("torch."))
@@ -219,6 +218,7 @@ def main() -> None:
 
     # the verify cost curve, with graphs (first call captures), then t = 1 eagerly
     cache = tr.new_cache(args.ctx_size)
+    kv_bytes = c.num_layers * 2 * c.kv_size * cache.width * torch.finfo(dtype).bits // 8  # the slot's keys, values
     t0 = time.perf_counter()
     measure_forward_cost(tr, cache, 1, context=CONTEXT, repeats=1)  # captures the program of this cache's slot
     facts["first_step_s"] = time.perf_counter() - t0
