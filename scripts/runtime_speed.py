@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -162,7 +163,11 @@ def run_worker(python: str, path: str, tokens: int, threads: int, long_contexts:
            "--long-contexts", ",".join(map(str, long_contexts))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
-        raise RuntimeError(f"llama-cpp-python worker failed: {done.stderr.strip()[-500:]}")
+        # a build for another CPU dies by a signal and says nothing (llama.cpp's AMX kernels where the
+        # machine lists AMX but does not let a process use it: SIGILL at the first tile instruction)
+        how = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"exit status {done.returncode}")
+        raise RuntimeError(f"llama-cpp-python worker failed ({how}): {done.stderr.strip()[-500:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
     out["curve"] = {int(k): v for k, v in out["curve"].items()}
     out["long"] = {int(c): {int(k): v for k, v in per.items()} for c, per in out["long"].items()}
