@@ -163,8 +163,8 @@ def run_worker(python: str, path: str, tokens: int, threads: int, long_contexts:
            "--long-contexts", ",".join(map(str, long_contexts))]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
-        # a build for another CPU dies by a signal and says nothing (llama.cpp's AMX kernels where the
-        # machine lists AMX but does not let a process use it: SIGILL at the first tile instruction)
+        # a worker killed by a signal says nothing on stderr (a native llama.cpp build on an Intel Xeon with
+        # AMX: SIGILL at its AMX kernel's first tile instruction, docs/runtime-speed-xeon.md)
         how = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
                else f"exit status {done.returncode}")
         raise RuntimeError(f"llama-cpp-python worker failed ({how}): {done.stderr.strip()[-500:]}")
