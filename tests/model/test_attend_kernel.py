@@ -153,6 +153,24 @@ def test_one_verify_split_by_query_heads_gives_the_one_thread_bits(nkv, nh):
     torch.testing.assert_close(together.double(), reference(q, k, v, lists, [1] * 5, 0.125), rtol=1e-5, atol=1e-5)
 
 
+def test_a_decode_step_over_a_long_list_unsplit_gives_the_bits_of_its_split_verify():
+    """A single row over a long list (700 keys of 64, 3 kv heads) at 2 threads runs a task per kv head, its
+    groups whole (the cache read once); the same row inside a 5-row verify, whose groups split into tasks of
+    2 + 1 query heads: the same bits, and softmax attention."""
+    g = torch.Generator().manual_seed(13)
+    k, v = (torch.randn(2, 3, 720, 64, generator=g) * 2).half(), torch.randn(2, 3, 720, 64, generator=g).half()
+    lists = [list(range(0, 700 + t)) for t in range(5)]
+    q = torch.randn(5, 9, 64, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # each row alone at 2 threads, where the unsplit tasks run
+        together = rows_as_alone(q, k, v, lists, [1] * 5, 0.125)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(together.double(), reference(q, k.float(), v.float(), lists, [1] * 5, 0.125),
+                               rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("key_lists", [VERIFY_LISTS, BATCH_LISTS[:12]], ids=["verify", "decode-batch"])
 def test_a_float16_cache_gives_attention_over_its_values_with_the_same_invariance(key_lists):
     """A float16 cache: each value widened exactly as it is read, so the rows are softmax attention over the

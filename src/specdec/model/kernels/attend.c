@@ -343,8 +343,15 @@ void attend_rows(const float *q, const void *k, const void *v, const int64_t *sl
      * 1.37x the time of 2 tasks of 6 after 3000 keys, 1.11x after 1000 and 100 (Gemma 3's 4 heads of 256:
      * 1.16x and 1.20x for 4 tasks against 2). Each head's arithmetic is the same whichever heads share its
      * task: the same bits. */
+    /* Not either for a decode step's single rows over long lists where every thread has a kv head of its own:
+     * there the cache comes from memory, and a group split reads it once a part. smollm2-135m (3 kv heads, 2
+     * threads) after 3000 keys: a layer's attention over a cache of 30 layers took 0.80x the time of 6 tasks,
+     * after 600-2000 keys 0.80-0.96x; its whole decode step 0.91-0.94x after 3000 tokens (Intel Xeon, the two
+     * kernels in one process). A verify's rows do 4 times the arithmetic a key read: its bundles still split
+     * (0.82x for one layer's attention unsplit, but 1.01-1.02x for the whole 4-token verify). */
+    const int long_lists = n == bundles && off[n] / n * hd >= WIDEN_MIN_VALUES;
     int64_t parts = 1;
-    while (parallel && bundles * nkv * parts < 2 * threads && bundles * nkv * parts % threads && parts < group)
+    while (parallel && !(long_lists && bundles * nkv >= threads) && bundles * nkv * parts < 2 * threads && bundles * nkv * parts % threads && parts < group)
         parts++;
     const int64_t per = (group + parts - 1) / parts;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(parallel)
