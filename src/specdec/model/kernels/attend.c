@@ -351,7 +351,9 @@ void attend_rows(const float *q, const void *k, const void *v, const int64_t *sl
      * (0.82x for one layer's attention unsplit, but 1.01-1.02x for the whole 4-token verify). */
     const int long_lists = n == bundles && off[n] / n * hd >= WIDEN_MIN_VALUES;
     int64_t parts = 1;
-    while (parallel && !(long_lists && bundles * nkv >= threads) && bundles * nkv * parts < 2 * threads && bundles * nkv * parts % threads && parts < group)
+    const int whole_groups = long_lists && bundles * nkv >= threads;
+    while (parallel && !whole_groups && bundles * nkv * parts < 2 * threads && bundles * nkv * parts % threads
+           && parts < group)
         parts++;
     const int64_t per = (group + parts - 1) / parts;
     #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if(parallel)
