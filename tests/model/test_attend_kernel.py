@@ -206,3 +206,29 @@ def test_keys_and_values_of_different_dtypes_are_refused():
     k, v = cache(8)
     with pytest.raises(ValueError, match="share a dtype"):
         kernels.attend_rows(torch.randn(1, 2, 8), k.half(), v, *rows([[0, 1]], [0]), 1.0)
+
+
+@pytest.mark.skipif(not kernels.has_vnni(), reason="this CPU has no AVX-512 (VNNI): only the AVX2 build runs here")
+@pytest.mark.parametrize("half", [False, True], ids=["float32", "float16"])
+def test_the_avx512_build_gives_the_avx2_builds_bits(half):
+    """attend.c built with AVX-512 (q . k over pairs of keys, p . v 16 values a vector) against the AVX2 build:
+    head widths with a last 8 or 16 values (24, 80), kv groups of 1 to 7 heads, single rows, a verify bundle
+    and long lists, at 1 and 2 threads: the same bits."""
+    avx2, wide = kernels.attend_build(False), kernels.attend_build(True)
+    assert avx2 is not None and wide is not None and avx2 is not wide
+    g = torch.Generator().manual_seed(14)
+    threads = torch.get_num_threads()
+    try:
+        for hd, nkv, nh in [(64, 3, 9), (24, 2, 14), (80, 1, 4), (128, 2, 12), (8, 1, 1), (256, 1, 2)]:
+            k, v = torch.randn(2, nkv, 720, hd, generator=g) * 2, torch.randn(2, nkv, 720, hd, generator=g)
+            if half:
+                k, v = k.half(), v.half()
+            for lists in ([list(range(0, 37))], [list(range(0, 600 + t)) for t in range(4)], [list(range(0, 700))],
+                          [list(range(0, 30)) + [31, 33, 34], list(range(5, 13)), list(range(0, 90))]):
+                q = torch.randn(len(lists), nh, hd, generator=g)
+                for n_threads in (1, 2):
+                    torch.set_num_threads(n_threads)
+                    args = (q, k, v, *rows(lists, [1] * len(lists)), hd ** -0.5)
+                    assert torch.equal(kernels.attend_rows(*args, lib=wide), kernels.attend_rows(*args, lib=avx2))
+    finally:
+        torch.set_num_threads(threads)

@@ -25,7 +25,8 @@ The library is compiled with the system C compiler (`cc`, or $CC) into $SPECDEC_
 named by a digest of the source and flags, and loaded with ctypes: no torch headers, about a
 second to build. Where the CPU has AVX512-VNNI (with VL), gguf.c and w8a8.c are built with it: their
 integer dot products then take one vpdpbusd instead of maddubs + madd, the same integers exactly, so
-the same bits as the AVX2 build (SPECDEC_KERNEL_AVX2=1 keeps the AVX2 build). `w8a8()` returns None,
+the same bits as the AVX2 build (SPECDEC_KERNEL_AVX2=1 keeps the AVX2 build); attend.c, built with
+the same flags there, weighs values 16 at a time in zmm registers, each sum the same chain of fmas. `w8a8()` returns None,
 with `why_unavailable()` saying why, on a machine without a compiler or without AVX2/FMA.
 """
 
@@ -168,11 +169,17 @@ def w8a8_build(vnni: bool):
                  VNNI_FLAGS if vnni else ())
 
 
-@lru_cache(maxsize=1)
 def attend():
     """The loaded exact-attention library (ctypes.CDLL), or None (`why_unavailable("attend")`)."""
+    return attend_build(has_vnni())
+
+
+@lru_cache(maxsize=2)
+def attend_build(wide: bool):
+    """attend.c built with AVX-512 (its p . v in zmm registers; where the CPU has AVX512-VNNI, as gguf.c) or
+    with AVX2 alone: the same bits (tests compare them), or None."""
     return _load(ATTEND_SOURCE, {"attend_rows": [P, P, P, P, P, P, P, I64, I64, I64, I64, I64, F32, I32, I32]},
-                 off="SPECDEC_NO_ATTEND_KERNEL")
+                 VNNI_FLAGS if wide else (), off="SPECDEC_NO_ATTEND_KERNEL")
 
 
 def gguf():
@@ -457,13 +464,13 @@ def w8a8_matmul(x, weight, scale, bias=None, lib=None):
     return y
 
 
-def attend_rows(q, k, v, slot, offsets, keys, scale: float):
+def attend_rows(q, k, v, slot, offsets, keys, scale: float, lib=None):
     """Each query row over exactly its own keys of its own cache slot (see attend.c).
 
     q: (n, nh, hd) float32; k, v: one layer of the cache, (slots, nkv, max_len, hd) float32 or float16,
     contiguous; slot: (n,) int64; offsets: (n + 1,) int64 into keys; keys: key offsets in the
     slot, row r's at keys[offsets[r]:offsets[r + 1]], in reduction order. Returns (n, nh, hd).
-    Needs `attend()` to have loaded.
+    lib: a build of attend.c (`attend_build`); default `attend()`, which must have loaded.
     """
     import torch
 
@@ -475,7 +482,7 @@ def attend_rows(q, k, v, slot, offsets, keys, scale: float):
     if v.dtype != k.dtype:
         raise ValueError(f"keys ({k.dtype}) and values ({v.dtype}) must share a dtype")
     out = torch.empty_like(q)
-    attend().attend_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), slot.data_ptr(), offsets.data_ptr(),
+    (lib or attend()).attend_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), slot.data_ptr(), offsets.data_ptr(),
                          keys.data_ptr(), out.data_ptr(), n, nh, nkv, hd, max_len, scale, _half(k),
                          torch.get_num_threads())
     return out
