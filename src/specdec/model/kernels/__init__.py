@@ -25,9 +25,10 @@ The library is compiled with the system C compiler (`cc`, or $CC) into $SPECDEC_
 named by a digest of the source and flags, and loaded with ctypes: no torch headers, about a
 second to build. Where the CPU has AVX512-VNNI (with VL), gguf.c and w8a8.c are built with it: their
 integer dot products then take one vpdpbusd instead of maddubs + madd, the same integers exactly, so
-the same bits as the AVX2 build (SPECDEC_KERNEL_AVX2=1 keeps the AVX2 build); attend.c, built with
-the same flags there, weighs values 16 at a time in zmm registers, each sum the same chain of fmas. `w8a8()` returns None,
-with `why_unavailable()` saying why, on a machine without a compiler or without AVX2/FMA.
+the same bits as the AVX2 build (SPECDEC_KERNEL_AVX2=1 keeps the AVX2 build). attend.c is built with
+the same flags there and runs its q . k and p . v in zmm registers, each sum the same chain of fmas, so
+again the AVX2 build's bits. `w8a8()` returns None, with `why_unavailable()` saying why, on a machine
+without a compiler or without AVX2/FMA.
 """
 
 from __future__ import annotations
@@ -483,6 +484,6 @@ def attend_rows(q, k, v, slot, offsets, keys, scale: float, lib=None):
         raise ValueError(f"keys ({k.dtype}) and values ({v.dtype}) must share a dtype")
     out = torch.empty_like(q)
     (lib or attend()).attend_rows(q.data_ptr(), k.data_ptr(), v.data_ptr(), slot.data_ptr(), offsets.data_ptr(),
-                         keys.data_ptr(), out.data_ptr(), n, nh, nkv, hd, max_len, scale, _half(k),
-                         torch.get_num_threads())
+                                  keys.data_ptr(), out.data_ptr(), n, nh, nkv, hd, max_len, scale, _half(k),
+                                  torch.get_num_threads())
     return out

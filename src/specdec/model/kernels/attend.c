@@ -249,6 +249,20 @@ static inline __attribute__((always_inline)) void weigh_block16(const float *s, 
 }
 #endif
 
+/* One pass of weigh_block or weigh_block16 (F, n values a vector) from value d0 on, two vectors wide or the last
+ * one, with `heads` made a constant (each its own unrolled copy); for weigh_values' loop */
+#define WEIGH(F, n, H) (hd - d0 >= 2 * (n) ? F(sa, L, keys, vb, hd, j0, end, d0, H, 2, half, ca) \
+                                           : F(sa, L, keys, vb, hd, j0, end, d0, H, 1, half, ca))
+#define WEIGH_HEADS(F, n)                           \
+    switch (heads) {                                \
+    case 1: WEIGH(F, n, 1); break;                  \
+    case 2: WEIGH(F, n, 2); break;                  \
+    case 3: WEIGH(F, n, 3); break;                  \
+    case 4: WEIGH(F, n, 4); break;                  \
+    case 5: WEIGH(F, n, 5); break;                  \
+    default: WEIGH(F, n, 6); break;                 \
+    }
+
 /* For rows i = 0..nr-1 of a bundle and their heads a: out + (i * nh + a) * hd = (s + (i * group + a) * L) .
  * the values of the row's first lens[i] keys / total[i * group + a] (s: the softmax's unnormalized weights,
  * rows L apart; total: their sums); acc: nr * group * hd floats of scratch. Block by block of keys, every
@@ -278,32 +292,12 @@ static inline __attribute__((always_inline)) void weigh_values(const float *s, i
                 for (int64_t d0 = 0; d0 < hd; d0 += 16) {
 #ifdef __AVX512F__
                     if (hd - d0 >= 16) {  // 32 values a pass, or the last 16, in zmm registers
-#define WEIGH16(H) (hd - d0 >= 32 ? weigh_block16(sa, L, keys, vb, hd, j0, end, d0, H, 2, half, ca) \
-                                  : weigh_block16(sa, L, keys, vb, hd, j0, end, d0, H, 1, half, ca))
-                        switch (heads) {
-                        case 1: WEIGH16(1); break;
-                        case 2: WEIGH16(2); break;
-                        case 3: WEIGH16(3); break;
-                        case 4: WEIGH16(4); break;
-                        case 5: WEIGH16(5); break;
-                        default: WEIGH16(6); break;
-                        }
-#undef WEIGH16
+                        WEIGH_HEADS(weigh_block16, 16);
                         if (hd - d0 >= 32) d0 += 16;
                         continue;
                     }
 #endif
-#define WEIGH(H) (hd - d0 >= 16 ? weigh_block(sa, L, keys, vb, hd, j0, end, d0, H, 2, half, ca) \
-                                : weigh_block(sa, L, keys, vb, hd, j0, end, d0, H, 1, half, ca))
-                    switch (heads) {
-                    case 1: WEIGH(1); break;
-                    case 2: WEIGH(2); break;
-                    case 3: WEIGH(3); break;
-                    case 4: WEIGH(4); break;
-                    case 5: WEIGH(5); break;
-                    default: WEIGH(6); break;
-                    }
-#undef WEIGH
+                    WEIGH_HEADS(weigh_block, 8);
                 }
             }
         }
@@ -315,6 +309,9 @@ static inline __attribute__((always_inline)) void weigh_values(const float *s, i
                                  _mm256_div_ps(_mm256_loadu_ps(acc + (i * group + a) * hd + d),
                                                _mm256_set1_ps(total[i * group + a])));
 }
+
+#undef WEIGH_HEADS
+#undef WEIGH
 
 /* Bundles: a verify forward's rows of one sequence attend to the context, then one more key each; each
  * row's key list begins with the whole list of the row before. Such rows, of one slot, go to one task per
