@@ -142,3 +142,30 @@ def test_greedy_equals_plain_decoding(tiny_model, head_dir, topk, budget):
     assert result.token_ids == plain
     assert result.stats.drafted > 0 and len(drafted) >= result.stats.drafted
     assert set(drafted) <= set(DRAFT_IDS.tolist())
+
+
+def test_the_first_draft_is_the_heads_last_row_over_the_whole_prompt(tiny_model, head_dir):
+    """The first proposal catches the head up over every pair of the prompt at once (logits of the
+    last row only); its token is the argmax of a from-scratch run's last row."""
+    drafter = make_eagle3_drafter(tiny_model, str(head_dir), max_len=256)
+    seen = []
+    propose = drafter.propose
+
+    def recording(context, k):
+        draft = propose(context, k)
+        seen.append((list(context), draft.tokens[0] if draft.tokens else None))
+        return draft
+
+    drafter.propose = recording
+    engine = Engine(tiny_model, SpecConfig(drafters=("draft-eagle3",), draft_n_max=1), max_len=256,
+                    drafter_factory=lambda name, spec: drafter)
+    engine.generate(list(range(5, 25)), max_tokens=4)
+    context, first = seen[0]
+    n, head = len(context) - 1, drafter.head
+    out = tiny_model.transformer.forward(torch.tensor([context[:n]]), tiny_model.transformer.new_cache(256), [0],
+                                         hidden_layers=head.hidden_layers)
+    feats = head.feature({k: v[0] for k, v in out.hidden.items()})[None]
+    with torch.no_grad():
+        logits, *_ = head.step(0, feats, torch.tensor([context[1:]]), torch.arange(n)[None], None, None,
+                               torch.ones(1, n, n, dtype=torch.bool).tril())
+    assert logits.shape[1] == n and int(logits[0, -1].argmax()) == first

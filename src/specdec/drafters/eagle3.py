@@ -127,16 +127,17 @@ class Eagle3Head(HiddenHead):
         taps = torch.cat([hidden[i].float() for i in self.cfg.taps], dim=-1)  # (..., n, 3H)
         return self.fc(taps.to(self.fc.weight.dtype))
 
-    def draft_logits(self, feats, tokens, positions, past_k, past_v, mask):
-        """-> (draft-vocab logits (B, T, Vd), pre-norm output (B, T, H), k, v)."""
+    def draft_logits(self, feats, tokens, positions, past_k, past_v, mask, last_only=False):
+        """-> (draft-vocab logits (B, T, Vd), or (B, 1, Vd) of the last row if last_only; pre-norm output
+        (B, T, H), k, v)."""
         e = self.embed[tokens].to(feats.dtype)  # (B, T, H)
         m = self.midlayer
         attn_in = torch.cat([m.input_layernorm(e), m.hidden_norm(feats)], dim=-1)  # (B, T, 2H)
         out, k, v = self.run_layer(m, attn_in, feats, positions, past_k, past_v, mask)
-        return self.lm_head(self.norm(out)), out, k, v
+        return self.lm_head(self.norm(out[:, -1:] if last_only else out)), out, k, v
 
-    def step(self, module, feats, tokens, positions, past_k, past_v, mask):
-        logits_d, out, k, v = self.draft_logits(feats, tokens, positions, past_k, past_v, mask)
+    def step(self, module, feats, tokens, positions, past_k, past_v, mask, last_only=False):
+        logits_d, out, k, v = self.draft_logits(feats, tokens, positions, past_k, past_v, mask, last_only)
         B, T, _ = logits_d.shape
         logits = torch.full((B, T, self.cfg.vocab_size), float("-inf"), dtype=torch.float32, device=logits_d.device)
         logits[..., self.draft_to_target()] = logits_d.float()

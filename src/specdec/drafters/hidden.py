@@ -72,8 +72,10 @@ class HiddenHead(nn.Module):
         raise NotImplementedError
 
     def step(self, module: int, feats: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-             past_k, past_v, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """feats (B, T, F), tokens (B, T), positions (B, T) -> (logits (B, T, V_target), new feats (B, T, H), k, v)."""
+             past_k, past_v, mask, last_only: bool = False
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """feats (B, T, F), tokens (B, T), positions (B, T) -> (logits (B, T, V_target), new feats (B, T, H), k, v).
+        last_only: the logits of the last row only, (B, 1, V_target) (a catch-up over a prompt needs no more)."""
         raise NotImplementedError
 
 
@@ -145,17 +147,19 @@ class HiddenStateDrafter(DrafterBase):
         tokens = torch.tensor([list(context[start + 1 : m + 1])])  # (1, T): x_{j+1}
         positions = torch.arange(start, m)[None]
         mask = torch.ones(1, m - start, m, dtype=torch.bool).tril(diagonal=start)  # causal over cache + new
-        logits, out = self._run(0, feats[None], tokens, positions, torch.arange(start, m), mask)
+        # only the root's logits: the output head over every row of a long prompt cost more than the layer
+        logits, out = self._run(0, feats[None], tokens, positions, torch.arange(start, m), mask, last_only=True)
         return logits[0, -1], out[0, -1]
 
-    def _run(self, module: int, feats, tokens, positions, slots: torch.Tensor, mask):
-        """Run `module` on new rows and write their K/V at `slots`; mask (1, T, slots_end) over the cache."""
+    def _run(self, module: int, feats, tokens, positions, slots: torch.Tensor, mask, last_only: bool = False):
+        """Run `module` on new rows and write their K/V at `slots`; mask (1, T, slots_end) over the cache.
+        last_only: logits of the last row only."""
         cache = self.caches[module]
         end = mask.shape[-1] - feats.shape[1]
         past_k = cache.k[None, :, :end]
         past_v = cache.v[None, :, :end]
         # new rows attend cache[:end] then themselves; `mask` covers both
-        logits, out, k, v = self.head.step(module, feats, tokens, positions, past_k, past_v, mask)
+        logits, out, k, v = self.head.step(module, feats, tokens, positions, past_k, past_v, mask, last_only)
         cache.k[:, slots] = k[0].to(cache.k.dtype)
         cache.v[:, slots] = v[0].to(cache.v.dtype)
         cache.length = max(cache.length, int(slots.max()) + 1)

@@ -129,7 +129,7 @@ class MTPHead(HiddenHead):
     def feature(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
         return rms_norm(hidden[self.config.num_layers].float(), self.target_norm, self.config.rms_norm_eps)
 
-    def step(self, module, feats, tokens, positions, past_k, past_v, mask):
+    def step(self, module, feats, tokens, positions, past_k, past_v, mask, last_only=False):
         mod = self.mods[module]
         e = self.embed[tokens].to(feats.dtype)  # (B, T, H)
         if self.layout.zero_first_embed:
@@ -138,8 +138,9 @@ class MTPHead(HiddenHead):
         x = mod.eh_proj(torch.cat(pair if mod.embed_first else pair[::-1], dim=-1))  # (B, T, H)
         out, k, v = self.run_layer(mod.block, mod.input_layernorm(x), x, positions, past_k, past_v, mask)
         normed = mod.norm(out)
-        B, T, H = normed.shape
-        logits = self.lm_head(normed.reshape(B * T, H).float()).reshape(B, T, -1)
+        rows = normed[:, -1:] if last_only else normed
+        B, T, H = rows.shape
+        logits = self.lm_head(rows.reshape(B * T, H).float()).reshape(B, T, -1)
         return logits, (normed if self.layout.feeds_normed else out), k, v
 
     # -- weights -----------------------------------------------------------------------------
