@@ -79,8 +79,14 @@ def cmd_chat(args) -> int:
             break
         if not line.strip():
             break
-        messages.append({"role": "user", "content": line})
-        ids = tok.encode(tok.apply_chat_template(messages), add_bos=False)
+        turn = {"role": "user", "content": line}
+        text = tok.apply_chat_template(messages + [turn])
+        try:
+            ids = tok.encode(text, add_bos=False)
+        except ValueError as exc:  # text that is not UTF-8: this line only, the conversation goes on
+            print(f"specdec: error: {exc}; the line was not sent", file=sys.stderr)
+            continue
+        messages.append(turn)
         decoder = StreamDecoder(tok)
         for new in engine.stream(ids, sampling, args.max_tokens, args.stop):
             sys.stdout.write(decoder.push(new))

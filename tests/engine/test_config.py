@@ -25,6 +25,10 @@ def test_vllm_json():
     assert spec.types == ("draft-simple",) and spec.draft_model == "qwen2.5-coder-0.5b" and spec.draft_n_max == 4
     assert spec_config_from_flags(speculative_config='{"method": "ngram"}')[0].types == ("ngram-simple",)
     assert spec_config_from_flags(speculative_config='{"method": "suffix"}')[0].types == ("suffix",)
+    typed, _ = spec_config_from_flags(speculative_config='{"method": "ngram", "draft_p_min": 0, "adaptive": true}')
+    assert typed.adaptive and typed.draft_p_min == 0
+    json_off = '{"method": "ngram", "adaptive": false}'
+    assert not spec_config_from_flags(adaptive=True, speculative_config=json_off)[0].adaptive
 
 
 def test_vllm_prompt_lookup_sizes_reach_the_ngram_drafter(tiny_model):
@@ -105,6 +109,11 @@ def test_defaults_and_none():
     (dict(tree_topk=2, speculative_config='{"method": "eagle3", "tree_topk": 3}'),
      "--spec-tree-topk 2 contradicts tree_topk 3"),
     (dict(speculative_config='{"method": "eagle3", "tree_budget": 2.5}'), "tree_budget must be an integer"),
+    (dict(speculative_config='{"method": "ngram", "draft_p_min": "0.5"}'),
+     'draft_p_min must be a number, got "0.5"'),
+    (dict(speculative_config='{"method": "ngram", "draft_p_min": true}'), "draft_p_min must be a number, got true"),
+    (dict(speculative_config='{"method": "ngram", "adaptive": "no"}'), 'adaptive must be true or false, got "no"'),
+    (dict(speculative_config='{"method": "draft_model", "model": ["a"]}'), "model must be a string"),
     (dict(speculative_config='{"method": "suffix", "prompt_lookup_min": 2}'), "n-gram sizes of method 'ngram'"),
     (dict(speculative_config='{"method": "ngram", "prompt_lookup_min": 0}'), "order_min must be at least 1"),
     (dict(speculative_config='{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 3}'),

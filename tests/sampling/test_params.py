@@ -26,8 +26,11 @@ def expect(probs: torch.Tensor, wanted) -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(temperature=-0.1), "temperature must be >= 0"),
-    (dict(temperature=float("nan")), "temperature must be >= 0"),
+    (dict(temperature=-0.1), "temperature must be a finite number >= 0"),
+    (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+    (dict(temperature=float("inf")), "temperature must be a finite number >= 0, got inf"),
+    (dict(seed=2**64), r"seed must be an integer in \[-2\*\*63, 2\*\*64\)"),
+    (dict(seed=-(2**63) - 1), r"seed must be an integer in"),
     (dict(top_k=-1), r"top_k must be >= 0 \(0 = off\)"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),

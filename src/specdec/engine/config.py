@@ -177,6 +177,14 @@ def _json_int(cfg: dict, key: str) -> int | None:
     return value
 
 
+def _json_typed(cfg: dict, key: str, kind: type, what: str):
+    """cfg[key] (None when absent) if it is a `kind` (JSON true/false is no number here), else a ValueError."""
+    value = cfg.get(key)
+    if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+        raise ValueError(f"--speculative-config {key} must be {what}, got {json.dumps(value)}")
+    return value
+
+
 def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
     """Merge llama.cpp-style flags and a vLLM-style JSON into one SpecConfig (auto excluded).
 
@@ -204,7 +212,7 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
             raise ValueError(f"--spec-type {','.join(types)} contradicts --speculative-config method "
                              f"{cfg['method']!r}")
         types = (kind,)
-        if "model" in cfg:
+        if _json_typed(cfg, "model", str, "a string (a model name, file or folder)") is not None:
             if model_draft and model_draft != cfg["model"]:
                 raise ValueError("--model-draft and --speculative-config 'model' name different draft models")
             model_draft = cfg["model"]
@@ -219,8 +227,10 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
                 raise ValueError(f"prompt_lookup_min/prompt_lookup_max set the n-gram sizes of method 'ngram'; "
                                  f"the method is {cfg['method']!r}")
             options[kind] = {k: v for k, v in lookup.items() if v is not None}
-        p_min = cfg.get("draft_p_min", p_min)
-        adaptive = bool(cfg.get("adaptive", adaptive))
+        given_p_min = _json_typed(cfg, "draft_p_min", (int, float), "a number")
+        p_min = p_min if given_p_min is None else given_p_min
+        given_adaptive = _json_typed(cfg, "adaptive", bool, "true or false")
+        adaptive = adaptive if given_adaptive is None else given_adaptive
         for key, flag, value in (("tree_topk", "--spec-tree-topk", tree_topk),
                                  ("tree_budget", "--spec-tree-budget", tree_budget)):
             given = _json_int(cfg, key)

@@ -43,6 +43,13 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids of text; a ValueError where text is not Unicode that UTF-8 can hold (a lone surrogate: what
+        Python makes of bytes that are not UTF-8 in argv or stdin, or a JSON string's unpaired \\ud800)."""
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"the text is not valid UTF-8: character {exc.start} is {text[exc.start]!r}, a byte "
+                             "that is not UTF-8 or an unpaired surrogate") from None
         ids = self.backend.encode(text, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id] + ids

@@ -50,6 +50,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if not 1 <= args.max_batch <= 256:
         raise ValueError(f"--max-batch must be between 1 and 256, got {args.max_batch}")
     if args.max_queue < 0:

@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-tokens", type=int, default=192, help="tokens generated per prompt")
     p.add_argument("--corpus-seqs", type=int, default=256, help="corpus chunks added")
     p.add_argument("--seq-len", type=int, default=384)
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (0: build the training sequences only)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ttt", type=int, default=3, help="training-time-test steps (head fed its own outputs)")
@@ -196,9 +196,28 @@ def target_info(model_name: str, path, checkpoint) -> dict:
             "num_layers": c.num_layers, "vocab_size": c.vocab_size}
 
 
+# the least each count may be (flags left at None keep their meaning: "the default")
+_LEAST = {"generate": 0, "gen_tokens": 1, "corpus_seqs": 0, "seq_len": 2, "steps": 0, "batch": 1, "ttt": 1,
+          "draft_vocab": 1, "val": 0, "block_size": 2, "draft_layers": 1, "anchors": 1, "markov_rank": 0,
+          "save_every": 1, "threads": 1}
+
+
+def check_train_args(args) -> None:
+    """A bad count or rate is one clear error before the target loads or any data is generated."""
+    for name, least in _LEAST.items():
+        value = getattr(args, name, None)
+        if value is not None and value < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    for name in ("lr", "loss_decay", "max_minutes"):
+        value = getattr(args, name, None)
+        if value is not None and not 0 < value < float("inf"):
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
+
+
 def cmd_train(args) -> int:
     from specdec.train.loop import finish_distributed, init_distributed
 
+    check_train_args(args)
     rank, world, dist_device = init_distributed()
     ok = False
     try:

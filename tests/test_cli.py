@@ -1,0 +1,62 @@
+"""The command line's bad input: one line on stderr and exit status 2, never a traceback, and a flag
+that cannot work is refused before a model loads."""
+
+from __future__ import annotations
+
+import builtins
+import json
+
+import pytest
+
+from specdec.cli import main
+
+MISSING = "/nonexistent/model.gguf"  # a flag checked before loading is refused before this is looked for
+
+
+def run(capsys, argv) -> tuple[int, str, str]:
+    rc = main(argv)
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return rc, captured.out, captured.err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "-c", "-5", "hi"], "--ctx-size must be 0 (the model's context length) or more, got -5"),
+    (["generate", "-n", "-1", "hi"], "--max-tokens (-n) must be at least 1, got -1"),
+    (["generate", "--temp", "1", "--seed", str(10**24), "hi"], "seed must be an integer in [-2**63, 2**64)"),
+    (["generate", "--temp", "inf", "hi"], "temperature must be a finite number >= 0, got inf"),
+    (["generate", "--speculative-config", '{"method": "ngram", "draft_p_min": "abc"}', "hi"],
+     'draft_p_min must be a number, got "abc"'),
+    (["generate", "--speculative-config", '{"method": "draft_model", "model": 123}', "hi"],
+     "model must be a string"),
+    (["generate", "--speculative-config", '{"method": "ngram", "adaptive": "no"}', "hi"],
+     'adaptive must be true or false, got "no"'),
+    (["serve", "--port", "99999"], "--port must be between 0 and 65535, got 99999"),
+    (["serve", "-c", "-1"], "--ctx-size must be 0"),
+    (["train", "mtp", "--steps", "-1"], "--steps must be at least 0, got -1"),
+    (["train", "eagle3", "--lr", "nan", "--out", "x"], "--lr must be a positive number, got nan"),
+])
+def test_a_bad_flag_is_one_line_before_the_model_loads(capsys, argv, message):
+    rc, _, err = run(capsys, argv + ["--model", MISSING])
+    assert rc == 2
+    assert err.startswith("specdec: error: ") and message in err and MISSING not in err
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(capsys, tiny_hf_dir):
+    """Bytes that are not UTF-8 in argv or stdin reach Python as lone surrogates (surrogateescape)."""
+    base = ["generate", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "128", "-n", "2", "--spec-type",
+            "none"]
+    rc, out, err = run(capsys, base + ["def f(\udcff):"])
+    assert rc == 2 and "the text is not valid UTF-8: character 6 is '\\udcff'" in err and not out
+    rc, out, _ = run(capsys, base + ["--json", "def f():"])
+    assert rc == 0 and len(json.loads(out)["token_ids"]) == 2
+
+
+def test_chat_refuses_a_line_that_is_not_utf8_and_goes_on(capsys, monkeypatch, tiny_hf_dir):
+    lines = iter(["caf\udce9", "hello", ""])
+    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
+    rc, out, err = run(capsys, ["chat", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "128", "-n", "2",
+                                "--spec-type", "none"])
+    assert rc == 0
+    assert "specdec: error: the text is not valid UTF-8" in err and "the line was not sent" in err
+    assert err.count("speculation: off") == 1  # the next line was answered
