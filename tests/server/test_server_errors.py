@@ -102,6 +102,18 @@ CASES = [
      "unknown_parameter", "speculative.draft_len"),
     ("speculative a string", "/v1/completions", {"prompt": "x", "speculative": "off"}, 400, None, "speculative"),
     ("unknown route", "/v1/embeddings", {"input": "x"}, 404, "not_found", None),
+    ("prompt not UTF-8", "/v1/completions", b'{"prompt": "ab\\ud800cd", "max_tokens": 2}', 400, "invalid_value",
+     "prompt"),
+    ("message not UTF-8", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x\\udfff"}]}', 400,
+     "invalid_value", "messages"),
+    ("temperature NaN", "/v1/completions", b'{"prompt": "x", "temperature": NaN}', 400, "invalid_value",
+     "temperature"),
+    ("best_of > 1", "/v1/completions", {"prompt": "x", "best_of": 3}, 400, "unsupported", "best_of"),
+    ("suffix", "/v1/completions", {"prompt": "x", "suffix": "y"}, 400, "unsupported", "suffix"),
+    ("top_logprobs", "/v1/chat/completions", {"messages": CHAT, "top_logprobs": 3}, 400, "unsupported",
+     "top_logprobs"),
+    ("zero max_completion_tokens", "/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, 400,
+     "invalid_value", "max_completion_tokens"),
 ]
 
 
@@ -114,6 +126,24 @@ def test_bad_input_is_an_openai_error_and_the_server_goes_on(smollm_server, refe
         response = http.post(path, content=content, headers={"content-type": "application/json"})
     assert_error(response, status, code, param)
     assert_served_normally(smollm_server, reference)
+
+
+def test_an_empty_body_is_told_what_to_send(smollm_server, reference):
+    with smollm_server.http() as http:
+        response = http.post("/v1/completions", content=b"", headers={"content-type": "application/json"})
+    error = assert_error(response, 400)
+    assert error["message"] == "The request body must be a JSON object." and error["param"] is None
+    assert_served_normally(smollm_server, reference)
+
+
+@pytest.mark.parametrize("path, body, message", [
+    ("/v1/completions", {"prompt": "x", "temperature": float("nan")}, "Input should be a finite number"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens must be"),
+])
+def test_the_message_names_what_was_sent(smollm_server, path, body, message):
+    with smollm_server.http() as http:
+        response = http.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    assert message in assert_error(response, 400)["message"]
 
 
 def test_openai_client_raises_its_own_exceptions(smollm_server, reference):

@@ -115,6 +115,12 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
             raise APIError(400, "logprobs are not supported by this server", param="logprobs", code="unsupported")
         if body.echo:
             raise APIError(400, "echo is not supported by this server", param="echo", code="unsupported")
+        if body.best_of not in (None, 1):
+            raise APIError(400, f"best_of must be 1 (one completion per request), got {body.best_of}",
+                           param="best_of", code="unsupported")
+        if body.suffix:
+            raise APIError(400, "suffix (text after the completion) is not supported by this server",
+                           param="suffix", code="unsupported")
         _check_model(body.model, model_name)
         ids = await run_in_threadpool(_completion_prompt, tok, body.prompt, engine.model.config.vocab_size)
         job = _make_job(engine, body, ids, body.max_tokens, "completions", "prompt", default_max_tokens)
@@ -122,8 +128,9 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        if body.logprobs:
-            raise APIError(400, "logprobs are not supported by this server", param="logprobs", code="unsupported")
+        if body.logprobs or body.top_logprobs is not None:
+            param = "logprobs" if body.logprobs else "top_logprobs"
+            raise APIError(400, f"{param} are not supported by this server", param=param, code="unsupported")
         _check_model(body.model, model_name)
         if body.max_tokens is not None and body.max_completion_tokens is not None \
                 and body.max_tokens != body.max_completion_tokens:
@@ -132,7 +139,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         messages = [m.as_template_dict() for m in body.messages]
         ids = await run_in_threadpool(_chat_prompt, tok, messages)
-        job = _make_job(engine, body, ids, max_tokens, "chat.completions", "messages", default_max_tokens)
+        job = _make_job(engine, body, ids, max_tokens, "chat.completions", "messages", default_max_tokens,
+                        "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
         return await _answer(worker, job, body, request, model_name, chat=True)
 
     return app
@@ -151,7 +159,7 @@ def _completion_prompt(tok, prompt, vocab_size: int) -> list[int]:
             raise APIError(400, f"one prompt per request, got {len(prompt)}", param="prompt", code="invalid_value")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tok.encode(prompt)
+        return _encode(tok, prompt, "prompt")
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
         raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
@@ -167,11 +175,18 @@ def _chat_prompt(tok, messages: list[dict]) -> list[int]:
     except (ValueError, TemplateError) as exc:
         raise APIError(400, f"the chat template rejected these messages: {exc}", param="messages",
                        code="invalid_value") from None
-    return tok.encode(text, add_bos=False)
+    return _encode(tok, text, "messages", add_bos=False)
+
+
+def _encode(tok, text: str, param: str, add_bos: bool | None = None) -> list[int]:
+    try:
+        return tok.encode(text, add_bos=add_bos)
+    except ValueError as exc:  # text that is not UTF-8
+        raise APIError(400, str(exc), param=param, code="invalid_value") from None
 
 
 def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_tokens: int | None, endpoint: str,
-              prompt_param: str, default_max_tokens: int) -> Job:
+              prompt_param: str, default_max_tokens: int, max_tokens_param: str = "max_tokens") -> Job:
     if body.n != 1:
         raise APIError(400, f"n must be 1 (one choice per request), got {body.n}", param="n", code="invalid_value")
     for name in ("frequency_penalty", "presence_penalty"):
@@ -186,8 +201,8 @@ def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_to
                            code="unsupported")
     context = engine.cache.max_len
     if max_tokens is not None and not 1 <= max_tokens <= context:
-        raise APIError(400, f"max_tokens must be between 1 and {context} (the context length), got {max_tokens}",
-                       param="max_tokens", code="invalid_value")
+        raise APIError(400, f"{max_tokens_param} must be between 1 and {context} (the context length), got "
+                       f"{max_tokens}", param=max_tokens_param, code="invalid_value")
     if not prompt:
         raise APIError(400, "the prompt is empty", param=prompt_param, code="invalid_value")
     room = context - 1 - len(prompt)  # the engine keeps one position free for the token it is about to emit
@@ -367,8 +382,9 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
             message = ("We could not parse the JSON body of your request: "
                        f"{first.get('ctx', {}).get('error', 'invalid JSON')}. The API expects a JSON object.")
             param = None
-        elif kind == "model_attributes_type" and not loc:
+        elif kind in ("model_attributes_type", "missing") and not loc:  # a body that is no object, or none
             message = "The request body must be a JSON object."
+            param = None
         elif kind == "missing":
             message = f"Missing required parameter: '{param}'."
         elif kind.endswith("_type"):

@@ -73,10 +73,10 @@ class GenerationRequest(BaseModel):
 
     model: str | None = None  # None = the served model
     max_tokens: int | None = None  # None = the server's default, capped by the context
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)  # NaN: "should be a finite number"
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     top_k: int = Field(0, ge=-1)
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     stop: str | list[str] | None = None
     n: int = 1
@@ -97,6 +97,8 @@ class CompletionRequest(GenerationRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
+    best_of: int | None = None  # refused unless 1, as n
+    suffix: str | None = None  # refused unless empty
 
 
 class TextPart(BaseModel):
@@ -125,3 +127,4 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool = False
+    top_logprobs: int | None = None  # refused, as logprobs
