@@ -7,6 +7,7 @@ import json
 import gguf
 import numpy as np
 import pytest
+import torch
 
 from helpers.tiny import make_gguf_model, make_hf_model
 from specdec.model.errors import ModelFileError, SpecdecError
@@ -135,6 +136,36 @@ def test_hf_folder_missing_config_key(tmp_path):
         _load(folder)
 
 
+@pytest.mark.parametrize("name, tensor, message", [
+    ("model.norm.weight", torch.ones(3), r"tensor model.norm.weight has shape \(3,\); .* imply \(64,\)"),
+    ("model.layers.1.input_layernorm.weight", torch.ones(()), r"input_layernorm.weight has shape \(\)"),
+    ("model.layers.0.self_attn.q_proj.weight", torch.zeros(32, 64),
+     r"q_proj.weight \+ .*k_proj.weight \+ .*v_proj.weight: shape \(96, 64\); .* imply \(128, 64\)"),
+    ("model.layers.0.mlp.up_proj.weight", torch.zeros(128, 64, 1), r"gate_proj.weight \+ .*up_proj.weight: shape"),
+    ("model.embed_tokens.weight", torch.zeros(512, 32), r"embed_tokens.weight has shape \(512, 32\); rows of 64"),
+])
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_a_tensor_of_another_shape_than_the_config_says(tmp_path, name, tensor, message, weights):
+    """The C kernels trust the shapes: a short norm weight was read past its end, with no error."""
+    folder = make_hf_model(tmp_path / "m", extra_tensors={name: tensor})
+    with pytest.raises(ModelFileError, match=message):
+        load_model(str(folder), weights, progress=False)
+
+
 def test_unknown_weight_format(tiny_hf_dir):
     with pytest.raises(ValueError, match="unknown weight format 'int3'"):
         load_model(str(tiny_hf_dir), "int3", progress=False)
+
+
+@pytest.mark.parametrize("book", ["[1, 2]", '{"a": ', "null"])
+def test_a_damaged_digest_book_is_a_cache_miss_and_is_rewritten(tmp_path, monkeypatch, book):
+    import hashlib
+
+    from specdec.model.registry import cached_sha256
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    (tmp_path / "sha256.json").write_text(book)
+    weights = tmp_path / "w.bin"
+    weights.write_bytes(b"specdec" * 100)
+    assert cached_sha256(weights) == hashlib.sha256(weights.read_bytes()).hexdigest()
+    assert list(json.loads((tmp_path / "sha256.json").read_text()).values()) == [cached_sha256(weights)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from specdec.model.config import ModelConfig
+from specdec.model.errors import ModelFileError
 from specdec.model.linear import WEIGHT_FORMATS, BlockRows, QLinear
 from specdec.model.transformer import Layer, Transformer
 
@@ -19,19 +20,38 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         raise ValueError(f"unknown weight format {weights_format!r}; choose one of {', '.join(WEIGHT_FORMATS)}")
     c: ModelConfig = source.config
     names = set(source.names())
-    get = source.get
+    where = getattr(source, "path", "checkpoint")
+
+    def get(name, shape: tuple[int, ...] | None = None):
+        """The tensor, checked against the shape the config implies (the C kernels trust it: a short norm
+        weight would be read past its end)."""
+        t = source.get(name)
+        if shape is not None and tuple(t.shape) != shape:
+            raise ModelFileError(where, f"tensor {name} has shape {tuple(t.shape)}; config.json / the metadata "
+                                 f"imply {shape}")
+        return t
+
     if weights_format == "gguf" and not hasattr(source, "blocks"):
         raise ValueError("--weights gguf keeps a GGUF file's own quantized blocks, and this checkpoint is not a "
                          "GGUF file; use --weights int8, w8a8, bf16 or fp32")
 
-    def opt(name):
-        return get(name) if name in names else None
+    def opt(name, shape=None):
+        return get(name, shape) if name in names else None
 
-    def linear(weights: list[str], bias: torch.Tensor | None = None) -> QLinear:
+    h, shapes = c.hidden_size, _linear_shapes(c)
+
+    def linear(weights: list[str], shape: tuple[int, int], bias: torch.Tensor | None = None) -> QLinear:
         """One QLinear over these weights stacked row-wise (q/k/v and gate/up are fused)."""
         if weights_format == "gguf":
-            return QLinear.from_gguf([source.blocks(n) for n in weights], bias)
-        return QLinear(torch.cat([get(n) for n in weights]), bias, weights_format)
+            q = QLinear.from_gguf([source.blocks(n) for n in weights], bias)
+            got = (q.out_features, q.in_features)
+        else:
+            parts = [get(n) for n in weights]
+            flat = all(t.dim() == 2 and t.shape[1] == parts[0].shape[1] for t in parts)
+            got = (sum(t.shape[0] for t in parts), parts[0].shape[1]) if flat else tuple(parts[0].shape)
+        if got != shape:
+            raise ModelFileError(where, f"{' + '.join(weights)}: shape {got}; config.json / the metadata imply {shape}")
+        return q if weights_format == "gguf" else QLinear(torch.cat(parts), bias, weights_format)
 
     # the norm before the MLP: Llama's post_attention_layernorm; Gemma's post_attention_layernorm norms the
     # attention output instead, and its pre_feedforward_layernorm comes before the MLP
@@ -43,16 +63,16 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         if c.qkv_bias:
             qkv_b = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
         layers.append(Layer(
-            qkv=linear([p + f"self_attn.{n}_proj.weight" for n in "qkv"], qkv_b),
-            o=linear([p + "self_attn.o_proj.weight"]),
-            gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]),
-            down=linear([p + "mlp.down_proj.weight"]),
-            attn_norm=get(p + "input_layernorm.weight"),
-            mlp_norm=get(p + mlp_norm + ".weight"),
-            q_norm=opt(p + "self_attn.q_norm.weight") if c.qk_norm else None,
-            k_norm=opt(p + "self_attn.k_norm.weight") if c.qk_norm else None,
-            attn_out_norm=get(p + "post_attention_layernorm.weight") if c.sandwich_norms else None,
-            mlp_out_norm=get(p + "post_feedforward_layernorm.weight") if c.sandwich_norms else None,
+            qkv=linear([p + f"self_attn.{n}_proj.weight" for n in "qkv"], shapes["qkv"], qkv_b),
+            o=linear([p + "self_attn.o_proj.weight"], shapes["o"]),
+            gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], shapes["gate_up"]),
+            down=linear([p + "mlp.down_proj.weight"], shapes["down"]),
+            attn_norm=get(p + "input_layernorm.weight", (h,)),
+            mlp_norm=get(p + mlp_norm + ".weight", (h,)),
+            q_norm=opt(p + "self_attn.q_norm.weight", (c.head_dim,)) if c.qk_norm else None,
+            k_norm=opt(p + "self_attn.k_norm.weight", (c.head_dim,)) if c.qk_norm else None,
+            attn_out_norm=get(p + "post_attention_layernorm.weight", (h,)) if c.sandwich_norms else None,
+            mlp_out_norm=get(p + "post_feedforward_layernorm.weight", (h,)) if c.sandwich_norms else None,
         ))
         if progress is not None:
             progress(1)
@@ -65,15 +85,19 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
             embed = BlockRows(kind, lm_head.parts[0][1], interleaved=True)
         else:
             embed = BlockRows(kind, blocks)
-        return Transformer(c, embed, layers, get("model.norm.weight"), lm_head, weights_format)
+        return Transformer(c, embed, layers, get("model.norm.weight", (h,)), lm_head, weights_format)
     embed = get("model.embed_tokens.weight")
     head = embed if c.tie_embeddings else get("lm_head.weight")
+    for name, t in (("model.embed_tokens.weight", embed), ("lm_head.weight", head)):
+        if t.dim() != 2 or t.shape[1] != h:
+            raise ModelFileError(where, f"tensor {name} has shape {tuple(t.shape)}; rows of {h} values expected "
+                                 "(the hidden size)")
     lm_head = QLinear(head, None, weights_format)
     if weights_format == "fp32" and c.tie_embeddings:
         embed = lm_head.weight  # the same values (QLinear may have copied them to aligned memory): held once
     elif weights_format != "fp32":
         embed = embed.to(torch.bfloat16)  # rows are looked up one at a time; half the memory
-    return Transformer(c, embed.contiguous(), layers, get("model.norm.weight"), lm_head, weights_format)
+    return Transformer(c, embed.contiguous(), layers, get("model.norm.weight", (h,)), lm_head, weights_format)
 
 
 def _linear_shapes(c: ModelConfig) -> dict[str, tuple[int, int]]:

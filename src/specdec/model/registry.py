@@ -148,12 +148,25 @@ def _digest_book() -> Path:
     return specdec_home() / "sha256.json"
 
 
-def _record_verified(path: Path, digest: str) -> None:
+def _read_digest_book() -> dict:
+    """$SPECDEC_HOME/sha256.json's digests; {} where it is missing, unreadable or not a JSON object (it is
+    only a cache: computing again is always correct, and the next record rewrites it whole)."""
     import json
 
     book = _digest_book()
     try:
         known = json.loads(book.read_text()) if book.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def _record_verified(path: Path, digest: str) -> None:
+    import json
+
+    book = _digest_book()
+    try:
+        known = _read_digest_book()
         known[_stamp(path)] = digest
         book.parent.mkdir(parents=True, exist_ok=True)
         book.write_text(json.dumps(known, indent=0))
@@ -167,15 +180,8 @@ def _verified(path: Path, expected: str) -> bool:
 
 def cached_sha256(path: Path) -> str:
     """sha256 of a file, remembered in $SPECDEC_HOME/sha256.json by path, size and mtime."""
-    import json
-
     path = Path(path)
-    book = _digest_book()
-    try:
-        known = json.loads(book.read_text()) if book.is_file() else {}
-    except (OSError, ValueError):
-        known = {}
-    digest = known.get(_stamp(path))
+    digest = _read_digest_book().get(_stamp(path))
     if digest is None:
         digest = sha256_file(path)
         _record_verified(path, digest)
