@@ -107,6 +107,10 @@ def _edit(folder, config=None, drop=(), tensors=None):
     (lambda f: _edit(f, drop=("fc.weight",)), r"missing tensors \['fc.weight'\], unexpected \[\]"),
     (lambda f: _edit(f, tensors={"d2t": torch.full((len(DRAFT_IDS),), 600)}),
      r"d2t maps draft ids outside the target vocabulary"),
+    (lambda f: _edit(f, tensors={"fc.weight": torch.zeros(64, 128)}),
+     r"tensors of the wrong shape: fc.weight \(64, 128\) \(its config.json implies \(64, 192\)\)"),
+    (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:1000]),
+     r"model.safetensors: not a readable safetensors file"),
 ])
 def test_a_bad_head_folder_is_one_clear_error(tiny_model, head_dir, edit, message):
     edit(head_dir)

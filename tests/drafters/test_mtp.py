@@ -200,3 +200,19 @@ def test_a_mimo_checkpoint_runs_as_a_target_and_its_mtp_layers_light_up(tmp_path
     assert result.token_ids == plain and result.stats.drafted > 0
     report = inspect_model(str(folder))
     assert report["auto"]["types"] == ["suffix", "draft-mtp"] and report["mtp"]["weights_present"]
+
+
+def test_a_damaged_head_beside_the_model_is_not_offered_and_is_named_when_asked(tmp_path):
+    """An interrupted `specdec train mtp` leaves a truncated model.safetensors beside the model: auto does
+    not count it as MTP layers (plain runs go on), and asking for draft-mtp names the file."""
+    from specdec.model.errors import SpecdecError
+    from specdec.model.facts import sidecar_path, target_facts
+
+    folder = make_hf_model(tmp_path / "m")
+    side = sidecar_path(folder)
+    side.mkdir()
+    (side / "model.safetensors").write_bytes(b"\x40\x00\x00\x00\x00\x00\x00\x00{\"w\": ")
+    model = load_model(str(folder), "fp32", progress=False)
+    assert not target_facts(model.checkpoint, folder, "m", "fp32").mtp_weights
+    with pytest.raises(SpecdecError, match="model.safetensors: not a readable safetensors file"):
+        make_mtp_drafter(model, max_len=64)

@@ -171,9 +171,12 @@ def load_eagle3_head(path, target) -> Eagle3Head:
     if not files:
         raise Eagle3Error(f"{path}: no .safetensors weights (pickled .bin files are never loaded; convert them)")
     for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():
-                tensors[name.replace("layers.0.", "midlayer.").removeprefix("model.")] = fh.get_tensor(name)
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    tensors[name.replace("layers.0.", "midlayer.").removeprefix("model.")] = fh.get_tensor(name)
+        except Exception as exc:  # safetensors' own error type: a truncated or damaged file
+            raise Eagle3Error(f"{f}: not a readable safetensors file ({exc})") from None
     embed = tensors.pop("embed_tokens.weight", None)
     head = Eagle3Head(Eagle3Config(**{**cfg.__dict__, "vocab_size": c.vocab_size}),
                       embed if embed is not None else target.transformer.embed)
@@ -192,6 +195,11 @@ def load_eagle3_head(path, target) -> Eagle3Head:
         n = min(len(state["t2d"]), c.vocab_size)
         t2d[:n] = state["t2d"][:n].bool()
         state["t2d"] = t2d
+    own = head.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (its config.json implies {tuple(own[k].shape)})" for k, v in state.items()
+             if k in own and k != "t2d" and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        raise Eagle3Error(f"EAGLE-3 head {path}: tensors of the wrong shape: {', '.join(wrong[:3])}")
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("rope_")]
     if missing or unexpected:

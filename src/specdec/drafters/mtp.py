@@ -229,11 +229,10 @@ def mtp_source(model) -> tuple[object, str] | None:
 
 class _SafetensorsSource:
     def __init__(self, path: Path):
-        from safetensors import safe_open
+        from specdec.model.facts import safetensors_names
 
         self.path = path
-        with safe_open(str(path), framework="pt") as f:
-            self._names = list(f.keys())
+        self._names = safetensors_names(path)
 
     def names(self):
         return self._names

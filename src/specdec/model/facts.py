@@ -45,7 +45,11 @@ def target_facts(checkpoint, model_path, name: str, weights_format: str) -> Targ
     present, source = mtp["weights_present"], ""
     sidecar = sidecar_path(model_path)
     if not present and (sidecar / "model.safetensors").is_file():
-        present, source = True, f"MTP head beside the model ({sidecar})"
+        try:
+            safetensors_names(sidecar / "model.safetensors")
+            present, source = True, f"MTP head beside the model ({sidecar})"
+        except ModelFileError:  # a damaged head (an interrupted `specdec train mtp`) is not offered to auto
+            pass
     return TargetFacts(name, mtp["declared"], present, weights_format, source)
 
 
@@ -114,6 +118,17 @@ def param_count(checkpoint) -> int:
     return total
 
 
+def safetensors_names(file: Path) -> list[str]:
+    """The tensor names of a safetensors file; a ModelFileError where it is truncated or damaged."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return list(f.keys())
+    except Exception as exc:  # safetensors' own error type
+        raise ModelFileError(file, f"not a readable safetensors file ({exc})") from None
+
+
 def raw_checkpoint(path: Path) -> SimpleNamespace:
     """What can be read from a checkpoint specdec cannot run (another architecture): names, config, sizes."""
     if path.is_dir():
@@ -121,13 +136,7 @@ def raw_checkpoint(path: Path) -> SimpleNamespace:
         if not cfg.is_file():
             raise ModelFileError(path, "no config.json in this folder")
         raw = json.loads(cfg.read_text())
-        from safetensors import safe_open
-
-        files = {}
-        for shard in sorted(path.glob("*.safetensors")):
-            with safe_open(shard, framework="pt") as f:
-                for name in f.keys():
-                    files[name] = shard
+        files = {name: shard for shard in sorted(path.glob("*.safetensors")) for name in safetensors_names(shard)}
         return SimpleNamespace(raw_config=raw, _files=files, names=lambda: list(files), arch=raw.get("model_type"),
                                quant="safetensors", context_length=raw.get("max_position_embeddings"))
     from specdec.model.gguf_loader import _FILE_TYPES, _reader_class
