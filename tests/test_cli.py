@@ -35,6 +35,7 @@ def run(capsys, argv) -> tuple[int, str, str]:
     (["serve", "-c", "-1"], "--ctx-size must be 0"),
     (["train", "mtp", "--steps", "-1"], "--steps must be at least 0, got -1"),
     (["train", "eagle3", "--lr", "nan", "--out", "x"], "--lr must be a positive number, got nan"),
+    (["bench", "--repeats", "0"], "--repeats must be at least 1, got 0"),
 ])
 def test_a_bad_flag_is_one_line_before_the_model_loads(capsys, argv, message):
     rc, _, err = run(capsys, argv + ["--model", MISSING])
@@ -60,3 +61,11 @@ def test_chat_refuses_a_line_that_is_not_utf8_and_goes_on(capsys, monkeypatch, t
     assert rc == 0
     assert "specdec: error: the text is not valid UTF-8" in err and "the line was not sent" in err
     assert err.count("speculation: off") == 1  # the next line was answered
+
+
+def test_train_on_a_prompts_file_with_no_prompts_says_so(capsys, tmp_path, tiny_hf_dir):
+    blank = tmp_path / "prompts.txt"
+    blank.write_text("\n   \n")
+    rc, _, err = run(capsys, ["train", "mtp", "--model", str(tiny_hf_dir), "--prompts", str(blank), "--steps", "1",
+                              "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert rc == 2 and f"{blank}: no prompts" in err

@@ -226,6 +226,8 @@ def cmd_bench(args) -> int:
     from specdec.model.load import load_model
 
     # check the settings before spending a minute loading the model
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     load_prompts(args.prompts, args.per_category)
     parse_methods(",".join(m for m in args.methods.split(",") if m.strip() != "auto"), args.draft_model,
                   args.spec_draft_n_max)

@@ -66,7 +66,10 @@ def builtin_corpus(max_docs: int = 4000) -> list[str]:
 def read_prompts(path: str | None) -> list[str]:
     if path is None:
         return builtin_prompts()
-    return [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    prompts = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    if not prompts:
+        raise ValueError(f"{path}: no prompts (one a line; the file is empty or blank)")
+    return prompts
 
 
 def read_corpus(paths: list[str] | None) -> list[str]:
