@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from specdec.drafters import registry
 from specdec.engine.auto import (FACTS, SLOWER, DrafterFacts, Fact, TargetFacts, choose_auto, decide_spec_for_model,
@@ -120,7 +122,9 @@ def test_target_facts_of_a_checkpoint(tiny_model, tmp_path):
     assert facts == TargetFacts("tiny", 0, False, "fp32")
     model_file = tmp_path / "m.gguf"
     (tmp_path / "m.gguf.mtp").mkdir()
-    (tmp_path / "m.gguf.mtp" / "model.safetensors").write_bytes(b"")
+    (tmp_path / "m.gguf.mtp" / "model.safetensors").write_bytes(b"")  # damaged: not offered
+    assert not target_facts(tiny_model.checkpoint, model_file, "tiny", "fp32").mtp_weights
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "m.gguf.mtp" / "model.safetensors"))
     facts = target_facts(tiny_model.checkpoint, model_file, "tiny", "fp32")  # a head `specdec train mtp` saved
     assert facts.mtp_weights and "MTP head beside the model" in facts.mtp_source
 
