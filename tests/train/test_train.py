@@ -58,6 +58,10 @@ def test_resume_continues_from_the_saved_step(trained, tmp_path):
     assert main(args + ["--steps", "5"]) == 0
     assert main(args + ["--steps", "8", "--resume"]) == 0
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 8
+    state = out / "state.pt"
+    state.write_bytes(state.read_bytes()[:1000])  # an interrupted save: refused, never trained over
+    with pytest.raises(ValueError, match=r"state.pt is not a readable training state \(RuntimeError"):
+        main(args + ["--steps", "9", "--resume"])
 
 
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])

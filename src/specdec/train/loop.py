@@ -258,12 +258,18 @@ class Trainer:
 
     def resume(self) -> bool:
         p = self.state_path()
+        if p.exists() and not p.is_file():
+            raise ValueError(f"{p} is not a file: remove it, or train into another --out")
         if not p.is_file():
             return False
-        state = torch.load(p, map_location="cpu", weights_only=True)
-        self.head.load_state_dict(state["head"], strict=False)
-        self.opt.load_state_dict(state["opt"])
-        self.step = int(state["step"])
+        try:
+            state = torch.load(p, map_location="cpu", weights_only=True)
+            self.head.load_state_dict(state["head"], strict=False)
+            self.opt.load_state_dict(state["opt"])
+            self.step = int(state["step"])
+        except Exception as exc:  # truncated, not torch's format, or another head's state
+            raise ValueError(f"{p} is not a readable training state ({type(exc).__name__}: {exc}); remove it to "
+                             "train from the start") from None
         return True
 
     def checkpoint(self) -> None:
