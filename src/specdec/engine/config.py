@@ -170,19 +170,16 @@ def parse_spec_types(value: str | None) -> tuple[str, ...]:
     return types
 
 
-def _json_int(cfg: dict, key: str) -> int | None:
-    value = cfg.get(key)
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-        raise ValueError(f"{key} must be an integer")
-    return value
-
-
 def _json_typed(cfg: dict, key: str, kind: type, what: str):
     """cfg[key] (None when absent) if it is a `kind` (JSON true/false is no number here), else a ValueError."""
     value = cfg.get(key)
     if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
         raise ValueError(f"--speculative-config {key} must be {what}, got {json.dumps(value)}")
     return value
+
+
+def _json_int(cfg: dict, key: str) -> int | None:
+    return _json_typed(cfg, key, int, "an integer")
 
 
 def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
