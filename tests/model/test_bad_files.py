@@ -136,6 +136,49 @@ def test_hf_folder_missing_config_key(tmp_path):
         _load(folder)
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"num_key_value_heads": 0}, "num_key_value_heads is 0; expected a whole number of at least 1"),  # was: all heads
+    ({"num_hidden_layers": -1}, "num_hidden_layers is -1; expected a whole number of at least 1"),
+    ({"num_hidden_layers": 2.5}, "num_hidden_layers is 2.5; expected a whole number"),  # was: 2 layers
+    ({"rope_scaling": "linear"}, "rope_scaling is 'linear'; expected an object of settings"),
+    ({"rope_theta": "1e4"}, "rope_theta is '1e4'; expected a finite number"),
+    ({"rms_norm_eps": -1e-6}, "rms_norm_eps is -1e-06; expected a number of at least 0"),
+    ({"tie_word_embeddings": "yes"}, "tie_word_embeddings is 'yes'; expected true or false"),
+    ({"hidden_act": 3}, "hidden_act is 3; expected a string"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 3}, "num_heads 4 is not a multiple of num_kv_heads 3"),
+])
+def test_hf_config_value_of_the_wrong_type(tmp_path, change, message):
+    """Each was a TypeError/AttributeError traceback or a silently different model."""
+    folder = make_hf_model(tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(ModelFileError, match=message):
+        _load(folder)
+
+
+def test_hf_config_null_is_the_default(tmp_path):
+    folder = make_hf_model(tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "rms_norm_eps": None, "max_position_embeddings": None}))
+    config = _load(folder).transformer.config
+    assert (config.rms_norm_eps, config.context_length) == (1e-6, 4096)
+
+
+@pytest.mark.parametrize("file, content, message", [
+    ("config.json", "[1, 2]", "config.json: holds a JSON list, not an object of settings"),
+    ("config.json", b"\xff\xfe{}", "config.json: not valid JSON"),
+    ("tokenizer_config.json", "[]", "tokenizer_config.json: holds a JSON list"),
+    ("tokenizer_config.json", '{"eos_token": ', "tokenizer_config.json: not valid JSON"),
+    ("tokenizer.json", "{garbage", "tokenizer.json: not a readable tokenizer.json"),
+])
+def test_hf_folder_with_a_damaged_settings_file(tmp_path, file, content, message):
+    folder = make_hf_model(tmp_path / "m")
+    target = folder / file
+    target.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ModelFileError, match=message):
+        _load(folder)
+
+
 @pytest.mark.parametrize("name, tensor, message", [
     ("model.norm.weight", torch.ones(3), r"tensor model.norm.weight has shape \(3,\); .* imply \(64,\)"),
     ("model.layers.1.input_layernorm.weight", torch.ones(()), r"input_layernorm.weight has shape \(\)"),

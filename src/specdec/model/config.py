@@ -83,6 +83,14 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported architecture {self.arch!r}; specdec runs {', '.join(SUPPORTED_ARCHS)}"
             )
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "intermediate_size", "context_length"):
+            if not getattr(self, name) >= 1:
+                raise ValueError(f"{name} is {getattr(self, name)}; it must be at least 1")
+        if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
+            raise ValueError(f"rope_theta is {self.rope_theta}; it must be a positive number")
+        if not (self.rms_norm_eps >= 0 and math.isfinite(self.rms_norm_eps)):
+            raise ValueError(f"rms_norm_eps is {self.rms_norm_eps}; it must be a finite number of at least 0")
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:

@@ -11,7 +11,6 @@ often drop them.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,11 +130,13 @@ def safetensors_names(file: Path) -> list[str]:
 
 def raw_checkpoint(path: Path) -> SimpleNamespace:
     """What can be read from a checkpoint specdec cannot run (another architecture): names, config, sizes."""
+    from specdec.model.hf_loader import read_json_object
+
     if path.is_dir():
         cfg = path / "config.json"
         if not cfg.is_file():
             raise ModelFileError(path, "no config.json in this folder")
-        raw = json.loads(cfg.read_text())
+        raw = read_json_object(cfg)
         files = {name: shard for shard in sorted(path.glob("*.safetensors")) for name in safetensors_names(shard)}
         return SimpleNamespace(raw_config=raw, _files=files, names=lambda: list(files), arch=raw.get("model_type"),
                                quant="safetensors", context_length=raw.get("max_position_embeddings"))

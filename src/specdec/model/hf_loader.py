@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,20 @@ class HFModel:
         return t
 
 
+def read_json_object(file: Path) -> dict:
+    """A folder's JSON settings file (config.json, tokenizer_config.json) as a dict; a ModelFileError naming
+    the file where it is not valid UTF-8 JSON or not an object."""
+    try:
+        raw = json.loads(Path(file).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(file, f"not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise ModelFileError(file, f"cannot be read ({exc.strerror})") from None
+    if not isinstance(raw, dict):
+        raise ModelFileError(file, f"holds a JSON {type(raw).__name__}, not an object of settings")
+    return raw
+
+
 def read_hf_folder(path: str | os.PathLike) -> HFModel:
     from safetensors import safe_open
 
@@ -51,10 +66,7 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ModelFileError(path, "no config.json in this folder")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelFileError(cfg_file, f"config.json is not valid JSON ({exc})") from None
+    raw = read_json_object(cfg_file)
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         bins = sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))
@@ -79,6 +91,8 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
 
 
 def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
+    _check_types(path, raw)
+    raw = {key: value for key, value in raw.items() if value is not None}  # null: the default, as if absent
     model_type = raw.get("model_type")
     arch = _ARCH_BY_MODEL_TYPE.get(model_type)
     if arch is None:
@@ -111,6 +125,53 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
         )
     except KeyError as exc:
         raise ModelFileError(path, f"config.json lacks {exc.args[0]!r}") from None
+    except ValueError as exc:  # ModelConfig's own checks (sizes that do not fit together)
+        raise ModelFileError(path, f"config.json: {exc}") from None
+
+
+# config.json keys specdec reads, by the JSON type each must have; null counts as absent (its default).
+_SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
+          "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window_pattern")
+_COUNTS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "sliding_window")
+_NUMBERS = ("rope_theta", "rms_norm_eps", "partial_rotary_factor", "query_pre_attn_scalar",
+            "final_logit_softcapping", "attn_logit_softcapping", "rope_local_base_freq")
+_FLAGS = ("attention_bias", "tie_word_embeddings", "mlp_bias", "use_sliding_window", "use_bidirectional_attention")
+_OBJECTS = ("rope_scaling", "rope_parameters")
+_TEXTS = ("model_type", "hidden_act", "hidden_activation")
+
+
+def _check_types(path, raw: dict) -> None:
+    """A clear error for a config.json value of the wrong JSON type or out of range (a size of 0, a layer
+    count of 2.5, rope_scaling as a string), which would otherwise be a traceback or, worse, read as
+    something else (num_key_value_heads 0 as 'all heads')."""
+    def bad(key, want):
+        return ModelFileError(path, f"config.json {key} is {raw[key]!r}; expected {want}")
+
+    def whole(value):
+        return isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value.is_integer()
+
+    for key in (k for k in raw if raw[k] is not None):
+        value = raw[key]
+        if key in _SIZES and not (whole(value) and value >= 1):
+            raise bad(key, "a whole number of at least 1")
+        if key in _COUNTS and not (whole(value) and value >= 0):
+            raise bad(key, "a whole number of at least 0")
+        if key in _NUMBERS and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                    and math.isfinite(value)):
+            raise bad(key, "a finite number")
+        if key in _FLAGS and not isinstance(value, bool):
+            raise bad(key, "true or false")
+        if key in _OBJECTS and not isinstance(value, dict):
+            raise bad(key, "an object of settings")
+        if key in _TEXTS and not isinstance(value, str):
+            raise bad(key, "a string")
+    if raw.get("rms_norm_eps") is not None and raw["rms_norm_eps"] < 0:
+        raise bad("rms_norm_eps", "a number of at least 0")
+    if raw.get("rope_theta") is not None and raw["rope_theta"] <= 0:
+        raise bad("rope_theta", "a positive number")
+    layer_types = raw.get("layer_types")
+    if layer_types is not None and not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
+        raise bad("layer_types", "a list of layer type names")
 
 
 def _gemma3_config(path, raw: dict, tensor_names) -> ModelConfig:

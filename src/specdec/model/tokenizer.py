@@ -231,12 +231,17 @@ GEMMA_TEMPLATE = (
 def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
     from tokenizers import Tokenizer as Backend
 
+    from specdec.model.hf_loader import read_json_object
+
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         raise ModelFileError(path, "no tokenizer.json in this folder")
-    backend = Backend.from_file(str(file))
+    try:
+        backend = Backend.from_file(str(file))
+    except Exception as exc:  # tokenizers' own error type
+        raise ModelFileError(file, f"not a readable tokenizer.json ({exc})") from None
     cfg_file = Path(path) / "tokenizer_config.json"
-    tcfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    tcfg = read_json_object(cfg_file) if cfg_file.is_file() else {}
 
     def token_id(value):
         if isinstance(value, dict):
