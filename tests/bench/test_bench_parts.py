@@ -108,6 +108,30 @@ def test_prompt_file_round_trip_and_errors(tmp_path):
         prompt_sets.Prompt("x", "code")
 
 
+@pytest.mark.parametrize("line, message", [
+    ("[1]", ":1: a JSON list, where each line is an object"),  # was AttributeError
+    ('{"_meta": "mine"}', "'_meta' must be an object"),
+    ('{"id": "a", "messages": "hello"}', "'messages' must be a list of"),  # was a cryptic ValueError
+    ('{"id": "a", "messages": [{"role": "user"}]}', "'messages' must be a list of"),
+    ('{"id": "a", "text": 3}', "'text' must be a string, got 3"),
+    ('{"id": null, "text": "x"}', "'id' must be a string, got None"),
+    ('{"id": "a", "category": ["code"], "text": "x"}', "'category' must be a string"),
+    ('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}', ":2: prompt id 'a' is used twice"),
+])
+def test_a_prompt_file_line_of_the_wrong_shape_names_the_line(tmp_path, line, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(line + "\n")
+    with pytest.raises(ValueError, match=message):
+        prompt_sets.load_prompts(str(bad))
+
+
+def test_a_prompt_file_that_is_not_utf8(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"id": "a", "text": "\xff"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl: not UTF-8 text"):
+        prompt_sets.load_prompts(str(bad))
+
+
 def test_prompts_render_with_and_without_a_chat_template(tiny_model):
     tok = tiny_model.tokenizer
     chat = next(p for p in prompt_sets.PROMPTS if p.category == "chat")

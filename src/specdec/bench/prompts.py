@@ -233,24 +233,57 @@ def prompts_meta(spec: str) -> dict:
 
 
 def read_jsonl(path: Path) -> tuple[dict, list[Prompt]]:
+    """(the _meta object or {}, the prompts) of a --prompts file; a ValueError naming the file and line for
+    anything else than the format in this module's docstring."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     meta: dict = {}
-    prompts = []
-    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+    prompts: list[Prompt] = []
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}:{n}: not valid JSON ({exc})") from None
-        if "_meta" in obj:
-            meta = obj["_meta"]
-            continue
         try:
-            prompts.append(Prompt(str(obj["id"]), str(obj.get("category", "other")), obj.get("text"),
-                                  tuple(obj.get("messages") or ())))
-        except KeyError:
-            raise ValueError(f"{path}:{n}: a prompt needs an 'id'") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"a JSON {type(obj).__name__}, where each line is an object")
+            if "_meta" in obj:
+                if not isinstance(obj["_meta"], dict):
+                    raise ValueError("'_meta' must be an object (source, license)")
+                meta = obj["_meta"]
+                continue
+            prompt = _prompt(obj)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{n}: {exc}") from None
+        if any(p.id == prompt.id for p in prompts):
+            raise ValueError(f"{path}:{n}: prompt id {prompt.id!r} is used twice (ids name the rows of the report)")
+        prompts.append(prompt)
     return meta, prompts
+
+
+def _prompt(obj: dict) -> Prompt:
+    """One prompt line: {"id", "category"?, "text" | "messages"}, every field of its JSON type."""
+    if "id" not in obj:
+        raise ValueError("a prompt needs an 'id'")
+    if not isinstance(obj["id"], (str, int)) or isinstance(obj["id"], bool):
+        raise ValueError(f"'id' must be a string, got {obj['id']!r}")
+    category = obj.get("category", "other")
+    if not isinstance(category, str):
+        raise ValueError(f"'category' must be a string, got {category!r}")
+    text = obj.get("text")
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"'text' must be a string, got {text!r}")
+    messages = obj.get("messages") or []
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages):
+        raise ValueError("'messages' must be a list of {\"role\": ..., \"content\": ...} objects with string "
+                         f"values, got {messages!r}")
+    return Prompt(str(obj["id"]), category, text, tuple(messages))
 
 
 def write_jsonl(path: Path, prompts=PROMPTS, meta=META) -> None:
