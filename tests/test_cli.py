@@ -36,8 +36,14 @@ def run(capsys, argv) -> tuple[int, str, str]:
     (["train", "mtp", "--steps", "-1"], "--steps must be at least 0, got -1"),
     (["train", "eagle3", "--lr", "nan", "--out", "x"], "--lr must be a positive number, got nan"),
     (["bench", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+    # results written after a run of many minutes: where they cannot be, say so before it
+    (["bench", "--out", "a-file"], "--out a-file is a file; give a folder to write into"),
+    (["bench", "--concurrency", "1", "--out", "a-file/x"], "--out a-file/x: cannot write there (Not a directory)"),
+    (["train", "eagle3", "--out", "a-file"], "--out a-file is a file"),
 ])
-def test_a_bad_flag_is_one_line_before_the_model_loads(capsys, argv, message):
+def test_a_bad_flag_is_one_line_before_the_model_loads(capsys, monkeypatch, tmp_path, argv, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
     rc, _, err = run(capsys, argv + ["--model", MISSING])
     assert rc == 2
     assert err.startswith("specdec: error: ") and message in err and MISSING not in err

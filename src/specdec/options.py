@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
+from pathlib import Path
 
 from specdec.drafters import registry
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
@@ -115,3 +117,17 @@ def build_engine(args: argparse.Namespace):
     engine = Engine(model, spec, max_len=args.ctx_size, max_sequences=getattr(args, "max_batch", 1))
     engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
     return engine, sampling
+
+
+def out_dir(path, flag: str = "--out") -> Path:
+    """The folder a command writes its results into, made now: a one-line error where it cannot be (a file
+    of that name, no permission) before a model loads, not after a run of many minutes."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {path} is a file; give a folder to write into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+    return out

@@ -145,11 +145,13 @@ def cmd_load(args) -> int:
     from specdec.bench.load import LoadSettings, LocalServer, base_url, choose_model, run_load
     from specdec.bench.prompts import load_prompts
     from specdec.bench.report import load_table, write_load
+    from specdec.options import out_dir
 
     temperatures = _floats(args.temperature)
     if len(temperatures) != 1:
         raise ValueError(f"--concurrency takes one --temperature, got {args.temperature!r}")
     prompts = load_prompts(args.prompts, args.per_category)
+    out_dir(args.out)
     settings = LoadSettings(url=args.url or "http://127.0.0.1", levels=tuple(_ints(args.concurrency)),
                             requests=args.requests, max_tokens=args.max_tokens, temperature=temperatures[0],
                             endpoint=args.endpoint, request_timeout_s=args.request_timeout,
@@ -224,11 +226,13 @@ def cmd_bench(args) -> int:
     from specdec.bench.methods import parse_methods
     from specdec.model.device import pick_device
     from specdec.model.load import load_model
+    from specdec.options import out_dir
 
     # check the settings before spending a minute loading the model
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
     load_prompts(args.prompts, args.per_category)
+    out_dir(args.out)
     parse_methods(",".join(m for m in args.methods.split(",") if m.strip() != "auto"), args.draft_model,
                   args.spec_draft_n_max)
     if args.threads:

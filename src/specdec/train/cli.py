@@ -203,7 +203,12 @@ _LEAST = {"generate": 0, "gen_tokens": 1, "corpus_seqs": 0, "seq_len": 2, "steps
 
 
 def check_train_args(args) -> None:
-    """A bad count or rate is one clear error before the target loads or any data is generated."""
+    """A bad count or rate, or an --out that cannot be written, is one clear error before the target loads or
+    any data is generated."""
+    from specdec.options import out_dir
+
+    if getattr(args, "out", None) is not None:
+        out_dir(args.out)
     for name, least in _LEAST.items():
         value = getattr(args, name, None)
         if value is not None and value < least:
