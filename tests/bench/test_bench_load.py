@@ -11,6 +11,7 @@ import pytest
 from bench_helpers import short_prompts  # noqa: F401 (a fixture)
 from specdec.bench.load import (LoadSettings, LocalServer, RequestResult, base_url, distribution, free_port,
                                 percentile, request_body, run_load, stream_request, summarize_level)
+from specdec.bench import load as load_module
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.report import load_table, write_load
 from specdec.cli import main
@@ -124,6 +125,25 @@ def test_stream_outcomes_by_kind():
     assert (busy.error, busy.message) == ("http 503", "overloaded")
     slow = _stream_from([_chunk("a"), _chunk("b"), _chunk("c"), _chunk("d", "stop"), "data: [DONE]"], pause_s=0.12)
     assert slow.error == "timeout" and "per-request timeout of 0.3 s" in slow.message
+
+
+@pytest.mark.parametrize("line", ["data: [1, 2]", 'data: "text"', 'data: {"choices": "abc"}',
+                                  'data: {"choices": [7]}'])
+def test_a_chunk_that_is_json_but_not_a_chunk_object_is_a_bad_stream(line):
+    """Each raised AttributeError in the worker thread, which died; the report blamed the level timeout."""
+    r = _stream_from([_chunk("a"), line, _chunk("", "stop"), "data: [DONE]"])
+    assert (r.ok, r.error) == (False, "bad stream") and "not an OpenAI chunk object" in r.message
+
+
+def test_a_server_listing_no_model_object_is_noted_by_the_probe():
+    def handler(request):
+        return httpx.Response(200, json=["m"]) if request.url.path == "/v1/models" else httpx.Response(404)
+
+    settings = LoadSettings(url="http://fake/v1", levels=(1,), requests=1, max_tokens=4, **TIMEOUTS)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(load_module, "_client", lambda settings: httpx.Client(transport=httpx.MockTransport(handler)))
+        info = load_module.probe(settings)
+    assert info["models"] is None and "something else than a model list" in info["error"]
 
 
 # -- a refused connection is a counted error ----------------------------------------------------

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from bench_helpers import short_prompts, validate_results  # noqa: F401 (short_prompts is a fixture)
-from specdec.bench.peers import URLPeer, parse_completion
+from specdec.bench.peers import PeerError, URLPeer, parse_completion
 
 
 def _server(extra: dict):
@@ -49,6 +49,35 @@ def test_engagement_is_unknown_unless_the_server_says(extra, engaged):
     assert out.engaged == engaged
     if not extra.get("timings"):
         assert out.timing_source.startswith("client wall clock")
+
+
+@pytest.mark.parametrize("answer, message", [
+    (["x"], "not an OpenAI completion"),  # was AttributeError
+    ({"choices": [{"text": 5}]}, "the choice's text is 5"),
+    ({"choices": [{"text": "x"}], "timings": {"draft_n": "many"}}, "not an OpenAI completion .*ValueError"),
+])
+def test_a_peer_answer_that_is_not_a_completion_is_one_error(answer, message):
+    client = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(200, json=answer)))
+    with pytest.raises(PeerError, match=message):
+        URLPeer("http://127.0.0.1:8080", client=client).generate([1], "p", 0.0, 4, 0)
+
+
+@pytest.mark.parametrize("respond, message", [
+    (lambda request: httpx.Response(503, text="busy"), "answered 503: busy"),
+    (lambda request: httpx.Response(200, text="<html>"), "answered something that is not JSON: '<html>'"),
+])
+def test_a_failing_peer_is_one_error_naming_it(respond, message):
+    client = httpx.Client(transport=httpx.MockTransport(respond))
+    with pytest.raises(PeerError, match="peer http://127.0.0.1:8080/v1/completions " + message):
+        URLPeer("http://127.0.0.1:8080", client=client).generate([1], "p", 0.0, 4, 0)
+
+
+def test_an_unreachable_peer_is_one_error():
+    from specdec.bench.load import free_port
+
+    peer = URLPeer(f"http://127.0.0.1:{free_port()}", timeout=5)
+    with pytest.raises(PeerError, match="ConnectError"):
+        peer.generate([1], "p", 0.0, 4, 0)
 
 
 def test_url_peer_in_the_bench_is_reported_unknown(tiny_model, short_prompts, tmp_path):

@@ -175,13 +175,20 @@ class RequestResult:
                 "finish_reason": self.finish_reason}
 
 
-def _chunk_text(data: dict, chat: bool) -> str:
+def _first_choice(data) -> dict | None:
+    """The first choice of a streamed chunk ({} where it has none); None where the chunk is not shaped as
+    OpenAI's (not an object, choices not a list of objects)."""
+    if not isinstance(data, dict):
+        return None
     choices = data.get("choices") or []
-    if not choices:
-        return ""
-    if chat:
-        return (choices[0].get("delta") or {}).get("content") or ""
-    return choices[0].get("text") or ""
+    if not isinstance(choices, list) or (choices and not isinstance(choices[0], dict)):
+        return None
+    return choices[0] if choices else {}
+
+
+def _chunk_text(choice: dict, chat: bool) -> str:
+    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
+    return text if isinstance(text, str) else ""
 
 
 def stream_request(client: httpx.Client, base: str, path: str, body: dict, result: RequestResult,
@@ -214,23 +221,27 @@ def stream_request(client: httpx.Client, base: str, path: str, body: dict, resul
                 except json.JSONDecodeError:
                     result.error, result.message = "bad stream", f"a data line is not JSON: {payload[:120]!r}"
                     return result
-                if "error" in data and not data.get("choices"):
+                choice = _first_choice(data)
+                if choice is None:
+                    result.error = "bad stream"
+                    result.message = f"a data line is not an OpenAI chunk object: {payload[:120]!r}"
+                    return result
+                if "error" in data and not choice:
                     err = data["error"]
                     result.error = "stream error"
                     result.message = str(err.get("message") if isinstance(err, dict) else err)[:300]
                     return result
-                text = _chunk_text(data, chat)
+                text = _chunk_text(choice, chat)
                 if text:
                     if result.ttft_s is None:
                         result.ttft_s = now - t0
                     result.chunk_times.append(now - t0)
                     result.text += text
-                choices = data.get("choices") or []
-                if choices and choices[0].get("finish_reason"):
-                    result.finish_reason = choices[0]["finish_reason"]
+                if choice.get("finish_reason"):
+                    result.finish_reason = str(choice["finish_reason"])
                 usage = data.get("usage")
-                if isinstance(usage, dict) and usage.get("completion_tokens") is not None:
-                    result.usage_tokens = int(usage["completion_tokens"])
+                if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+                    result.usage_tokens = usage["completion_tokens"]
                 if isinstance(data.get("spec"), dict):
                     result.spec = data["spec"]
     except httpx.TimeoutException as exc:
@@ -296,7 +307,10 @@ def run_level(settings: LoadSettings, prompts, concurrency: int, requests: int,
                 prompt = prompts[indices[i]]
                 path, body = request_body(prompt, settings, i)
                 result = RequestResult(prompt.id, i, sent_at=time.perf_counter() - t0)
-                stream_request(client, settings.base, path, body, result, settings.request_timeout_s)
+                try:
+                    stream_request(client, settings.base, path, body, result, settings.request_timeout_s)
+                except Exception as exc:  # a bug of the bench's own, kept on the request, not lost with the thread
+                    result.error, result.message = "client error", f"{type(exc).__name__}: {exc}"[:300]
                 with lock:
                     results.append(result)
 
@@ -377,8 +391,11 @@ def probe(settings: LoadSettings) -> dict:
     try:
         with _client(settings) as client:
             r = client.get(settings.base + "/v1/models", timeout=10)
-            if r.status_code == 200:
-                out["models"] = [m for m in (r.json().get("data") or []) if isinstance(m, dict)]
+            listed = r.json() if r.status_code == 200 else None
+            if isinstance(listed, dict) and isinstance(listed.get("data") or [], list):
+                out["models"] = [m for m in (listed.get("data") or []) if isinstance(m, dict)]
+            elif r.status_code == 200:
+                out["error"] = f"/v1/models answered something else than a model list: {r.text[:120]!r}"
             else:
                 out["error"] = f"/v1/models answered {r.status_code}: {_error_message(r)}"
             h = client.get(settings.base + "/health", timeout=10)
@@ -397,7 +414,7 @@ def choose_model(settings: LoadSettings, given: str | None, preferred: str | Non
     else the server's first listed model. Returns (name, a note for the user or None)."""
     if given:
         return given, None
-    ids = [m.get("id") for m in (probe(settings)["models"] or []) if m.get("id")]
+    ids = [m["id"] for m in (probe(settings)["models"] or []) if isinstance(m.get("id"), str) and m["id"]]
     if not ids or preferred in ids:
         return preferred, None
     return ids[0], (f"{settings.base} does not serve {preferred!r}; sending its first model {ids[0]!r} "

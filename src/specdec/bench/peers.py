@@ -19,6 +19,7 @@ from pathlib import Path
 
 from specdec.bench.runner import RunOutput
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
+from specdec.model.errors import SpecdecError
 
 HF_PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 
@@ -199,19 +200,42 @@ class URLPeer:
             body["model"] = self.model
         if seed is not None:
             body["seed"] = seed
+        import httpx
+
+        where = f"peer {self.base}/v1/completions"
         t0 = time.perf_counter()
-        response = self.client.post(f"{self.base}/v1/completions", json=body)
+        try:
+            response = self.client.post(f"{self.base}/v1/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise PeerError(f"{where}: {type(exc).__name__}: {exc}") from None
         wall = time.perf_counter() - t0
         if response.status_code != 200:
-            raise RuntimeError(f"{self.base}/v1/completions answered {response.status_code}: {response.text[:200]}")
-        data = response.json()
-        return parse_completion(data, wall)
+            raise PeerError(f"{where} answered {response.status_code}: {response.text[:200]}")
+        try:
+            data = response.json()
+        except ValueError:
+            raise PeerError(f"{where} answered something that is not JSON: {response.text[:120]!r}") from None
+        return parse_completion(data, wall, where)
 
 
-def parse_completion(data: dict, wall_s: float) -> RunOutput:
+class PeerError(SpecdecError):
+    """A peer server that failed, or answered something that is not an OpenAI completion."""
+
+
+def parse_completion(data: dict, wall_s: float, where: str = "the peer") -> RunOutput:
     """A /v1/completions answer -> RunOutput; counters and timings only where the server gives them."""
+    try:
+        return _parse_completion(data, wall_s)
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:  # the server's JSON, not ours
+        raise PeerError(f"{where} answered something that is not an OpenAI completion ({type(exc).__name__}: "
+                        f"{exc}): {str(data)[:120]}") from None
+
+
+def _parse_completion(data: dict, wall_s: float) -> RunOutput:
     choice = (data.get("choices") or [{}])[0]
     text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+    if not isinstance(text, str):
+        raise TypeError(f"the choice's text is {text!r}, not a string")
     usage = data.get("usage") or {}
     tokens = usage.get("completion_tokens")
     timings = data.get("timings") or {}
