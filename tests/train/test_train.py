@@ -170,6 +170,20 @@ def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
     few = tmp_path / "few.npz"
     save_sequences([[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 4, few)
     assert load_sequences(few) == [[1, 2, 3, 4, 5, 6, 7, 8, 9]] * 4
+    truncated = tmp_path / "truncated.npz"
+    truncated.write_bytes(few.read_bytes()[:-20])  # was a BadZipFile traceback
+    with pytest.raises(ValueError, match="truncated.npz: not a training-sequence file"):
+        load_sequences(truncated)
+    floats = tmp_path / "floats.npz"  # trained as token 0 everywhere, with a 'perfect' summary
+    np.savez_compressed(floats, tokens=np.full(9, 0.5), lengths=np.array([9]))
+    with pytest.raises(ValueError, match="tokens must be a flat array of integers, got float64"):
+        load_sequences(floats)
+    with pytest.raises(ValueError, match="token id 9 is outside the target's vocabulary of 9"):  # was IndexError
+        load_sequences(few, vocab_size=9)
+    negative = tmp_path / "negative.npz"
+    np.savez_compressed(negative, tokens=np.array([1, -2, 3]), lengths=np.array([3]))
+    with pytest.raises(ValueError, match="token id -2 is negative"):
+        load_sequences(negative)
     with pytest.raises(ValueError, match="4 training sequences and --val 8 held out: none left to train on"):
         main(["mtp", "--model", str(tiny_hf_dir), "--sequences", str(few), "--val", "8", "--steps", "3",
               "--out", str(tmp_path / "o"), "--device", "cpu"])

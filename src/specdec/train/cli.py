@@ -262,7 +262,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     data_file = out / f"data.rank{rank}.npz"
     if args.sequences or (args.resume and data_file.is_file()):
         source = Path(args.sequences) if args.sequences else data_file
-        seqs = load_sequences(source)
+        seqs = load_sequences(source, target.config.vocab_size)
         if args.sequences and world > 1:
             seqs = seqs[: args.val] + seqs[args.val :][rank::world] if rank == 0 else seqs[args.val :][rank::world]
         log(f"data: {len(seqs)} sequences from {source}")

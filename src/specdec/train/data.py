@@ -129,16 +129,29 @@ def save_sequences(seqs: list[list[int]], path) -> None:
     np.savez_compressed(path, tokens=np.array(flat, dtype=dtype), lengths=np.array([len(s) for s in seqs], np.int64))
 
 
-def load_sequences(path) -> list[list[int]]:
-    """What save_sequences wrote."""
+def load_sequences(path, vocab_size: int | None = None) -> list[list[int]]:
+    """What save_sequences wrote; a ValueError naming the file for anything else (a truncated archive, float
+    or negative token ids, ids the target's vocabulary does not have, lengths that do not add up)."""
+    import zipfile
+
     import numpy as np
 
     try:
         with np.load(path) as f:
-            tokens, lengths = f["tokens"].astype(np.int64), f["lengths"]
-    except (OSError, ValueError, KeyError) as e:
+            tokens, lengths = f["tokens"], f["lengths"]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"{path}: not a training-sequence file written by specdec train ({e})") from None
+    for name, a in (("tokens", tokens), ("lengths", lengths)):
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise ValueError(f"{path}: {name} must be a flat array of integers, got {a.dtype} of shape {a.shape}")
+    tokens = tokens.astype(np.int64)
+    if len(lengths) and lengths.min() < 0:
+        raise ValueError(f"{path}: a sequence length is negative ({int(lengths.min())})")
     if int(lengths.sum()) != len(tokens):
         raise ValueError(f"{path}: lengths add up to {int(lengths.sum())} tokens but the file holds {len(tokens)}")
+    if len(tokens) and (tokens.min() < 0 or (vocab_size is not None and tokens.max() >= vocab_size)):
+        bad = int(tokens.min()) if tokens.min() < 0 else int(tokens.max())
+        raise ValueError(f"{path}: token id {bad} is outside the target's vocabulary of {vocab_size} "
+                         "(sequences made for another model?)" if vocab_size else f"{path}: token id {bad} is negative")
     ends = np.cumsum(lengths)
     return [tokens[e - n : e].tolist() for e, n in zip(ends, lengths)]
