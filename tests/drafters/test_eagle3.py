@@ -42,6 +42,8 @@ def head_dir(tiny_model, tmp_path):
 def test_taps_default_to_eagle3s_layers_unless_the_config_names_them():
     raw = {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512}
     assert default_taps(30) == (2, 15, 27)
+    assert default_taps(6) == (2, 3, 3)
+    assert default_taps(2) == (2, 1, 0) and default_taps(1) == (1, 0, 0)  # N - 3 was -1: a KeyError in training
     assert Eagle3Config.from_json(raw, 30).taps == (2, 15, 27)
     raw["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 5, 9]}
     assert Eagle3Config.from_json(raw, 30).taps == (1, 5, 9)

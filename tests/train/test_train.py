@@ -153,6 +153,27 @@ def test_sampled_tree_keeps_the_target_distribution(trained, kind):
     assert fit_pvalue(counts, law) > 1e-3, f"sampled continuations do not follow the target's law: {counts}"
 
 
+def test_eagle3_trains_on_a_two_layer_target(tiny_hf_dir, tmp_path):
+    """Its default taps included layer -1 (N - 3): a KeyError at the first step."""
+    from specdec.train.cli import main
+
+    out = tmp_path / "eagle3"
+    assert main(["eagle3", "--model", str(tiny_hf_dir), "--out", str(out), "--steps", "2", "--draft-vocab", "64"]
+                + COMMON) == 0
+    taps = json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert taps == [2, 1, 0]
+    from specdec.drafters.eagle3 import make_eagle3_drafter
+
+    m = load_model(str(tiny_hf_dir), "fp32", progress=False)
+    drafter = make_eagle3_drafter(m, str(out), max_len=128, topk=1, budget=4)
+    engine = Engine(m, SpecConfig(drafters=(drafter.name,), draft_n_max=3), max_len=128,
+                    drafter_factory=lambda name, spec: drafter)
+    prompt = list(range(10, 30))
+    result = engine.generate(prompt, max_tokens=16)
+    assert result.token_ids == Engine(m, SpecConfig(), max_len=128).generate(prompt, max_tokens=16).token_ids
+    assert result.stats.drafted > 0
+
+
 def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
     import numpy as np
 

@@ -41,8 +41,9 @@ class Eagle3Error(SpecdecError):
 
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
-    """EAGLE-3's low / mid / high layers in hidden_states indexing: (2, N // 2, N - 3)."""
-    return (2, num_layers // 2, num_layers - 3)
+    """EAGLE-3's low / mid / high layers in hidden_states indexing: (2, N // 2, N - 3), each kept within
+    0 (the embeddings) .. N for targets of fewer than 5 layers (N - 3 was -1 for N = 2)."""
+    return tuple(min(max(t, 0), num_layers) for t in (2, num_layers // 2, num_layers - 3))
 
 
 @dataclass(frozen=True)
