@@ -105,6 +105,15 @@ def test_wrong_sha256_refuses_to_load(tmp_path, monkeypatch):
     assert MODELS["smollm2-135m"].sha256 != ""
 
 
+def test_a_specdec_home_that_is_a_file_is_one_error(tmp_path, monkeypatch):
+    """It was a NotADirectoryError traceback from `specdec pull` and from the first `generate`."""
+    home = tmp_path / "home"
+    home.write_text("")
+    monkeypatch.setenv("SPECDEC_HOME", str(home))
+    with pytest.raises(SpecdecError, match=r"pull smollm2-135m: Not a directory .*set it to a folder you can write"):
+        resolve("smollm2-135m")
+
+
 def test_unknown_name_or_missing_path():
     with pytest.raises(SpecdecError, match="neither a known model name"):
         resolve("no-such-model-anywhere")

