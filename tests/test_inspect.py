@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.tiny import make_gguf_model, make_hf_model
+from helpers.tiny import make_gguf_model, make_hf_model, random_eagle3_head
+from specdec.drafters.eagle3 import save_eagle3_head
 from specdec.cli import main
 from specdec.inspect import format_report, inspect_model
 from specdec.model.registry import MODELS
@@ -119,8 +120,8 @@ def test_families_specdec_cannot_run_are_named_and_their_mtp_reported(tmp_path, 
     assert r["mtp"]["declared"] == 1 and r["mtp"]["config_key"] == key
 
 
-def test_eagle3_drafter_is_recognised(tmp_path, tiny_hf_dir, monkeypatch):
-    eagle = make_hf_model(tmp_path / "eagle", extra_config={"architectures": ["LlamaForCausalLMEagle3"]})
+def test_eagle3_drafter_is_recognised(tmp_path, tiny_hf_dir, tiny_model, monkeypatch):
+    eagle = save_eagle3_head(random_eagle3_head(tiny_model), tmp_path / "eagle")
     without(monkeypatch, "draft-mtp", "draft-eagle3")
     r = inspect_model(str(tiny_hf_dir), draft=str(eagle))
     assert r["drafter"]["kind"] == "draft-eagle3" and r["drafter"]["compatible"]
@@ -136,6 +137,22 @@ def test_eagle3_drafter_is_recognised(tmp_path, tiny_hf_dir, monkeypatch):
                           extra_config={"architectures": ["LlamaForCausalLMEagle3"]})
     r = inspect_model(str(tiny_hf_dir), draft=str(other))
     assert not r["drafter"]["compatible"] and "expects target hidden size 32" in r["drafter"]["reason"]
+    assert "draft-eagle3" not in r["auto"]["types"]
+
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda f: (f / "model.safetensors").write_bytes(b"\0" * 100), "not a readable safetensors file"),
+    (lambda f: (f / "config.json").write_text(json.dumps({**json.loads((f / "config.json").read_text()),
+                                                          "intermediate_size": 96})),
+     "tensors of the wrong shape"),
+])
+def test_inspect_refuses_the_eagle3_heads_the_loader_refuses(tmp_path, tiny_hf_dir, tiny_model, damage, reason):
+    """inspect said 'compatible' (and auto chose the head) for folders the loader then refused."""
+    eagle = save_eagle3_head(random_eagle3_head(tiny_model), tmp_path / "eagle")
+    damage(eagle)
+    r = inspect_model(str(tiny_hf_dir), draft=str(eagle))
+    assert not r["drafter"]["compatible"] and reason in r["drafter"]["reason"]
     assert "draft-eagle3" not in r["auto"]["types"]
 
 

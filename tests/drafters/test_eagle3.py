@@ -13,26 +13,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from specdec.drafters.eagle3 import (Eagle3Config, Eagle3Error, Eagle3Head, default_taps, load_eagle3_head,
-                                     make_eagle3_drafter, save_eagle3_head)
+from helpers.tiny import EAGLE3_DRAFT_IDS as DRAFT_IDS
+from helpers.tiny import random_eagle3_head as random_head
+from specdec.drafters.eagle3 import (Eagle3Config, Eagle3Error, default_taps, load_eagle3_head, make_eagle3_drafter,
+                                     save_eagle3_head)
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
-
-DRAFT_IDS = torch.arange(3, 512, 3)  # a reduced draft vocabulary: every third target id from 3
-
-
-def random_head(model, draft_ids: torch.Tensor = DRAFT_IDS, seed: int = 0) -> Eagle3Head:
-    """An EAGLE-3 head for `model` with random weights, tapping its layers 0, 1 and 2."""
-    c = model.config
-    cfg = Eagle3Config(hidden_size=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
-                       head_dim=c.head_dim, intermediate_size=c.intermediate_size, vocab_size=c.vocab_size,
-                       draft_vocab_size=len(draft_ids), rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
-                       max_positions=c.context_length, taps=(0, 1, 2))
-    torch.manual_seed(seed)
-    head = Eagle3Head(cfg, model.transformer.embed)
-    head.set_vocab_map(draft_ids)
-    return head.eval()
-
 
 @pytest.fixture
 def head_dir(tiny_model, tmp_path):

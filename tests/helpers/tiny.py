@@ -326,3 +326,21 @@ def make_gemma3_gguf_model(path: Path, seed: int = 0, tensor_type: str | list[st
     w.write_tensors_to_file()
     w.close()
     return Path(path)
+
+
+EAGLE3_DRAFT_IDS = torch.arange(3, 512, 3)  # a reduced draft vocabulary: every third target id from 3
+
+
+def random_eagle3_head(model, draft_ids: torch.Tensor = EAGLE3_DRAFT_IDS, seed: int = 0):
+    """An EAGLE-3 head for the loaded `model` with random weights, tapping its layers 0, 1 and 2."""
+    from specdec.drafters.eagle3 import Eagle3Config, Eagle3Head
+
+    c = model.config
+    cfg = Eagle3Config(hidden_size=c.hidden_size, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+                       head_dim=c.head_dim, intermediate_size=c.intermediate_size, vocab_size=c.vocab_size,
+                       draft_vocab_size=len(draft_ids), rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta,
+                       max_positions=c.context_length, taps=(0, 1, 2))
+    torch.manual_seed(seed)
+    head = Eagle3Head(cfg, model.transformer.embed)
+    head.set_vocab_map(draft_ids)
+    return head.eval()

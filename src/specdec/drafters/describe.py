@@ -39,10 +39,10 @@ def head_kind(path) -> str | None:
     if not cfg.is_file():
         return None
     try:
-        raw = json.loads(cfg.read_text())
-    except (OSError, json.JSONDecodeError):
+        raw = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    return _kind_from_config(raw)
+    return _kind_from_config(raw) if isinstance(raw, dict) else None
 
 
 def _kind_from_config(raw: dict) -> str | None:
@@ -53,9 +53,18 @@ def _kind_from_config(raw: dict) -> str | None:
     return None
 
 
-def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str | None = None) -> str | None:
+def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str | None = None,
+                   path: Path | None = None) -> str | None:
     """Why a drafter head trained on some target's hidden states cannot serve this target (None: it can)."""
     if target_config is None:
+        return None
+    if kind == "draft-eagle3" and path is not None:  # the loader's own checks, without building the head
+        from specdec.drafters.eagle3 import Eagle3Error, check_eagle3_folder
+
+        try:
+            check_eagle3_folder(path, target_config, target_name)
+        except Eagle3Error as exc:
+            return str(exc)
         return None
     if kind in BLOCK_KINDS:
         from specdec.drafters.dflash import BlockConfig, DFlashError, fit_problem
@@ -112,14 +121,13 @@ def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str
     from specdec.model.load import open_checkpoint
 
     path = Path(path)
-    if path.is_dir() and (path / "config.json").is_file():
-        raw = json.loads((path / "config.json").read_text())
-        kind = _kind_from_config(raw)
-        if kind is not None:
-            reason = _head_mismatch(raw, getattr(target_checkpoint, "config", None), target_name, draft_name or path,
-                                    kind)
-            return {"path": str(path), "kind": kind, "compatible": reason is None, "reason": reason,
-                    "checkpoint": None, "tokenizer": None, "block": block_facts(raw) if kind in BLOCK_KINDS else None}
+    kind = head_kind(path) if path.is_dir() else None
+    if kind is not None:  # head_kind read config.json as a JSON object
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        reason = _head_mismatch(raw, getattr(target_checkpoint, "config", None), target_name, draft_name or path,
+                                kind, path)
+        return {"path": str(path), "kind": kind, "compatible": reason is None, "reason": reason,
+                "checkpoint": None, "tokenizer": None, "block": block_facts(raw) if kind in BLOCK_KINDS else None}
     try:
         checkpoint, tokenizer = open_checkpoint(path)
     except ModelFileError as exc:

@@ -150,65 +150,101 @@ def load_eagle3_head(path, target) -> Eagle3Head:
     """An Eagle3Head from a folder (config.json + *.safetensors) for a loaded target Model."""
     from safetensors import safe_open
 
-    path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise Eagle3Error(f"{path}: not an EAGLE-3 head folder (no config.json)")
-    raw = json.loads(cfg_file.read_text())
     c = target.config
-    cfg = Eagle3Config.from_json(raw, c.num_layers)
-    if cfg.vocab_size != c.vocab_size and abs(cfg.vocab_size - c.vocab_size) > 128:
-        raise Eagle3Error(f"EAGLE-3 head {path} was trained for a vocabulary of {cfg.vocab_size} tokens; the target "
-                          f"{target.info.name} has {c.vocab_size}: it belongs to another model")
-    if (cfg.target_hidden_size or cfg.hidden_size) != c.hidden_size:
-        expects = cfg.target_hidden_size or cfg.hidden_size
-        raise Eagle3Error(f"EAGLE-3 head {path} expects target hidden size {expects}; the target {target.info.name} "
-                          f"has {c.hidden_size}: it belongs to another model")
-    bad = [t for t in cfg.taps if not 0 <= t <= c.num_layers]
-    if bad:
-        raise Eagle3Error(f"EAGLE-3 head {path} taps layers {cfg.taps}, beyond the target's {c.num_layers} layers")
+    path = Path(path)
+    cfg, files = check_eagle3_folder(path, c, target.info.name)
     tensors = {}
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise Eagle3Error(f"{path}: no .safetensors weights (pickled .bin files are never loaded; convert them)")
     for f in files:
         try:
             with safe_open(str(f), framework="pt") as fh:
                 for name in fh.keys():
-                    tensors[name.replace("layers.0.", "midlayer.").removeprefix("model.")] = fh.get_tensor(name)
-        except Exception as exc:  # safetensors' own error type: a truncated or damaged file
+                    tensors[_own_name(name)] = fh.get_tensor(name)
+        except Exception as exc:  # safetensors' own error type: data cut short after a whole header
             raise Eagle3Error(f"{f}: not a readable safetensors file ({exc})") from None
     embed = tensors.pop("embed_tokens.weight", None)
     head = Eagle3Head(Eagle3Config(**{**cfg.__dict__, "vocab_size": c.vocab_size}),
                       embed if embed is not None else target.transformer.embed)
     state = {k: (v if k in ("d2t", "t2d") else v.float()) for k, v in tensors.items()}
-    if "d2t" not in state:
-        if cfg.draft_vocab_size != c.vocab_size:
-            raise Eagle3Error(f"EAGLE-3 head {path} has a reduced vocabulary but no d2t tensor")
+    if "d2t" not in state:  # the full vocabulary (check_eagle3_folder refuses a reduced one without d2t)
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
     state["d2t"] = state["d2t"].long()
-    if "t2d" not in state:
-        t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
-        t2d[torch.arange(cfg.draft_vocab_size) + state["d2t"]] = True
-        state["t2d"] = t2d
-    else:
-        t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+    t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
+    if "t2d" in state:
         n = min(len(state["t2d"]), c.vocab_size)
         t2d[:n] = state["t2d"][:n].bool()
-        state["t2d"] = t2d
-    own = head.state_dict()
-    wrong = [f"{k} {tuple(v.shape)} (its config.json implies {tuple(own[k].shape)})" for k, v in state.items()
-             if k in own and k != "t2d" and tuple(v.shape) != tuple(own[k].shape)]
+    else:
+        t2d[torch.arange(cfg.draft_vocab_size) + state["d2t"]] = True
+    state["t2d"] = t2d
+    head.load_state_dict(state, strict=False)  # names and shapes checked by check_eagle3_folder
+    return head.eval()
+
+
+def _own_name(name: str) -> str:
+    """A checkpoint's tensor name as Eagle3Head names it (`layers.0.` is `midlayer.`; no `model.` prefix)."""
+    return name.replace("layers.0.", "midlayer.").removeprefix("model.")
+
+
+def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Config, list[Path]]:
+    """(its config, its weight files) where the folder holds an EAGLE-3 head this target can run, else an
+    Eagle3Error saying why. Reads config.json, the safetensors headers and d2t only, so that `specdec inspect`
+    and auto refuse exactly what the loader refuses, without building the head."""
+    from safetensors import safe_open
+
+    from specdec.model.errors import ModelFileError
+    from specdec.model.hf_loader import read_json_object
+
+    path, c = Path(path), target_config
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise Eagle3Error(f"{path}: not an EAGLE-3 head folder (no config.json)")
+    try:
+        cfg = Eagle3Config.from_json(read_json_object(cfg_file), c.num_layers)
+    except ModelFileError as exc:
+        raise Eagle3Error(str(exc)) from None
+    except KeyError as exc:
+        raise Eagle3Error(f"{cfg_file} lacks {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise Eagle3Error(f"{cfg_file}: a value of the wrong type ({exc})") from None
+    if cfg.vocab_size != c.vocab_size and abs(cfg.vocab_size - c.vocab_size) > 128:
+        raise Eagle3Error(f"EAGLE-3 head {path} was trained for a vocabulary of {cfg.vocab_size} tokens; the target "
+                          f"{target_name} has {c.vocab_size}: it belongs to another model")
+    if (cfg.target_hidden_size or cfg.hidden_size) != c.hidden_size:
+        expects = cfg.target_hidden_size or cfg.hidden_size
+        raise Eagle3Error(f"EAGLE-3 head {path} expects target hidden size {expects}; the target {target_name} "
+                          f"has {c.hidden_size}: it belongs to another model")
+    if any(not 0 <= t <= c.num_layers for t in cfg.taps):
+        raise Eagle3Error(f"EAGLE-3 head {path} taps layers {cfg.taps}, beyond the target's {c.num_layers} layers")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise Eagle3Error(f"{path}: no .safetensors weights (pickled .bin files are never loaded; convert them)")
+    shapes, d2t = {}, None
+    for f in files:
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                for name in fh.keys():
+                    shapes[_own_name(name)] = tuple(fh.get_slice(name).get_shape())
+                    if _own_name(name) == "d2t":
+                        d2t = fh.get_tensor(name).long()
+        except Exception as exc:  # safetensors' own error type: a truncated or damaged file
+            raise Eagle3Error(f"{f}: not a readable safetensors file ({exc})") from None
+    with torch.device("meta"):
+        own = {k: tuple(v.shape) for k, v in
+               Eagle3Head(Eagle3Config(**{**cfg.__dict__, "vocab_size": c.vocab_size})).state_dict().items()}
+    wrong = [f"{k} {shape} (its config.json implies {own[k]})" for k, shape in shapes.items()
+             if k in own and k != "t2d" and shape != own[k]]
     if wrong:
         raise Eagle3Error(f"EAGLE-3 head {path}: tensors of the wrong shape: {', '.join(wrong[:3])}")
-    missing, unexpected = head.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not m.startswith("rope_")]
+    if d2t is None and cfg.draft_vocab_size != c.vocab_size:
+        raise Eagle3Error(f"EAGLE-3 head {path} has a reduced vocabulary but no d2t tensor")
+    missing = [k for k in own if k not in shapes and not k.startswith("rope_") and k not in ("d2t", "t2d")]
+    unexpected = [k for k in shapes if k not in own and k != "embed_tokens.weight"]
     if missing or unexpected:
         raise Eagle3Error(f"EAGLE-3 head {path}: missing tensors {missing}, unexpected {unexpected}")
-    ids = head.draft_to_target()
-    if int(ids.max()) >= c.vocab_size or int(ids.min()) < 0:
-        raise Eagle3Error(f"EAGLE-3 head {path}: d2t maps draft ids outside the target vocabulary")
-    return head.eval()
+    if d2t is not None:
+        ids = torch.arange(cfg.draft_vocab_size) + d2t
+        if len(ids) and (int(ids.max()) >= c.vocab_size or int(ids.min()) < 0):
+            raise Eagle3Error(f"EAGLE-3 head {path}: d2t maps draft ids outside the target vocabulary")
+    return cfg, files
 
 
 def save_eagle3_head(head: Eagle3Head, folder, target_info: dict | None = None) -> Path:
