@@ -104,8 +104,22 @@ def test_architecture_specdec_cannot_run_is_still_described(tmp_path):
         in r["not_runnable_reason"] and "specdec cannot run it yet" in r["not_runnable_reason"]
     assert r["architecture"] == "deepseek_v3" and r["mtp"]["weights_present"]
     assert not any(m["runs"] for m in r["methods"]) and "auto" not in r
-    assert any(m["method"] == "draft-mtp" for m in r["methods"])
+    assert next(m for m in r["methods"] if m["method"] == "draft-mtp")["note"].endswith(
+        "; the model itself cannot run here")
     assert "runs here     NO" in format_report(r)
+
+
+def test_a_config_without_num_hidden_layers_has_no_mtp_layers(tmp_path):
+    """Every layer counted as 'past the main ones': inspect reported 18 MTP-like tensors and 'no draft-mtp:
+    MTP layers present' for a folder whose config.json lacks num_hidden_layers."""
+    folder = make_hf_model(tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    del cfg["num_hidden_layers"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    r = inspect_model(str(folder))
+    assert not r["runnable"] and "lacks 'num_hidden_layers'" in r["not_runnable_reason"]
+    assert not r["mtp"]["weights_present"] and r["mtp"]["note"] == "no MTP layers"
+    assert not any(m["method"] == "draft-mtp" for m in r["methods"])
 
 
 @pytest.mark.parametrize("model_type, family, key", [

@@ -124,6 +124,8 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
         else:
             note = facts.mtp_source or "MTP layers present"
         runs = runnable and facts.mtp_weights and "draft-mtp" in runnable_models
+        if facts.mtp_weights and not runnable:
+            note += "; the model itself cannot run here"
         methods.append({"method": "draft-mtp", "runs": runs, "note": note})
     if drafter is not None and drafter["kind"] not in (None, "draft-simple"):
         kind = drafter["kind"]

@@ -66,10 +66,11 @@ def mtp_info(checkpoint) -> dict:
             if raw.get(k):
                 declared, key = int(raw[k]), k
                 break
-        layers = int(raw.get("num_hidden_layers") or 0)
+        layers = raw.get("num_hidden_layers")  # unknown: no layer counts as past the main ones
+        layers = layers if isinstance(layers, int) and layers > 0 else None
         names = checkpoint.names()
         hits = [n for n in names if n.startswith(("mtp.", "model.mtp_layers.", "model.mtp.")) or
-                ((m := re.match(r"model\.layers\.(\d+)\.", n)) and int(m.group(1)) >= layers)]
+                (layers and (m := re.match(r"model\.layers\.(\d+)\.", n)) and int(m.group(1)) >= layers)]
     else:  # GGUF
         arch = (metadata or {}).get("general.architecture")
         k = f"{arch}.nextn_predict_layers"
