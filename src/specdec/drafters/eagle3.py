@@ -191,6 +191,7 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
     from safetensors import safe_open
 
     from specdec.model.errors import ModelFileError
+    from specdec.model.facts import safetensors_header
     from specdec.model.hf_loader import read_json_object
 
     path, c = Path(path), target_config
@@ -220,12 +221,14 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
     shapes, d2t = {}, None
     for f in files:
         try:
-            with safe_open(str(f), framework="pt") as fh:
-                for name in fh.keys():
-                    shapes[_own_name(name)] = tuple(fh.get_slice(name).get_shape())
-                    if _own_name(name) == "d2t":
+            for name, (_, shape) in safetensors_header(f).items():
+                shapes[_own_name(name)] = shape
+                if _own_name(name) == "d2t":
+                    with safe_open(str(f), framework="pt") as fh:
                         d2t = fh.get_tensor(name).long()
-        except Exception as exc:  # safetensors' own error type: a truncated or damaged file
+        except ModelFileError as exc:
+            raise Eagle3Error(str(exc)) from None
+        except Exception as exc:  # safetensors' own error type: d2t's data cut short
             raise Eagle3Error(f"{f}: not a readable safetensors file ({exc})") from None
     with torch.device("meta"):
         own = {k: tuple(v.shape) for k, v in

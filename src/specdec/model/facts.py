@@ -11,6 +11,7 @@ often drop them.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,31 +103,27 @@ def param_count(checkpoint) -> int:
         if reader is not None:
             return sum(int(t.n_elements) for t in reader.tensors)
         return sum(int(t.n_elements) for t in tensors.values())
-    from safetensors import safe_open
-
-    total = 0
-    by_file: dict = {}
-    for name, file in checkpoint._files.items():
-        by_file.setdefault(file, []).append(name)
-    for file, names in by_file.items():
-        with safe_open(file, framework="pt") as f:
-            for name in names:
-                n = 1
-                for d in f.get_slice(name).get_shape():
-                    n *= d
-                total += n
-    return total
+    files = set(checkpoint._files.values())
+    shapes = {name: shape for file in files for name, (_, shape) in safetensors_header(file).items()}
+    return sum(math.prod(shapes[name]) for name in checkpoint._files)
 
 
-def safetensors_names(file: Path) -> list[str]:
-    """The tensor names of a safetensors file; a ModelFileError where it is truncated or damaged."""
+def safetensors_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{tensor name: (dtype, shape)} of a safetensors file, read from its header (no tensor data); a
+    ModelFileError where the file is truncated or damaged."""
     from safetensors import safe_open
 
     try:
         with safe_open(str(file), framework="pt") as f:
-            return list(f.keys())
+            return {name: (str(f.get_slice(name).get_dtype()), tuple(f.get_slice(name).get_shape()))
+                    for name in f.keys()}
     except Exception as exc:  # safetensors' own error type
         raise ModelFileError(file, f"not a readable safetensors file ({exc})") from None
+
+
+def safetensors_names(file: Path) -> list[str]:
+    """The tensor names of a safetensors file; a ModelFileError where it is truncated or damaged."""
+    return list(safetensors_header(file))
 
 
 def raw_checkpoint(path: Path) -> SimpleNamespace:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specdec.model.build import build_transformer
 from specdec.model.errors import ModelFileError
+from specdec.model.facts import param_count
 from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.registry import cached_sha256, resolve
 from specdec.model.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
@@ -88,7 +89,7 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
     checkpoint, tokenizer = open_checkpoint(path)
     c = checkpoint.config
     sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(Path(path))
-    params = sum(_numel(checkpoint, n) for n in checkpoint.names())
+    params = param_count(checkpoint)
     # shown only while converting (a read from the cache makes no progress calls)
     bar = tqdm(total=c.num_layers, desc=f"load {Path(path).name} ({weights_format})", unit="layer",
                disable=not progress, file=sys.stderr, leave=False, delay=0.5)
@@ -124,20 +125,6 @@ def open_checkpoint(path) -> tuple[object, Tokenizer]:
         raise ModelFileError(path, "not a GGUF file (bad magic); pass a .gguf file or a Hugging Face folder")
     checkpoint = read_gguf(path)
     return checkpoint, tokenizer_from_gguf(path, checkpoint.reader, checkpoint.metadata)
-
-
-def _numel(checkpoint, name: str) -> int:
-    tensors = getattr(checkpoint, "_tensors", None)
-    if tensors is not None and hasattr(tensors[name], "n_elements"):
-        return int(tensors[name].n_elements)
-    from safetensors import safe_open
-
-    with safe_open(checkpoint._files[name], framework="pt") as f:
-        shape = f.get_slice(name).get_shape()
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _folder_digest(folder: Path) -> str:
