@@ -382,6 +382,12 @@ def _edit(folder, config=None, drop=(), tensors=None, remove=()):
     (lambda f: _edit(f, drop=("fc.weight",)), r"missing tensors \['fc.weight'\], unexpected \[\]"),
     (lambda f: _edit(f, tensors={"fc.weight": torch.zeros(64, 64)}),
      r"tensor fc.weight has shape \(64, 64\), expected \(64, 128\)"),
+    # each was a traceback
+    (lambda f: _edit(f, remove=("hidden_size",)), r"config.json lacks 'hidden_size'"),
+    (lambda f: _edit(f, {"num_hidden_layers": "two"}), r"config.json has a value of the wrong type"),
+    (lambda f: (f / "config.json").write_text("[]"), r"config.json: holds a JSON list"),
+    (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:1000]),
+     r"model.safetensors: not a readable safetensors file"),
 ])
 def test_a_bad_drafter_folder_is_one_clear_error(tiny_model, tmp_path, edit, message):
     # written in the DFlash layout; the keys that layout keeps in dflash_config are moved to the top level

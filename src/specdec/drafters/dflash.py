@@ -134,7 +134,17 @@ class BlockConfig:
     # -- config.json -------------------------------------------------------------------------
     @staticmethod
     def from_json(raw: dict, where: str = "drafter") -> "BlockConfig":
-        """The settings in a config.json; DFlashError naming `where` for what specdec cannot run."""
+        """The settings in a config.json; DFlashError naming `where` for what specdec cannot run, for a key it
+        lacks, and for a value of the wrong type."""
+        try:
+            return BlockConfig._from_json(raw, where)
+        except KeyError as exc:
+            raise DFlashError(f"{where}: config.json lacks {exc.args[0]!r}") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise DFlashError(f"{where}: config.json has a value of the wrong type ({exc})") from None
+
+    @staticmethod
+    def _from_json(raw: dict, where: str) -> "BlockConfig":
         arch = " ".join(str(a) for a in raw.get("architectures") or [])
         if "DFlash2" in arch:
             raise DFlashError(f"{where} is a DFlash2 drafter (causal convolutions and a candidate selector); "
@@ -500,14 +510,17 @@ class BlockDrafter(DrafterBase):
 # -- files -------------------------------------------------------------------------------------
 def read_config(path) -> BlockConfig:
     """The BlockConfig of a drafter folder (config.json only)."""
+    from specdec.model.errors import ModelFileError
+    from specdec.model.hf_loader import read_json_object
+
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise DFlashError(f"{path}: not a DFlash/DSpark drafter folder (no config.json)")
     try:
-        raw = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise DFlashError(f"{cfg_file}: not valid JSON ({exc})") from None
+        raw = read_json_object(cfg_file)
+    except ModelFileError as exc:
+        raise DFlashError(str(exc)) from None
     return BlockConfig.from_json(raw, f"drafter {path}")
 
 
@@ -515,6 +528,9 @@ def load_block_drafter(path, target: TargetParts, target_config, target_name: st
                        max_positions: int = 4096) -> BlockDraftModel:
     """A BlockDraftModel from a folder (config.json + *.safetensors), checked against the target."""
     from safetensors import safe_open
+
+    from specdec.model.errors import ModelFileError
+    from specdec.model.facts import safetensors_header
 
     path = Path(path)
     cfg = read_config(path)
@@ -528,20 +544,25 @@ def load_block_drafter(path, target: TargetParts, target_config, target_name: st
     own = {k: v for k, v in model.state_dict().items()}
     state = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for name in fh.keys():
-                key = name.removeprefix("model.")
-                if key in _SKIPPED:
-                    rows = fh.get_slice(name).get_shape()[0]
-                    if abs(rows - target_config.vocab_size) > MAX_VOCAB_PADDING:
-                        raise DFlashError(f"drafter {path}: {key} has {rows} rows; {target_name} has a vocabulary of "
-                                          f"{target_config.vocab_size}: it belongs to another model")
-                    continue
-                tensor = fh.get_tensor(name)
-                if key in own and tuple(own[key].shape) != tuple(tensor.shape):
-                    raise DFlashError(f"drafter {path}: tensor {name} has shape {tuple(tensor.shape)}, "
-                                      f"expected {tuple(own[key].shape)} from its config.json")
-                state[key] = tensor.float()
+        try:
+            header = safetensors_header(f)
+        except ModelFileError as exc:
+            raise DFlashError(str(exc)) from None
+        for name, (_, shape) in header.items():
+            key = name.removeprefix("model.")
+            if key in _SKIPPED:
+                if abs(shape[0] - target_config.vocab_size) > MAX_VOCAB_PADDING:
+                    raise DFlashError(f"drafter {path}: {key} has {shape[0]} rows; {target_name} has a vocabulary of "
+                                      f"{target_config.vocab_size}: it belongs to another model")
+            elif key in own and tuple(own[key].shape) != shape:
+                raise DFlashError(f"drafter {path}: tensor {name} has shape {shape}, expected "
+                                  f"{tuple(own[key].shape)} from its config.json")
+        try:
+            with safe_open(str(f), framework="pt") as fh:
+                state.update({name.removeprefix("model."): fh.get_tensor(name).float() for name in header
+                              if name.removeprefix("model.") not in _SKIPPED})
+        except Exception as exc:  # safetensors' own error type: data cut short after a whole header
+            raise DFlashError(f"{f}: not a readable safetensors file ({exc})") from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise DFlashError(f"drafter {path}: missing tensors {sorted(missing)}, unexpected {sorted(unexpected)}")
