@@ -22,7 +22,8 @@ def run(capsys, argv) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "-c", "-5", "hi"], "--ctx-size must be 0 (the model's context length) or more, got -5"),
-    (["generate", "-n", "-1", "hi"], "--max-tokens (-n) must be at least 1, got -1"),
+    (["generate", "-n", "-1", "hi"], "--max-tokens must be at least 1, got -1"),
+    (["serve", "--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
     (["generate", "--temp", "1", "--seed", str(10**24), "hi"], "seed must be an integer in [-2**63, 2**64)"),
     (["generate", "--temp", "inf", "hi"], "temperature must be a finite number >= 0, got inf"),
     (["generate", "--speculative-config", '{"method": "ngram", "draft_p_min": "abc"}', "hi"],

@@ -108,7 +108,7 @@ def build_engine(args: argparse.Namespace):
     if args.ctx_size < 0:
         raise ValueError(f"--ctx-size must be 0 (the model's context length) or more, got {args.ctx_size}")
     if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens (-n) must be at least 1, got {args.max_tokens}")
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     sampling = sampling_from_args(args)
     model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
     spec, notes = decide_spec_for_model(flags, model)

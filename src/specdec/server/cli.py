@@ -48,8 +48,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from specdec.server.app import create_app
 
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if not 1 <= args.max_batch <= 256:
@@ -60,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--request-timeout must be positive, got {args.request_timeout}")
     if args.prefill_chunk < 1:
         raise ValueError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
-    engine, _server_sampling = build_engine(args)  # the same target + drafters `generate` would run
+    engine, _server_sampling = build_engine(args)  # the same target + drafters `generate` would run (and checks)
     name = args.served_model_name or args.model
     app = create_app(engine, name, api_key=args.api_key, default_max_tokens=args.max_tokens,
                      max_batch=args.max_batch, max_queue=args.max_queue, request_timeout=args.request_timeout,
