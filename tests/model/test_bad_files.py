@@ -63,6 +63,23 @@ def test_unknown_architecture(tmp_path):
         _load(path)
 
 
+@pytest.mark.parametrize("heads, length, message", [
+    (0, 8, "llama.attention.head_count is 0; a model has at least 1 attention head"),  # was ZeroDivisionError
+    (2, "eight", "metadata: invalid literal for int"),  # a string where a count belongs: was a bare ValueError
+])
+def test_gguf_metadata_of_the_wrong_value(tmp_path, heads, length, message):
+    path = tmp_path / "m.gguf"
+    w = _writer(path)
+    w.add_embedding_length(4)
+    w.add_head_count(heads)
+    w.add_feed_forward_length(8)
+    (w.add_context_length if isinstance(length, int) else lambda v: w.add_string("llama.context_length", v))(length)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    _finish(w)
+    with pytest.raises(ModelFileError, match=message):
+        _load(path)
+
+
 def test_unknown_quantization(tmp_path):
     path = tmp_path / "q.gguf"
     w = _writer(path)

@@ -295,7 +295,10 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         if hf is not None:
             tensors[hf] = t
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    config = _config(path, arch, meta, tensors, freqs)
+    try:
+        config = _config(path, arch, meta, tensors, freqs)
+    except (TypeError, ValueError) as exc:  # a metadata value of the wrong type, or sizes that do not fit
+        raise ModelFileError(path, f"metadata: {exc}") from None
     two_d = [types[t.name] for t in reader.tensors if len(t.shape) == 2]
     ftype = meta.get("general.file_type")
     quant = _FILE_TYPES.get(int(ftype)) if ftype is not None else None
@@ -328,6 +331,8 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
 
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
+    if heads < 1:
+        raise ModelFileError(path, f"{arch}.attention.head_count is {heads}; a model has at least 1 attention head")
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv") or heads)
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
     embed = tensors.get("model.embed_tokens.weight")
