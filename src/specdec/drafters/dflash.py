@@ -511,7 +511,7 @@ class BlockDrafter(DrafterBase):
 def read_config(path) -> BlockConfig:
     """The BlockConfig of a drafter folder (config.json only)."""
     from specdec.model.errors import ModelFileError
-    from specdec.model.hf_loader import read_json_object
+    from specdec.model.facts import read_json_object
 
     path = Path(path)
     cfg_file = path / "config.json"

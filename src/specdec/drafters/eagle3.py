@@ -192,7 +192,7 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
 
     from specdec.model.errors import ModelFileError
     from specdec.model.facts import safetensors_header
-    from specdec.model.hf_loader import read_json_object
+    from specdec.model.facts import read_json_object
 
     path, c = Path(path), target_config
     cfg_file = path / "config.json"

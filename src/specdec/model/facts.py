@@ -11,6 +11,7 @@ often drop them.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -108,6 +109,20 @@ def param_count(checkpoint) -> int:
     return sum(math.prod(shapes[name]) for name in checkpoint._files)
 
 
+def read_json_object(file: Path) -> dict:
+    """A folder's JSON settings file (config.json, tokenizer_config.json) as a dict; a ModelFileError naming
+    the file where it is not valid UTF-8 JSON or not an object."""
+    try:
+        raw = json.loads(Path(file).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(file, f"not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise ModelFileError(file, f"cannot be read ({exc.strerror})") from None
+    if not isinstance(raw, dict):
+        raise ModelFileError(file, f"holds a JSON {type(raw).__name__}, not an object of settings")
+    return raw
+
+
 def safetensors_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{tensor name: (dtype, shape)} of a safetensors file, read from its header (no tensor data); a
     ModelFileError where the file is truncated or damaged."""
@@ -128,8 +143,6 @@ def safetensors_names(file: Path) -> list[str]:
 
 def raw_checkpoint(path: Path) -> SimpleNamespace:
     """What can be read from a checkpoint specdec cannot run (another architecture): names, config, sizes."""
-    from specdec.model.hf_loader import read_json_object
-
     if path.is_dir():
         cfg = path / "config.json"
         if not cfg.is_file():

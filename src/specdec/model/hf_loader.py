@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -45,22 +44,8 @@ class HFModel:
         return t
 
 
-def read_json_object(file: Path) -> dict:
-    """A folder's JSON settings file (config.json, tokenizer_config.json) as a dict; a ModelFileError naming
-    the file where it is not valid UTF-8 JSON or not an object."""
-    try:
-        raw = json.loads(Path(file).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(file, f"not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise ModelFileError(file, f"cannot be read ({exc.strerror})") from None
-    if not isinstance(raw, dict):
-        raise ModelFileError(file, f"holds a JSON {type(raw).__name__}, not an object of settings")
-    return raw
-
-
 def read_hf_folder(path: str | os.PathLike) -> HFModel:
-    from specdec.model.facts import safetensors_header
+    from specdec.model.facts import read_json_object, safetensors_header
 
     path = Path(path)
     cfg_file = path / "config.json"

@@ -9,7 +9,6 @@ scores and token types by specdec.model.spm.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -231,7 +230,7 @@ GEMMA_TEMPLATE = (
 def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
     from tokenizers import Tokenizer as Backend
 
-    from specdec.model.hf_loader import read_json_object
+    from specdec.model.facts import read_json_object
 
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
