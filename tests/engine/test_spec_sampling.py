@@ -91,3 +91,33 @@ def test_batched_sampling_fits_the_target_distribution(engine, target_dist):
     assert drafted > 0, "the drafter never drafted: this test would prove nothing"
     p = fit_pvalue(counts, dist)
     assert p > 1e-3, f"batched: chi-square p = {p:.2e}; counts {counts}"
+
+
+REPEATING = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+
+
+@pytest.mark.parametrize("drafters", [("ngram-simple",), ("suffix",), ("ngram-simple", "suffix")])
+def test_a_seed_draws_plain_decodings_text_under_one_hot_drafts(engine, drafters):
+    """A deterministic draft is verified with plain decoding's draws (verify_tree_sampling), so a
+    seed gives plain decoding's text whatever was drafted: alone, after the suffix trie has
+    learned from earlier answers, and beside other sequences in one batch."""
+    ids = engine.model.tokenizer.encode(REPEATING)
+    spec = SpecConfig(drafters=drafters, draft_n_max=4)
+    seeds = range(4)
+    plain = [engine.generate(ids, SamplingParams(temperature=0.7, seed=s), 24).token_ids for s in seeds]
+    drafted = 0
+    for _ in range(2):  # the second pass drafts from a suffix trie fed by the first
+        for s, want in zip(seeds, plain):
+            r = engine.generate(ids, SamplingParams(temperature=0.7, seed=s), 24, spec=spec)
+            assert r.token_ids == want, f"seed {s}"
+            drafted += r.stats.drafted
+    assert drafted > 0, "the drafters never drafted: this test would prove nothing"
+    batched = Engine(engine.model, max_len=256, max_sequences=4)
+    reqs = [batched.admit(ids, SamplingParams(temperature=0.7, seed=s), 24, spec=spec) for s in seeds]
+    for _ in range(60):
+        if all(r.finished for r in reqs):
+            break
+        batched.step_batch(reqs)
+    for r, want in zip(reqs, plain):
+        batched.finish(r)
+        assert r.output == want

@@ -32,8 +32,8 @@ def test_branches_give_every_outcome_its_exact_probability(monkeypatch):
         ("accept-always", "chain"),
         ("recover-from-target", "chain"),
         ("accept-always", "tree-3x1"),
-        ("recover-from-target", "tree-3x1-one-hot"),
-        ("recover-from-target", "tree-2x2-one-hot"),
+        ("draws-from-flattened-rows", "tree-3x1-one-hot"),
+        ("draws-from-flattened-rows", "tree-2x2-one-hot"),
         ("siblings-with-replacement", "tree-3x1"),
         ("siblings-with-replacement", "tree-2x2"),
     ],
@@ -51,7 +51,7 @@ def test_exact_check_rejects_a_broken_verifier(monkeypatch, broken, step):
 
 
 @pytest.mark.parametrize(
-    "broken, name", [("accept-always", "chain-k3-draft-probs"), ("recover-from-target", "chain-k2-one-hot")]
+    "broken, name", [("accept-always", "chain-k3-draft-probs"), ("draws-from-flattened-rows", "chain-k2-one-hot")]
 )
 def test_chi_square_rejects_a_broken_verifier(monkeypatch, broken, name):
     BROKEN[broken](monkeypatch)

@@ -149,7 +149,15 @@ BROKEN = {
         mp.setattr(tree, "residual_probs", lambda target_probs, draft_probs: target_probs),
     ),
     "siblings-with-replacement": lambda mp: mp.setattr(tree, "without_tokens", lambda probs, tokens: probs),
+    # a deterministic draft is verified by the target's own draws (no residual): break those
+    "draws-from-flattened-rows": lambda mp: _flatten_draws(mp),
 }
+
+
+def _flatten_draws(mp) -> None:
+    """Every draw a verifier makes reads sqrt(row), renormalized: a row processed wrongly."""
+    inner = draws.sample
+    mp.setattr(draws, "sample", lambda probs, generator=None: inner(probs.sqrt() / probs.sqrt().sum(), generator))
 
 
 # ---- Monte Carlo with the real generators ----

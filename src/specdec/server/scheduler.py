@@ -11,9 +11,10 @@ request samples with its own seeded generator.
 Speculation and batching share one forward's budget: with several sequences running, each
 extra draft row is kept only while it raises the expected tokens per second of the whole
 step, from each sequence's recent acceptance and the measured cost of a forward of R rows
-(draft_caps). A lone sequence drafts as it would alone. So at T>0 a seeded request's text depends
-on the load: its distribution is the target's either way, but the draws its generator makes follow
-how many tokens each step drafted.
+(draft_caps). A lone sequence drafts as it would alone. At T>0 a one-hot draft (suffix, n-gram) is
+verified with plain decoding's draws, so a seeded request's text is plain decoding's under any load;
+under a drafter that samples its drafts the text depends on the load: its distribution is the
+target's either way, but the draws its generator makes follow how many tokens each step drafted.
 
 Backpressure: at most `max_queue` requests wait beyond the `max_batch` running (a request
 counts as waiting until the thread admits it); beyond that submit() raises QueueFull

@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from specdec.verify import draws
-from specdec.verify.common import VerifyResult, check_rows, check_tokens, one_hot, residual_probs
+from specdec.verify.common import VerifyResult, check_rows, check_tokens, residual_probs
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: Sequence[int]) -> VerifyResult:
@@ -50,6 +50,9 @@ def verify_sampling(
     recovered token from normalize(max(0, target_probs[i] - draft_probs[i])) and stop;
     for a one-hot draft that is target_probs[i] with x removed, renormalized. If all k
     are kept, emit a bonus token from target_probs[k].
+    A deterministic draft (draft_probs None) is verified with the same law by drawing the
+    target's token at each row and keeping x while the draw equals it: one draw per emitted
+    token, the draws of plain decoding (see verify_tree_sampling).
     A drafted token with draft_probs[i, x] == 0 could not have been sampled: ValueError.
     """
     k = len(draft_tokens)
@@ -66,9 +69,12 @@ def verify_sampling(
                 )
     for i, x in enumerate(tokens):
         target_row = target_probs[i]  # (V,)
-        draft_row = one_hot(x, target_row) if draft_probs is None else draft_probs[i]  # (V,)
-        if not draws.accept(float(target_row[x]) / float(draft_row[x]), generator):
-            recovered = draws.sample(residual_probs(target_row, draft_row), generator)
+        if draft_probs is None:
+            drawn = draws.sample(target_row, generator)
+            if drawn != x:
+                return VerifyResult(i, tokens[:i] + (drawn,), tuple(range(i)))
+        elif not draws.accept(float(target_row[x]) / float(draft_probs[i, x]), generator):
+            recovered = draws.sample(residual_probs(target_row, draft_probs[i]), generator)
             return VerifyResult(i, tokens[:i] + (recovered,), tuple(range(i)))
     bonus = draws.sample(target_probs[k], generator)
     return VerifyResult(k, tokens + (bonus,), tuple(range(k)))

@@ -11,7 +11,7 @@ import torch
 
 from specdec.verify.token_tree import TokenTree
 from specdec.verify import draws
-from specdec.verify.common import VerifyResult, check_rows, check_tokens, one_hot, residual_probs
+from specdec.verify.common import VerifyResult, check_rows, check_tokens, residual_probs
 
 
 def verify_tree_greedy(target_logits: torch.Tensor, tree: TokenTree) -> VerifyResult:
@@ -29,16 +29,22 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: TokenTree) -> VerifyRe
     vocab = check_rows("target_logits", target_logits, len(tree) + 1, "len(tree) + 1")
     check_tokens("tree.tokens", tree.tokens, vocab)
     best = target_logits.argmax(-1).tolist()  # (n+1,)
+    return _descend(tree, best.__getitem__)
+
+
+def _descend(tree: TokenTree, pick) -> VerifyResult:
+    """Walk down from the root into the child holding pick(row), row = node + 1, while one does;
+    the target's own token at the first row without one ends the walk. Among children with the
+    same token the first in ranked order wins."""
     path: list[int] = []
     node = -1
     while True:
-        match = [c for c in tree.children(node) if tree.tokens[c] == best[node + 1]]
+        token = pick(node + 1)
+        match = [c for c in tree.children(node) if tree.tokens[c] == token]
         if not match:
-            break
+            return VerifyResult(len(path), tuple(tree.tokens[i] for i in path) + (token,), tuple(path))
         node = match[0]
         path.append(node)
-    tokens = tuple(tree.tokens[i] for i in path) + (best[node + 1],)
-    return VerifyResult(len(path), tokens, tuple(path))
 
 
 def verify_tree_sampling(
@@ -53,7 +59,15 @@ def verify_tree_sampling(
     draft_probs: (n, V): row i is the distribution node i was sampled from (its
         parent's processed draft distribution). Siblings must have been sampled
         WITHOUT replacement, in the order they are listed. None means a deterministic
-        draft (e.g. top-k siblings): each node is one-hot at its token.
+        draft (n-gram, suffix, top-k siblings): each node is one-hot at its token.
+
+    A deterministic draft is verified by drawing the target's own token at each row, one
+    sample_token draw per emitted token, and descending into the child that holds it: the
+    emitted token follows the target row exactly, and is kept with probability
+    target[x] = min(1, target[x] / 1), what the rule below gives a one-hot draft. The draws are
+    the ones plain decoding makes, so with the same seed the text is plain decoding's, whatever
+    was drafted (to the float rounding of the rows), which keeps a seeded request's text fixed
+    under auto's suffix trie and under the server's load-dependent draft lengths.
 
     At a node, residual = its target row. For each child x_j in order, with
     draft_q = the child's row with earlier siblings' tokens removed, renormalized
@@ -62,7 +76,9 @@ def verify_tree_sampling(
     residual = normalize(max(0, residual - draft_q)) and try the next sibling. If a
     child is kept, repeat from it; otherwise emit a token from the residual and stop
     (at a leaf that is the bonus token from the leaf's row). For one-hot drafts the
-    rule reads: accept with probability residual[x_j], else remove x_j from residual.
+    rule reads: accept with probability residual[x_j], else remove x_j from residual; so
+    some child is kept exactly when the target's draw at this row is one of the children's
+    tokens, which is the draw-and-descend walk above.
 
     Why it is lossless. Write T for the node's target row, Q_j for the true law of
     sibling x_j given the earlier siblings (sampling without replacement makes it the
@@ -83,9 +99,10 @@ def verify_tree_sampling(
     n = len(tree)
     vocab = check_rows("target_probs", target_probs, n + 1, "len(tree) + 1")
     check_tokens("tree.tokens", tree.tokens, vocab)
-    if draft_probs is not None:
-        check_rows("draft_probs", draft_probs, n, "len(tree)", vocab)
-        check_sampled_siblings(tree, draft_probs)
+    if draft_probs is None:
+        return _descend(tree, lambda row: draws.sample(target_probs[row], generator))
+    check_rows("draft_probs", draft_probs, n, "len(tree)", vocab)
+    check_sampled_siblings(tree, draft_probs)
     path: list[int] = []
     node = -1
     while True:
@@ -94,10 +111,7 @@ def verify_tree_sampling(
         kept = None
         for child in tree.children(node):
             x = tree.tokens[child]
-            if draft_probs is None:
-                draft_q = one_hot(x, residual)  # (V,)
-            else:
-                draft_q = without_tokens(draft_probs[child], earlier)  # (V,), draft_q[x] > 0 (checked)
+            draft_q = without_tokens(draft_probs[child], earlier)  # (V,), draft_q[x] > 0 (checked)
             if draws.accept(float(residual[x]) / float(draft_q[x]), generator):
                 kept = child
                 break
