@@ -114,6 +114,25 @@ CASES = [
      "top_logprobs"),
     ("zero max_completion_tokens", "/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, 400,
      "invalid_value", "max_completion_tokens"),
+    # other servers' extensions that change the answer are refused, not dropped
+    ("vLLM guided_json", "/v1/completions", {"prompt": "x", "guided_json": {"type": "object"}}, 400, "unsupported",
+     "guided_json"),
+    ("llama.cpp grammar", "/v1/completions", {"prompt": "x", "grammar": "root ::= \"a\""}, 400, "unsupported",
+     "grammar"),
+    ("ignore_eos", "/v1/completions", {"prompt": "x", "ignore_eos": True}, 400, "unsupported", "ignore_eos"),
+    ("repetition_penalty", "/v1/completions", {"prompt": "x", "repetition_penalty": 1.2}, 400, "unsupported",
+     "repetition_penalty"),
+    ("min_tokens", "/v1/completions", {"prompt": "x", "min_tokens": 5}, 400, "unsupported", "min_tokens"),
+    ("continue_final_message", "/v1/chat/completions", {"messages": CHAT, "continue_final_message": True}, 400,
+     "unsupported", "continue_final_message"),
+    ("no generation prompt", "/v1/chat/completions", {"messages": CHAT, "add_generation_prompt": False}, 400,
+     "unsupported", "add_generation_prompt"),
+    ("own chat_template", "/v1/chat/completions", {"messages": CHAT, "chat_template": "{{ messages }}"}, 400,
+     "unsupported", "chat_template"),
+    ("assistant tool_calls", "/v1/chat/completions",
+     {"messages": CHAT + [{"role": "assistant", "content": None, "tool_calls": [
+         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400, "unsupported",
+     "messages.1.tool_calls"),
 ]
 
 
@@ -158,3 +177,16 @@ def test_openai_client_raises_its_own_exceptions(smollm_server, reference):
         client.completions.create(model="smollm2-135m", prompt="x", max_tokens=-1, stream=True)
     assert err.value.param == "max_tokens"
     assert_served_normally(smollm_server, reference)
+
+
+def test_other_servers_fields_at_their_neutral_values_are_served(smollm_server, reference):
+    """Clients written for vLLM / llama.cpp send their fields at defaults; those change nothing."""
+    body = {"prompt": OK_PROMPT, "max_tokens": 2, "temperature": 0, "user": "u1", "repetition_penalty": 1.0,
+            "ignore_eos": False, "skip_special_tokens": True, "min_tokens": 0, "guided_json": None,
+            "stop_token_ids": [], "chat_template_kwargs": {}}
+    with smollm_server.http() as http:
+        response = http.post("/v1/completions", content=json.dumps(body).encode(),
+                             headers={"content-type": "application/json"})
+    assert response.status_code == 200, response.text
+    expected = reference.generate(reference.prompt_ids(OK_PROMPT), 2, spec=smollm_server.engine.spec)
+    assert response.json()["choices"][0]["text"] == expected.text

@@ -50,7 +50,8 @@ from specdec.sampling import SamplingParams
 from specdec.server.metrics import CONTENT_TYPE, ServerMetrics
 from specdec.server.overrides import resolve_spec
 from specdec.server.scheduler import DEFAULT_PREFILL_CHUNK, QueueFull, Scheduler
-from specdec.server.schemas import APIError, ChatCompletionRequest, CompletionRequest, GenerationRequest
+from specdec.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest, GenerationRequest,
+                                    answer_changing)
 from specdec.server.worker import Delta, Done, Failed, Job
 
 log = logging.getLogger("specdec.server")
@@ -137,6 +138,11 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
             raise APIError(400, "max_tokens and max_completion_tokens differ; send one of them",
                            param="max_completion_tokens", code="invalid_value")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        for i, m in enumerate(body.messages):
+            if m.tool_calls or m.function_call:
+                field = "tool_calls" if m.tool_calls else "function_call"
+                raise APIError(400, f"messages[{i}] carries {field}, which this server cannot put in the prompt "
+                               "(it serves no tools)", param=f"messages.{i}.{field}", code="unsupported")
         messages = [m.as_template_dict() for m in body.messages]
         ids = await run_in_threadpool(_chat_prompt, tok, messages)
         job = _make_job(engine, body, ids, max_tokens, "chat.completions", "messages", default_max_tokens,
@@ -199,6 +205,10 @@ def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_to
         if used:
             raise APIError(400, f"{name} is not supported by this server; send the request without it", param=name,
                            code="unsupported")
+    name = answer_changing(body.model_extra)
+    if name is not None:
+        raise APIError(400, f"{name} is not supported by this server (it would change the answer); send the "
+                       "request without it", param=name, code="unsupported")
     context = engine.cache.max_len
     if max_tokens is not None and not 1 <= max_tokens <= context:
         raise APIError(400, f"{max_tokens_param} must be between 1 and {context} (the context length), got "

@@ -3,7 +3,10 @@
 Fields are strict (a string where an integer belongs is a 400, never coerced) and
 unknown fields are ignored, as OpenAI clients send fields this server has no use
 for (user, metadata, ...). Fields we cannot honour with a non-default value (n > 1,
-penalties, logprobs) are rejected by the handlers, not silently dropped.
+penalties, logprobs) are rejected by the handlers, not silently dropped; so are the
+extensions of vLLM, SGLang and llama.cpp's servers that change the answer (ANSWER_CHANGING,
+e.g. guided_json, grammar, ignore_eos, continue_final_message), and assistant messages that
+carry tool_calls.
 
 Extras OpenAI clients ignore:
     request  "speculative": {"enabled": false} or {"method": "ngram", "num_speculative_tokens": 5}
@@ -32,6 +35,39 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+# Fields other OpenAI-compatible servers (vLLM, SGLang, llama.cpp) honour and this one cannot, each
+# with the values that leave the answer as if it had not been sent (null always does). Sent with any
+# other value the request is refused, as the client expects an answer they shaped.
+ANSWER_CHANGING: dict[str, tuple] = {
+    # sampling
+    "repetition_penalty": (1, 1.0), "repeat_penalty": (1, 1.0), "typical_p": (1, 1.0), "tfs_z": (1, 1.0),
+    "top_a": (0, 0.0), "mirostat": (0,), "dynatemp_range": (0, 0.0), "dry_multiplier": (0, 0.0),
+    "xtc_probability": (0, 0.0), "length_penalty": (1, 1.0), "use_beam_search": (False,),
+    "min_tokens": (0,), "ignore_eos": (False,), "stop_token_ids": ([],), "bad_words": ([],),
+    "allowed_token_ids": (), "logits_processors": ([],), "n_predict": (-1,), "n_probs": (0,),
+    "prompt_logprobs": (), "truncate_prompt_tokens": (), "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+    # constrained decoding
+    "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
+    "grammar": ("",), "json_schema": (), "regex": (), "ebnf": (), "functions": ([],),
+    "function_call": ("none", "auto"),
+    # chat templating
+    "continue_final_message": (False,), "add_generation_prompt": (True,), "chat_template": (),
+    "chat_template_kwargs": ({},), "documents": ([],), "echo": (False,),
+}
+
+
+def answer_changing(extra: dict | None) -> str | None:
+    """The first field of `extra` (a request's unknown fields) in ANSWER_CHANGING sent with a value
+    that changes the answer, or None."""
+    for name, value in (extra or {}).items():
+        neutral = ANSWER_CHANGING.get(name)
+        if neutral is not None and value is not None and not any(
+                type(value) is type(v) and value == v for v in neutral):
+            return name
+    return None
 
 
 class SpeculativeOverride(BaseModel):
@@ -69,7 +105,7 @@ class GenerationRequest(BaseModel):
     top_k -1 and 0 both mean "off" (vLLM uses -1).
     """
 
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)  # extras are checked against ANSWER_CHANGING
 
     model: str | None = None  # None = the served model
     max_tokens: int | None = None  # None = the server's default, capped by the context
@@ -113,6 +149,9 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    # an assistant turn's tool calls: the chat template would drop them, so they are refused
+    tool_calls: list | None = None
+    function_call: dict | None = None
 
     def as_template_dict(self) -> dict:
         """{"role", "content": str} as chat templates expect ("developer" is rendered as "system")."""
