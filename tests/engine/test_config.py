@@ -83,6 +83,14 @@ def test_defaults_and_none():
 @pytest.mark.parametrize("kwargs, message", [
     (dict(spec_type="ngram-bogus"), "unknown --spec-type 'ngram-bogus'"),
     (dict(spec_type="none,suffix"), "'none' cannot be combined"),
+    (dict(spec_type=""), "--spec-type '' names no type; give none, auto or"),
+    (dict(spec_type=" , "), "--spec-type ' , ' names no type"),
+    (dict(spec_type="none", model_draft="qwen2.5-coder-0.5b"), "--spec-type none turns speculation off, so "
+     "-md/--model-draft would not be used"),
+    (dict(spec_type="none", speculative_config='{"method": "ngram"}'), "so --speculative-config would not be used"),
+    (dict(spec_type="draft-mtp", model_draft="qwen2.5-coder-0.5b"), "--spec-type draft-mtp with -md "
+     "qwen2.5-coder-0.5b: that is not an MTP head folder"),
+    (dict(speculative_config='{"method": "mtp", "model": "qwen2.5-coder-0.5b"}'), "that is not an MTP head folder"),
     (dict(spec_type="suffix,suffix"), "lists a type twice"),
     (dict(spec_type="ngram-simple", draft_n_max=0), "must be between 1 and 32, got 0"),
     (dict(spec_type="ngram-simple", draft_n_max=-2), "must be between 1 and 32, got -2"),

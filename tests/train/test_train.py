@@ -208,3 +208,34 @@ def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
     with pytest.raises(ValueError, match="4 training sequences and --val 8 held out: none left to train on"):
         main(["mtp", "--model", str(tiny_hf_dir), "--sequences", str(few), "--val", "8", "--steps", "3",
               "--out", str(tmp_path / "o"), "--device", "cpu"])
+
+
+def test_a_trained_mtp_head_given_with_md_drafts_for_a_target_without_one(trained, tmp_path):
+    """`train mtp --out DIR` then `-md DIR` (alone, or with --spec-type draft-mtp): the head in DIR drafts,
+    greedy equals plain; a head for another target and -md that is no MTP head are one clear error."""
+    import shutil
+
+    from specdec.drafters.mtp import MTPError
+    from specdec.engine.auto import decide_spec_for_model
+    from specdec.engine.config import SpecFlags
+
+    folder, _ = trained
+    target, head = tmp_path / "target", tmp_path / "head"
+    shutil.copytree(folder, target)  # no head beside this copy
+    shutil.copytree(folder.with_name(folder.name + ".mtp"), head)
+    m = load_model(str(target), "fp32", progress=False)
+    assert "draft-mtp" not in decide_spec_for_model(SpecFlags(), m)[0].types
+    prompt = list(range(10, 30))
+    plain = Engine(m, SpecConfig(), max_len=256).generate(prompt, max_tokens=32).token_ids
+    for flags in (SpecFlags(model_draft=str(head)), SpecFlags(spec_type="draft-mtp", model_draft=str(head))):
+        spec, _ = decide_spec_for_model(flags, m)
+        assert spec.types == ("draft-mtp",) and spec.draft_model == str(head)
+        result = Engine(m, spec, max_len=256).generate(prompt, max_tokens=32)
+        assert result.token_ids == plain and result.stats.accepted > 0
+    with pytest.raises(ValueError, match="that is not an MTP head folder"):
+        decide_spec_for_model(SpecFlags(spec_type="draft-mtp", model_draft=str(target)), m)
+    cfg = json.loads((head / "config.json").read_text())
+    cfg["specdec"]["target"]["num_layers"] = 7
+    (head / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MTPError, match=f"the MTP head {head} was trained for a target with num_layers 7; "):
+        Engine(m, SpecConfig(drafters=("draft-mtp",), draft_model=str(head)), max_len=256).generate(prompt, max_tokens=4)

@@ -26,13 +26,14 @@ class DrafterFacts:
     """A drafter the user pointed at (-md / --model-draft)."""
 
     path: str
-    kind: str  # "draft-simple", "draft-eagle3", "draft-dflash" or "draft-dspark"
+    kind: str  # "draft-simple", "draft-mtp" (a trained head), "draft-eagle3", "draft-dflash" or "draft-dspark"
     compatible: bool = True  # same tokenizer as the target (draft-simple), or trained for it
     reason: str = ""  # why not compatible
 
 
 def head_kind(path) -> str | None:
-    """The kind of a hidden-state head folder (config.json names EAGLE-3 / DFlash / DSpark), else None.
+    """The kind of a hidden-state head folder (config.json names EAGLE-3 / DFlash / DSpark, or is a
+    specdec MTP head), else None.
 
     Reads config.json only; a model name, a GGUF file or a plain model folder gives None."""
     cfg = Path(path) / "config.json"
@@ -46,6 +47,9 @@ def head_kind(path) -> str | None:
 
 
 def _kind_from_config(raw: dict) -> str | None:
+    written = raw.get("specdec")
+    if isinstance(written, dict) and written.get("kind") == "mtp":  # `specdec train mtp --out`
+        return "draft-mtp"
     text = " ".join([str(raw.get("model_type", ""))] + [str(a) for a in raw.get("architectures") or []]).lower()
     for needle, kind in _HEAD_KINDS:
         if needle in text:
@@ -66,6 +70,10 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str 
         except Eagle3Error as exc:
             return str(exc)
         return None
+    if kind == "draft-mtp":
+        from specdec.drafters.mtp import mtp_head_mismatch
+
+        return mtp_head_mismatch(raw, target_config, target_name, draft_name)
     if kind in BLOCK_KINDS:
         from specdec.drafters.dflash import BlockConfig, DFlashError, fit_problem
 

@@ -212,6 +212,40 @@ def shipped_head(kind: str, model) -> Path | None:
     return None
 
 
+def mtp_head_mismatch(raw: dict, target_config, target_name: str, folder) -> str | None:
+    """Why the MTP head whose config.json is `raw` (as save_mtp_head writes it) cannot serve this
+    target, or None. The tensor names hold the target's layer count, so the shapes must all match."""
+    target = raw.get("specdec", {}).get("target")
+    if not isinstance(target, dict):
+        return f"{folder}/config.json names no target (specdec.target); it was not written by `specdec train mtp`"
+    for key, have in (("hidden_size", target_config.hidden_size), ("num_layers", target_config.num_layers),
+                      ("vocab_size", target_config.vocab_size)):
+        if target.get(key) != have:
+            return (f"the MTP head {folder} was trained for a target with {key} {target.get(key)}; "
+                    f"{target_name} has {have}")
+    return None
+
+
+def given_head_source(folder, model) -> tuple[object, str]:
+    """The MTP weights in a head folder the user gave (-md), checked against the target; MTPError if unfit."""
+    from specdec.drafters.describe import head_kind
+    from specdec.model.facts import read_json_object
+
+    folder = Path(folder)
+    if head_kind(folder) != "draft-mtp":
+        raise MTPError(f"{folder} is not an MTP head folder (the config.json and model.safetensors that "
+                       "`specdec train mtp --out` writes); draft-mtp reads the model's own MTP layers, a head beside "
+                       "the model or one shipped with specdec when -md is left out, and draft-simple drafts with a "
+                       "smaller model")
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        raise MTPError(f"the MTP head {folder} has no model.safetensors")
+    problem = mtp_head_mismatch(read_json_object(folder / "config.json"), model.config, model.info.name, folder)
+    if problem is not None:
+        raise MTPError(problem)
+    return _SafetensorsSource(weights), f"MTP head {folder}"
+
+
 def mtp_source(model) -> tuple[object, str] | None:
     """(source with names()/get(), description) of the MTP weights for `model`, or None.
 
@@ -244,9 +278,10 @@ class _SafetensorsSource:
             return f.get_tensor(name).float()
 
 
-def load_mtp_head(model, max_len: int = 4096) -> tuple[MTPHead, str]:
-    """The MTPHead for a loaded target Model; MTPError with a clear reason when there is none."""
-    found = mtp_source(model)
+def load_mtp_head(model, max_len: int = 4096, folder=None) -> tuple[MTPHead, str]:
+    """The MTPHead for a loaded target Model, from head `folder` when given (else mtp_source); MTPError with
+    a clear reason when there is none."""
+    found = given_head_source(folder, model) if folder is not None else mtp_source(model)
     c = model.config
     if found is None:
         if c.mtp_layers_declared:
@@ -281,8 +316,8 @@ def save_mtp_head(head: MTPHead, folder, target_info: dict) -> Path:
 
 
 def make_mtp_drafter(model, p_min: float = 0.0, max_len: int = 4096, topk: int = 1,
-                     budget: int = DEFAULT_DRAFT_LENGTH):
-    head, where = load_mtp_head(model, max_len)
+                     budget: int = DEFAULT_DRAFT_LENGTH, folder=None):
+    head, where = load_mtp_head(model, max_len, folder)
     drafter = HiddenStateDrafter(head, "draft-mtp", model.config.vocab_size, topk=topk, budget=budget, p_min=p_min,
                                  max_len=max_len)
     drafter.source_note = where

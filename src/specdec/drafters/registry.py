@@ -201,7 +201,7 @@ def _draft_model(ctx: BuildContext) -> Drafter:
 def _mtp(ctx: BuildContext) -> Drafter:
     from specdec.drafters.mtp import make_mtp_drafter
 
-    return make_mtp_drafter(ctx.target, ctx.p_min, ctx.max_len, ctx.tree_topk, ctx.tree_budget)
+    return make_mtp_drafter(ctx.target, ctx.p_min, ctx.max_len, ctx.tree_topk, ctx.tree_budget, ctx.draft_model)
 
 
 def _eagle3(ctx: BuildContext) -> Drafter:

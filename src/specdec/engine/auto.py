@@ -4,7 +4,7 @@ The rule (DESIGN.md, "Which to use, when nothing is said"), each step kept only 
 build can run it and the facts table does not say it slows decoding on this hardware:
 
     1. the model carries MTP layers (weights present)            -> draft-mtp
-    2. an EAGLE-3 / DFlash / DSpark drafter for it is given       -> that drafter
+    2. an MTP / EAGLE-3 / DFlash / DSpark head for it is given    -> that drafter
     3. a same-tokenizer draft model is given                      -> draft-simple
     4. always                                                     -> + the model-free drafter(s)
                                                                      (tried first each step)
@@ -122,8 +122,8 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
         return fact.verdict != SLOWER, fact
 
     model_type: str | None = None
-    # 1. MTP layers in the checkpoint
-    if target.mtp_weights:
+    # 1. MTP layers in the checkpoint (a trained MTP head the user gave goes to 2.)
+    if target.mtp_weights and not (draft_model is not None and draft_model.kind == "draft-mtp"):
         ok, fact = allowed("draft-mtp")
         if "draft-mtp" not in runnable:
             reasons.append(f"model declares {target.mtp_declared or 'its'} MTP layer(s) and carries their weights, "

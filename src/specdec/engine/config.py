@@ -158,10 +158,13 @@ class SpecFlags:
 
 
 def parse_spec_types(value: str | None) -> tuple[str, ...]:
-    """'ngram-simple,suffix' -> ('ngram-simple', 'suffix'); 'none' or nothing -> ()."""
-    if value is None or value.strip() in ("", "none"):
+    """'ngram-simple,suffix' -> ('ngram-simple', 'suffix'); 'none' or None (not given) -> ()."""
+    if value is None or value.strip() == "none":
         return ()
     types = tuple(t.strip() for t in value.split(",") if t.strip())
+    if not types:
+        raise ValueError(f"--spec-type {value!r} names no type; give none, auto or a comma list of "
+                         f"{', '.join(registry.kinds())}")
     if "none" in types:
         raise ValueError("--spec-type 'none' cannot be combined with other types")
     for t in types:
@@ -190,6 +193,12 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
     """
     notes: list[str] = []
     types = parse_spec_types(flags.spec_type)
+    if flags.spec_type is not None and not types:  # an explicit none
+        for given, what in ((flags.model_draft, "-md/--model-draft"),
+                            (flags.speculative_config, "--speculative-config")):
+            if given:
+                raise ValueError(f"--spec-type none turns speculation off, so {what} would not be used; drop one "
+                                 "of them")
     model_draft = flags.model_draft
     n_max, p_min, adaptive = flags.draft_n_max, flags.draft_p_min, flags.adaptive
     tree_topk, tree_budget = flags.tree_topk, flags.tree_budget
@@ -238,10 +247,15 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
     if model_draft and not any(registry.entry(t).model for t in types):
         kind = head_kind(model_draft) or "draft-simple"
         types = types + (kind,)
-        what = "an EAGLE-3/DFlash/DSpark head folder" if kind != "draft-simple" else "a draft model"
+        what = "an MTP/EAGLE-3/DFlash/DSpark head folder" if kind != "draft-simple" else "a draft model"
         notes.append(f"{what} was given without a model --spec-type: {kind} turned on")
     if model_draft is None and "draft-simple" in types:
         raise ValueError("--spec-type draft-simple needs a draft model (-md/--model-draft)")
+    if model_draft and "draft-mtp" in types and head_kind(model_draft) != "draft-mtp":
+        raise ValueError(f"--spec-type draft-mtp with -md {model_draft}: that is not an MTP head folder (what "
+                         "`specdec train mtp --out` writes). Without -md draft-mtp reads the model's own MTP "
+                         "layers, a head beside the model or one shipped with specdec; to draft with a smaller "
+                         "model use --spec-type draft-simple")
     if n_max is None and model_draft and any(t in BLOCK_KINDS for t in types):
         block = block_draft_length(model_draft)  # one drafter pass gives a whole block: use all of it
         if block is not None:
