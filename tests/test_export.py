@@ -96,6 +96,25 @@ def test_cli_takes_the_generate_spec_flags(tiny_hf_dir, capsys):
     assert json.loads(captured.out)["specdec"]["adaptive"] is True  # what generate runs under auto (was false)
 
 
+def test_ctx_size_is_carried_over_when_given_and_other_model_flags_are_noted(tiny_hf_dir, capsys):
+    base = ["export-config", "--model", str(tiny_hf_dir), "--spec-type", "suffix", "--json"]
+    assert main(base) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "-c" not in out["llama.cpp"]["args"] and "--max-model-len" not in out["vllm"]["args"]
+    assert main(base + ["--ctx-size", "8192", "--device", "cpu", "--weights", "fp32"]) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    assert _flag(out["llama.cpp"]["args"], "-c") == "8192" and _flag(out["vllm"]["args"], "--max-model-len") == "8192"
+    assert _flag(out["sglang"]["args"], "--context-length") == "8192" and out["specdec"]["ctx_size"] == 8192
+    assert "--device cpu (where the target runs) is not carried over" in captured.err
+    assert "--weights fp32 (specdec's in-memory weight format) is not carried over" in captured.err
+    assert main(base + ["--ctx-size", "0"]) == 0  # the model's own: llama.cpp says so, the others by default
+    out = json.loads(capsys.readouterr().out)
+    assert _flag(out["llama.cpp"]["args"], "-c") == "0" and "--max-model-len" not in out["vllm"]["args"]
+    assert main(base + ["--ctx-size", "-5"]) == 2
+    assert "--ctx-size must be 0 (the model's context length) or more, got -5" in capsys.readouterr().err
+
+
 def test_auto_sees_an_mtp_head_saved_beside_the_model(tmp_path, capsys):
     """export-config and inspect skipped auto's look beside the model for a trained MTP head."""
     import sys
@@ -112,8 +131,12 @@ def test_auto_sees_an_mtp_head_saved_beside_the_model(tmp_path, capsys):
     save_file(deepseek_layout([mtp_block(tiny_config(), seed=1)], 2), str(tmp_path / "target.mtp" / "model.safetensors"))
     assert main(["export-config", "--model", str(folder), "--json"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["specdec"]["types"] == ["suffix", "draft-mtp"]
+    out = json.loads(captured.out)
+    assert out["specdec"]["types"] == ["suffix", "draft-mtp"]
     assert "MTP head beside the model" in captured.err
+    for engine in ("llama.cpp", "vllm", "sglang"):  # the other engines cannot read specdec's head
+        assert any(n.startswith(f"the MTP head is specdec's own (a head beside the model, {tmp_path / 'target.mtp'})")
+                   for n in out[engine]["notes"]), engine
     assert main(["inspect", str(folder), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["auto"]["types"] == ["suffix", "draft-mtp"]

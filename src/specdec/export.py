@@ -22,13 +22,36 @@ from specdec.drafters.ngram import NgramSimple
 from specdec.engine.config import SpecConfig
 
 
-def export(spec: SpecConfig, model: str = "MODEL") -> dict:
-    """{"llama.cpp": {...}, "vllm": {...}, "sglang": {...}}: args (list), command (str), notes (list)."""
-    return {"specdec": {"types": list(spec.types), "drafters": [d.label() for d in spec.drafters],
-                        "draft_n_max": spec.draft_n_max, "draft_n_min": spec.draft_n_min,
-                        "draft_p_min": spec.draft_p_min, "draft_model": spec.draft_model, "adaptive": spec.adaptive,
-                        "acceptance": spec.acceptance, "tree_topk": spec.tree_topk, "tree_budget": spec.tree_budget},
-            "llama.cpp": _llama_cpp(spec, model), "vllm": _vllm(spec, model), "sglang": _sglang(spec, model)}
+def export(spec: SpecConfig, model: str = "MODEL", ctx_size: int | None = None, specdec_mtp: str | None = None) -> dict:
+    """{"llama.cpp": {...}, "vllm": {...}, "sglang": {...}}: args (list), command (str), notes (list).
+
+    ctx_size: the context length to carry over (0: the model's own; None: leave each engine's default).
+    specdec_mtp: where draft-mtp's head comes from when it is specdec's own (trained, beside the model,
+    shipped) rather than MTP layers in the checkpoint, which is all the other engines read.
+    """
+    out = {"specdec": {"types": list(spec.types), "drafters": [d.label() for d in spec.drafters],
+                       "draft_n_max": spec.draft_n_max, "draft_n_min": spec.draft_n_min,
+                       "draft_p_min": spec.draft_p_min, "draft_model": spec.draft_model, "adaptive": spec.adaptive,
+                       "acceptance": spec.acceptance, "tree_topk": spec.tree_topk, "tree_budget": spec.tree_budget,
+                       "ctx_size": ctx_size},
+           "llama.cpp": _llama_cpp(spec, _start("llama.cpp", model, ctx_size)),
+           "vllm": _vllm(spec, _start("vllm", model, ctx_size), model),
+           "sglang": _sglang(spec, _start("sglang", model, ctx_size))}
+    if specdec_mtp and "draft-mtp" in spec.types:
+        for engine in ("llama.cpp", "vllm", "sglang"):
+            out[engine]["notes"].append(f"the MTP head is specdec's own ({specdec_mtp}); this engine reads MTP "
+                                        "layers only from the model's checkpoint, so this command cannot run it")
+    return out
+
+
+def _start(engine: str, model: str, ctx_size: int | None) -> list[str]:
+    """The command up to the speculative flags: the program, the model and its context length."""
+    args, flag = {"llama.cpp": (["llama-server", "-m", model], "-c"),
+                  "vllm": (["vllm", "serve", model], "--max-model-len"),
+                  "sglang": (["python", "-m", "sglang.launch_server", "--model-path", model], "--context-length")}[engine]
+    if ctx_size is not None and (ctx_size > 0 or engine == "llama.cpp"):  # 0: the model's own; llama.cpp says -c 0
+        args += [flag, str(ctx_size)]
+    return args
 
 
 def _common_notes(spec: SpecConfig, engine: str) -> list[str]:
@@ -45,8 +68,7 @@ def _common_notes(spec: SpecConfig, engine: str) -> list[str]:
     return notes
 
 
-def _llama_cpp(spec: SpecConfig, model: str) -> dict:
-    args = ["llama-server", "-m", model]
+def _llama_cpp(spec: SpecConfig, args: list[str]) -> dict:
     notes = _common_notes(spec, "llama.cpp")
     if spec.enabled:
         types = []
@@ -67,8 +89,7 @@ def _llama_cpp(spec: SpecConfig, model: str) -> dict:
     return {"args": args, "command": shlex.join(args), "notes": notes}
 
 
-def _vllm(spec: SpecConfig, model: str) -> dict:
-    args = ["vllm", "serve", model]
+def _vllm(spec: SpecConfig, args: list[str], model: str) -> dict:
     notes = _common_notes(spec, "vLLM")
     if model.endswith(".gguf"):
         notes.append("vLLM's GGUF support is experimental: add --tokenizer <the original Hugging Face repo>")
@@ -128,8 +149,7 @@ def _block_notes(spec: SpecConfig, chosen: str) -> list[str]:
             f"(--spec-draft-n-max {n} for the whole block)"]
 
 
-def _sglang(spec: SpecConfig, model: str) -> dict:
-    args = ["python", "-m", "sglang.launch_server", "--model-path", model]
+def _sglang(spec: SpecConfig, args: list[str]) -> dict:
     notes = _common_notes(spec, "SGLang")
     if spec.enabled:
         chosen = _one_method(spec, notes, "SGLang runs one algorithm")
@@ -193,16 +213,42 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     return decide_spec(flags, checkpoint, tokenizer, path, args.model, weights_format_for(path, args.weights))
 
 
+def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
+    """Where draft-mtp's head comes from when it is not MTP layers in the checkpoint (None when they are,
+    or when draft-mtp is not used)."""
+    from specdec.model.facts import mtp_info, sidecar_path
+    from specdec.model.load import open_checkpoint
+    from specdec.model.registry import resolve
+
+    if "draft-mtp" not in spec.types:
+        return None
+    if spec.draft_model:
+        return f"a trained head, {spec.draft_model}"
+    path = resolve(model)
+    if mtp_info(open_checkpoint(path)[0])["weights_present"]:
+        return None
+    side = sidecar_path(path)
+    return f"a head beside the model, {side}" if side.is_dir() else "a head shipped with specdec, or none"
+
+
 def cmd_export(args) -> int:
     from specdec.model.registry import MODELS, resolve
+    from specdec.options import check_ctx_size
 
+    check_ctx_size(args.ctx_size)
     spec, notes = spec_for_export(args)
+    for flag, value, what in (("--device", args.device, "where the target runs"),
+                              ("--weights", args.weights, "specdec's in-memory weight format"),
+                              ("--cache-type", args.cache_type, "specdec's KV cache format")):
+        if value is not None:
+            notes.append(f"note: {flag} {value} ({what}) is not carried over; each engine keeps its own setting")
     for note in notes:
         print(note, file=sys.stderr)
     model = str(resolve(args.model)) if args.model in MODELS else args.model
+    mtp = specdec_mtp_source(spec, args.model)
     if spec.draft_model in MODELS:
         spec = spec.with_overrides(draft_model=str(resolve(spec.draft_model)))
-    out = export(spec, model)
+    out = export(spec, model, args.ctx_size, mtp)
     print(json.dumps(out, indent=2) if args.json else format_export(out))
     return 0
 
@@ -214,4 +260,4 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_spec_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=cmd_export, ctx_size=None)  # --ctx-size is carried over only when given

@@ -46,7 +46,8 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help=f"comma list: none, {', '.join(runnable)}; or auto (the default when no speculation flag "
                         "is given)")
     g.add_argument("--model-draft", "-md", default=None,
-                   help="draft model (name, GGUF file or HF folder) or EAGLE-3 head folder")
+                   help="draft model (name, GGUF file or HF folder), or a head folder: MTP (`specdec train mtp --out`), "
+                        "EAGLE-3, DFlash, DSpark")
     g.add_argument("--spec-draft-n-max", type=int, default=None,
                    help=f"most drafted tokens per step (default {DEFAULT_DRAFT_LENGTH})")
     g.add_argument("--spec-draft-n-min", type=int, default=None, help="shorter drafts are not verified")
@@ -105,8 +106,7 @@ def build_engine(args: argparse.Namespace):
     flags = spec_flags(args)
     if not flags.auto:
         spec_config_from_flags(flags)  # a bad flag is an error before a minute of loading
-    if args.ctx_size < 0:
-        raise ValueError(f"--ctx-size must be 0 (the model's context length) or more, got {args.ctx_size}")
+    check_ctx_size(args.ctx_size)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     sampling = sampling_from_args(args)
@@ -117,6 +117,11 @@ def build_engine(args: argparse.Namespace):
     engine = Engine(model, spec, max_len=args.ctx_size, max_sequences=getattr(args, "max_batch", 1))
     engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
     return engine, sampling
+
+
+def check_ctx_size(ctx_size: int | None) -> None:
+    if ctx_size is not None and ctx_size < 0:
+        raise ValueError(f"--ctx-size must be 0 (the model's context length) or more, got {ctx_size}")
 
 
 def out_dir(path, flag: str = "--out") -> Path:
