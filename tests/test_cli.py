@@ -76,3 +76,26 @@ def test_train_on_a_prompts_file_with_no_prompts_says_so(capsys, tmp_path, tiny_
     rc, _, err = run(capsys, ["train", "mtp", "--model", str(tiny_hf_dir), "--prompts", str(blank), "--steps", "1",
                               "--out", str(tmp_path / "out"), "--device", "cpu"])
     assert rc == 2 and f"{blank}: no prompts" in err
+
+
+def test_generate_and_chat_stream_the_answer_cut_before_a_stop_string(capsys, monkeypatch, tiny_hf_dir):
+    """chat printed the stop string and what followed it in the same step; generate held the whole answer
+    back until the end. Both now stream it, cut where `generate --json` cuts it."""
+    base = ["--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "128", "-n", "24", "--spec-type", "ngram-simple"]
+    rc, out, _ = run(capsys, ["generate", *base, "--json", "--chat", "hello"])
+    full = json.loads(out)["text"]
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    assert rc == 0 and len(full) > 10 and stop.strip()
+    rc, out, _ = run(capsys, ["generate", *base, "--json", "--chat", "--stop", stop, "hello"])
+    cut = json.loads(out)["text"]
+    assert rc == 0 and cut == full[: full.index(stop)]
+    written: list[str] = []
+    monkeypatch.setattr("sys.stdout.write", written.append)
+    rc, _, _ = run(capsys, ["generate", *base, "--chat", "--stop", stop, "hello"])
+    assert rc == 0 and "".join(written) == cut + "\n"
+    assert len([w for w in written if w]) > 2  # streamed, not one piece at the end
+    written.clear()
+    lines = iter(["hello", ""])
+    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
+    rc, _, _ = run(capsys, ["chat", *base, "--stop", stop])
+    assert rc == 0 and "".join(written) == cut + "\n"

@@ -14,8 +14,6 @@ from specdec.model.errors import SpecdecError
 from specdec.options import add_model_args, add_sampling_args, add_spec_args, build_engine
 
 def cmd_generate(args) -> int:
-    from specdec.model.tokenizer import StreamDecoder
-
     engine, sampling = build_engine(args)
     tok = engine.model.tokenizer
     prompt = args.prompt if args.prompt is not None else sys.stdin.read()
@@ -27,22 +25,31 @@ def cmd_generate(args) -> int:
         result = engine.generate(prompt_ids, sampling, args.max_tokens, args.stop)
         print(json.dumps(result_json(engine, result), indent=None if args.compact else 2))
         return 0
-    decoder = StreamDecoder(tok)
-    printed = ""
-    for ids in engine.stream(prompt_ids, sampling, args.max_tokens, args.stop):
-        piece = decoder.push(ids)
-        if args.stop:  # hold back text a stop string may still cut
-            continue
-        printed += piece
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    result = engine.result(engine.last_request)
-    if args.stop:
-        sys.stdout.write(result.text)
-    sys.stdout.write("\n")
+    result = print_answer(engine, prompt_ids, sampling, args.max_tokens, args.stop)
     print(timing_line(result), file=sys.stderr)
     print(result.stats.summary(), file=sys.stderr)
     return 0
+
+
+def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop):
+    """Generate, writing the answer to stdout as it is committed: never a stop string or what follows it
+    (the last characters that could start one wait for the next step). Returns the GenerationResult."""
+    from specdec.model.tokenizer import TextStream
+
+    stream = TextStream(engine.model.tokenizer, tuple(stop or ()))
+    req = engine.start(prompt_ids, sampling, max_tokens, stop)
+    try:
+        while not req.finished:
+            engine.step(req)
+            if not req.finished:  # a finishing step's text may hold the stop string: finish() cuts it
+                sys.stdout.write(stream.advance(req.output))
+                sys.stdout.flush()
+    finally:
+        engine.finish(req)
+    result = engine.result(req)
+    sys.stdout.write(stream.finish(result.text) + "\n")
+    sys.stdout.flush()
+    return result
 
 
 def timing_line(result) -> str:
@@ -64,8 +71,6 @@ def result_json(engine, result) -> dict:
 
 
 def cmd_chat(args) -> int:
-    from specdec.model.tokenizer import StreamDecoder
-
     engine, sampling = build_engine(args)
     tok = engine.model.tokenizer
     messages = []
@@ -87,12 +92,7 @@ def cmd_chat(args) -> int:
             print(f"specdec: error: {exc}; the line was not sent", file=sys.stderr)
             continue
         messages.append(turn)
-        decoder = StreamDecoder(tok)
-        for new in engine.stream(ids, sampling, args.max_tokens, args.stop):
-            sys.stdout.write(decoder.push(new))
-            sys.stdout.flush()
-        result = engine.result(engine.last_request)
-        sys.stdout.write("\n")
+        result = print_answer(engine, ids, sampling, args.max_tokens, args.stop)
         print(result.stats.summary(), file=sys.stderr)
         messages.append({"role": "assistant", "content": result.text})
     return 0

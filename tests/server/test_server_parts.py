@@ -16,7 +16,8 @@ from specdec.sampling import SamplingParams
 from specdec.server.overrides import resolve_spec
 from specdec.server.schemas import APIError, SpeculativeOverride
 from specdec.server.scheduler import QueueFull, Scheduler
-from specdec.server.worker import Delta, Done, Failed, Job, TextStream
+from specdec.model.tokenizer import TextStream
+from specdec.server.worker import Delta, Done, Failed, Job
 
 CHAT = [{"role": "user", "content": "Hi"}]
 

@@ -260,3 +260,33 @@ def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
     if template is None and template_file.is_file():
         template = template_file.read_text()
     return Tokenizer(backend, bos, eos_ids, bool(tcfg.get("add_bos_token", False)), template, "tokenizer.json")
+
+
+class TextStream:
+    """Text deltas of a growing output that never take back what they sent.
+
+    Holds back an incomplete UTF-8 character, and, when stop strings are set, the last
+    (longest stop - 1) characters: a stop string found later starts no earlier than that,
+    so the text sent is always a prefix of the final (stop-cut) text. Call `advance` only
+    while the request is unfinished (its text holds no stop string yet), then `finish`.
+    """
+
+    def __init__(self, tokenizer, stop: tuple[str, ...]):
+        self.decoder = StreamDecoder(tokenizer)  # the output's text, a window of new tokens decoded a step
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.sent = ""
+
+    def advance(self, output: list[int]) -> str:
+        """output: the request's tokens so far, of which the last call's are the start."""
+        self.decoder.push(output[len(self.decoder.ids) :])
+        text = self.decoder.text  # settled: what a later token cannot change
+        return self._take(text[: max(0, len(text) - self.hold)])
+
+    def finish(self, final_text: str) -> str:
+        return self._take(final_text)
+
+    def _take(self, text: str) -> str:
+        if not text.startswith(self.sent):
+            return ""
+        piece, self.sent = text[len(self.sent) :], text
+        return piece

@@ -39,7 +39,8 @@ from specdec.engine.cost import expected_tokens
 from specdec.engine.engine import Engine, Request
 from specdec.engine.stats import SpecStats
 from specdec.server.metrics import ServerMetrics
-from specdec.server.worker import Delta, Done, Failed, Job, TextStream
+from specdec.model.tokenizer import TextStream
+from specdec.server.worker import Delta, Done, Failed, Job
 
 log = logging.getLogger("specdec.server")
 
