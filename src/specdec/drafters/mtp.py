@@ -228,11 +228,13 @@ def mtp_head_mismatch(raw: dict, target_config, target_name: str, folder) -> str
 
 def given_head_source(folder, model) -> tuple[object, str]:
     """The MTP weights in a head folder the user gave (-md), checked against the target; MTPError if unfit."""
-    from specdec.drafters.describe import head_kind
     from specdec.model.facts import read_json_object
 
     folder = Path(folder)
-    if head_kind(folder) != "draft-mtp":
+    cfg = folder / "config.json"
+    raw = read_json_object(cfg) if cfg.is_file() else {}
+    written = raw.get("specdec")
+    if not (isinstance(written, dict) and written.get("kind") == "mtp"):
         raise MTPError(f"{folder} is not an MTP head folder (the config.json and model.safetensors that "
                        "`specdec train mtp --out` writes); draft-mtp reads the model's own MTP layers, a head beside "
                        "the model or one shipped with specdec when -md is left out, and draft-simple drafts with a "
@@ -240,7 +242,7 @@ def given_head_source(folder, model) -> tuple[object, str]:
     weights = folder / "model.safetensors"
     if not weights.is_file():
         raise MTPError(f"the MTP head {folder} has no model.safetensors")
-    problem = mtp_head_mismatch(read_json_object(folder / "config.json"), model.config, model.info.name, folder)
+    problem = mtp_head_mismatch(raw, model.config, model.info.name, folder)
     if problem is not None:
         raise MTPError(problem)
     return _SafetensorsSource(weights), f"MTP head {folder}"
