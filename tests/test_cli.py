@@ -36,6 +36,7 @@ def run(capsys, argv) -> tuple[int, str, str]:
     (["serve", "-c", "-1"], "--ctx-size must be 0"),
     (["train", "mtp", "--steps", "-1"], "--steps must be at least 0, got -1"),
     (["train", "eagle3", "--lr", "nan", "--out", "x"], "--lr must be a positive number, got nan"),
+    (["train", "mtp", "--device", "gpu0"], "unknown device 'gpu0'; choose cpu or cuda"),  # was a traceback
     (["bench", "--repeats", "0"], "--repeats must be at least 1, got 0"),
     # results written after a run of many minutes: where they cannot be, say so before it
     (["bench", "--out", "a-file"], "--out a-file is a file; give a folder to write into"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -208,6 +209,20 @@ def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
     with pytest.raises(ValueError, match="4 training sequences and --val 8 held out: none left to train on"):
         main(["mtp", "--model", str(tiny_hf_dir), "--sequences", str(few), "--val", "8", "--steps", "3",
               "--out", str(tmp_path / "o"), "--device", "cpu"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--target-layers", "1,99"], "--target-layers [1, 99]: the target has layers 0..1 (-1: the embeddings)"),
+    (["--target-layers", "1;2"], "--target-layers '1;2': give layer numbers separated by commas"),
+    (["--mask-token-id", "100000"], "--mask-token-id 100000 is outside the vocabulary"),
+])
+def test_block_training_settings_are_checked_before_any_data_is_generated(tiny_hf_dir, tmp_path, flags, message):
+    from specdec.train.cli import main
+
+    out = tmp_path / "o"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        main(["dflash", "--model", str(tiny_hf_dir), "--out", str(out), "--device", "cpu", "--steps", "1"] + flags)
+    assert not list(out.glob("data.*"))  # refused before minutes of generation, not after
 
 
 def test_a_trained_mtp_head_given_with_md_drafts_for_a_target_without_one(trained, tmp_path):

@@ -128,6 +128,30 @@ def build_eagle3_head(target, draft_ids: torch.Tensor, seed: int = 0):
     return head
 
 
+def block_settings(args, c) -> tuple[list[int], int]:
+    """DFlash / DSpark training's target layers and mask token, checked against the target's config `c`."""
+    from specdec.drafters.dflash import default_target_layers
+
+    if c.rope_freq_factors is not None:
+        raise ValueError(f"specdec train {args.kind}: targets with scaled RoPE (Llama 3.x) are not supported yet")
+    if args.block_size < 2:
+        raise ValueError(f"--block-size must be at least 2, got {args.block_size}")
+    if args.target_layers:
+        try:
+            ids = [int(i) for i in args.target_layers.split(",")]
+        except ValueError:
+            raise ValueError(f"--target-layers {args.target_layers!r}: give layer numbers separated by commas, "
+                             "e.g. 1,8,15") from None
+    else:
+        ids = default_target_layers(c.num_layers, args.draft_layers)
+    if not all(-1 <= i < c.num_layers for i in ids):
+        raise ValueError(f"--target-layers {ids}: the target has layers 0..{c.num_layers - 1} (-1: the embeddings)")
+    mask = c.vocab_size - 1 if args.mask_token_id is None else args.mask_token_id
+    if not 0 <= mask < c.vocab_size:
+        raise ValueError(f"--mask-token-id {mask} is outside the vocabulary (0..{c.vocab_size - 1})")
+    return ids, mask
+
+
 def build_block_model(target, layout: str, block_size: int, num_layers: int, layer_ids, mask_token_id: int,
                       markov_rank: int = 0, markov_head: str = "vanilla", seed: int = 0):
     """A fresh DFlash / DSpark BlockDraftModel on a DenseTarget: its layers start as copies of the target's
@@ -205,10 +229,13 @@ _LEAST = {"generate": 0, "gen_tokens": 1, "corpus_seqs": 0, "seq_len": 2, "steps
 def check_train_args(args) -> None:
     """A bad count or rate, or an --out that cannot be written, is one clear error before the target loads or
     any data is generated."""
+    from specdec.model.device import pick_device
     from specdec.options import out_dir
 
     if getattr(args, "out", None) is not None:
         out_dir(args.out)
+    if getattr(args, "device", None) is not None:
+        pick_device(args.device)  # a device torch cannot use: one line, not a traceback after loading
     for name, least in _LEAST.items():
         value = getattr(args, name, None)
         if value is not None and value < least:
@@ -234,6 +261,7 @@ def cmd_train(args) -> int:
 
 
 def _train(args, rank: int, world: int, dist_device) -> int:
+    from specdec.model.device import pick_device
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
     from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
@@ -242,11 +270,13 @@ def _train(args, rank: int, world: int, dist_device) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = dist_device or args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = dist_device or pick_device(args.device)
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
     path = resolve(args.model)
     checkpoint, tokenizer = open_checkpoint(path)
+    if args.kind in ("dflash", "dspark"):  # checked against the target's shapes before anything is generated
+        layer_ids, mask = block_settings(args, checkpoint.config)
     if args.out is None:
         if args.kind != "mtp":
             raise ValueError(f"specdec train {args.kind} needs --out DIR")
@@ -300,20 +330,8 @@ def _train(args, rank: int, world: int, dist_device) -> int:
         from specdec.drafters.dflash import save_block_drafter
         from specdec.train.loop import BlockLoss
 
-        from specdec.drafters.dflash import default_target_layers
-
-        c = target.config
-        ids = ([int(i) for i in args.target_layers.split(",")] if args.target_layers
-               else default_target_layers(c.num_layers, args.draft_layers))
-        if not all(-1 <= i < c.num_layers for i in ids):
-            raise ValueError(f"--target-layers {ids}: the target has layers 0..{c.num_layers - 1} (-1: the embeddings)")
-        mask = c.vocab_size - 1 if args.mask_token_id is None else args.mask_token_id
-        if not 0 <= mask < c.vocab_size:
-            raise ValueError(f"--mask-token-id {mask} is outside the vocabulary (0..{c.vocab_size - 1})")
-        if args.block_size < 2:
-            raise ValueError(f"--block-size must be at least 2, got {args.block_size}")
-        head = build_block_model(target, args.kind, args.block_size, args.draft_layers, ids, mask, args.markov_rank,
-                                 args.markov_head, args.seed).to(device)
+        head = build_block_model(target, args.kind, args.block_size, args.draft_layers, layer_ids, mask,
+                                 args.markov_rank, args.markov_head, args.seed).to(device)
         draft_ids = None
         spark = args.kind == "dspark"
         loss_module = BlockLoss(head, target, args.anchors, args.loss_decay, 0.1 if spark else 1.0,
