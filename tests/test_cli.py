@@ -100,3 +100,28 @@ def test_generate_and_chat_stream_the_answer_cut_before_a_stop_string(capsys, mo
     monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
     rc, _, _ = run(capsys, ["chat", *base, "--stop", stop])
     assert rc == 0 and "".join(written) == cut + "\n"
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{% for m in messages %}{{ m['content'] + 1 }}{% endfor %}",
+     "the model's chat template failed: TypeError: can only concatenate str"),
+    ("{% for m in messages %}", "the model's chat template failed: TemplateSyntaxError: Unexpected end of template"),
+    ("{{ undefined_thing.attr }}", "the model's chat template failed: UndefinedError: 'undefined_thing' is undefined"),
+])
+def test_a_broken_chat_template_is_one_line_and_chat_goes_on(capsys, monkeypatch, tmp_path, tiny_hf_dir, template,
+                                                             message):
+    import shutil
+
+    folder = tmp_path / "broken-template"
+    shutil.copytree(tiny_hf_dir, folder)
+    cfg_file = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["chat_template"] = template
+    cfg_file.write_text(json.dumps(cfg))
+    base = ["--model", str(folder), "--weights", "fp32", "-c", "128", "-n", "2", "--spec-type", "none"]
+    rc, out, err = run(capsys, ["generate", *base, "--chat", "hello"])
+    assert rc == 2 and err.startswith("specdec: error: ") and message in err and not out
+    lines = iter(["hello", ""])
+    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
+    rc, _, err = run(capsys, ["chat", *base])
+    assert rc == 0 and message in err and "the line was not sent" in err

@@ -85,11 +85,10 @@ def cmd_chat(args) -> int:
         if not line.strip():
             break
         turn = {"role": "user", "content": line}
-        text = tok.apply_chat_template(messages + [turn])
         try:
-            ids = tok.encode(text, add_bos=False)
-        except ValueError as exc:  # text that is not UTF-8: this line only, the conversation goes on
-            print(f"specdec: error: {exc}; the line was not sent", file=sys.stderr)
+            ids = tok.encode(tok.apply_chat_template(messages + [turn]), add_bos=False)
+        except ValueError as exc:  # text that is not UTF-8, a template that refuses it: this line only,
+            print(f"specdec: error: {exc}; the line was not sent", file=sys.stderr)  # the conversation goes on
             continue
         messages.append(turn)
         result = print_answer(engine, ids, sampling, args.max_tokens, args.stop)

@@ -71,11 +71,17 @@ class Tokenizer:
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        template = env.from_string(self.chat_template)
         bos = self.token_text(self.bos_id) if self.bos_id is not None else ""
         eos = self.token_text(self.eos_ids[0]) if self.eos_ids else ""
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos,
-                               eos_token=eos)
+        try:
+            template = env.from_string(self.chat_template)
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos,
+                                   eos_token=eos)
+        except ValueError:  # the template's own raise_exception: its message says what is wrong
+            raise
+        except Exception as exc:  # the template is the model's code: any failure of it (a syntax error,
+            # an undefined name, 'a' + 1, a sandbox refusal) is one error naming it, never a traceback
+            raise ValueError(f"the model's chat template failed: {type(exc).__name__}: {exc}") from None
 
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback token's text

@@ -174,11 +174,9 @@ def _completion_prompt(tok, prompt, vocab_size: int) -> list[int]:
 
 
 def _chat_prompt(tok, messages: list[dict]) -> list[int]:
-    from jinja2 import TemplateError
-
     try:
         text = tok.apply_chat_template(messages)
-    except (ValueError, TemplateError) as exc:
+    except ValueError as exc:  # any failure of the template (model/tokenizer.py)
         raise APIError(400, f"the chat template rejected these messages: {exc}", param="messages",
                        code="invalid_value") from None
     return _encode(tok, text, "messages", add_bos=False)
