@@ -125,3 +125,16 @@ def test_a_broken_chat_template_is_one_line_and_chat_goes_on(capsys, monkeypatch
     monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
     rc, _, err = run(capsys, ["chat", *base])
     assert rc == 0 and message in err and "the line was not sent" in err
+
+
+def test_chat_outgrowing_the_context_drops_its_oldest_turns_and_goes_on(capsys, monkeypatch, tiny_hf_dir):
+    """A conversation longer than --ctx-size, or one line longer than it, ended the session (exit 2) and the
+    history with it."""
+    lines = iter(["tell me about the weather today please"] * 6 + ["word " * 200, "and now?", ""])
+    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
+    rc, out, err = run(capsys, ["chat", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "96", "-n", "12",
+                                "--spec-type", "none"])
+    assert rc == 0
+    assert "note: the conversation outgrew the 96-token context (--ctx-size): its oldest 2 turn(s) were dropped" in err
+    assert "tokens with the chat template; the context holds 96 (--ctx-size); the line was not sent" in err
+    assert err.count("speculation: off") == 7  # every line but the overlong one was answered

@@ -73,9 +73,9 @@ def result_json(engine, result) -> dict:
 def cmd_chat(args) -> int:
     engine, sampling = build_engine(args)
     tok = engine.model.tokenizer
-    messages = []
-    if args.system:
-        messages.append({"role": "system", "content": args.system})
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict] = []  # user and assistant turns, oldest first
+    context = engine.cache.max_len
     print("specdec chat: empty line or Ctrl-D to quit", file=sys.stderr)
     while True:
         try:
@@ -86,15 +86,36 @@ def cmd_chat(args) -> int:
             break
         turn = {"role": "user", "content": line}
         try:
-            ids = tok.encode(tok.apply_chat_template(messages + [turn]), add_bos=False)
-        except ValueError as exc:  # text that is not UTF-8, a template that refuses it: this line only,
-            print(f"specdec: error: {exc}; the line was not sent", file=sys.stderr)  # the conversation goes on
+            ids, dropped = fit_conversation(tok, system, history, turn, context, args.max_tokens)
+        except ValueError as exc:  # text that is not UTF-8, a template that refuses it, a line longer than the
+            print(f"specdec: error: {exc}; the line was not sent", file=sys.stderr)  # context: this line only
             continue
-        messages.append(turn)
+        if dropped:
+            del history[:dropped]
+            print(f"note: the conversation outgrew the {context}-token context (--ctx-size): its oldest {dropped} "
+                  "turn(s) were dropped", file=sys.stderr)
+        history.append(turn)
         result = print_answer(engine, ids, sampling, args.max_tokens, args.stop)
         print(result.stats.summary(), file=sys.stderr)
-        messages.append({"role": "assistant", "content": result.text})
+        history.append({"role": "assistant", "content": result.text})
     return 0
+
+
+def fit_conversation(tok, system: list[dict], history: list[dict], turn: dict, context: int,
+                     max_tokens: int) -> tuple[list[int], int]:
+    """The prompt ids of system + history + turn, dropping the oldest history turns (whole exchanges) while
+    the prompt leaves no room for max_tokens of answer, and how many turns were dropped. ValueError when
+    even system + turn leave no room for one token."""
+    dropped = 0
+    while True:
+        ids = tok.encode(tok.apply_chat_template(system + history[dropped:] + [turn]), add_bos=False)
+        if len(ids) + max_tokens + 1 <= context or dropped >= len(history):
+            break
+        dropped += 2  # a user turn and its answer
+    if len(ids) + 1 > context:
+        raise ValueError(f"this message needs {len(ids)} tokens with the chat template; the context holds "
+                         f"{context} (--ctx-size)")
+    return ids, min(dropped, len(history))
 
 
 def cmd_pull(args) -> int:
