@@ -33,6 +33,8 @@ def run(capsys, argv) -> tuple[int, str, str]:
     (["generate", "--speculative-config", '{"method": "ngram", "adaptive": "no"}', "hi"],
      'adaptive must be true or false, got "no"'),
     (["serve", "--port", "99999"], "--port must be between 0 and 65535, got 99999"),
+    (["serve", "--request-timeout", "nan"], "--request-timeout must be a positive number of seconds, got nan"),
+    (["serve", "--api-key", ""], "--api-key is empty, which would let every request in"),
     (["serve", "-c", "-1"], "--ctx-size must be 0"),
     (["train", "mtp", "--steps", "-1"], "--steps must be at least 0, got -1"),
     (["train", "eagle3", "--lr", "nan", "--out", "x"], "--lr must be a positive number, got nan"),

@@ -305,17 +305,42 @@ def test_cmd_serve_builds_the_app_and_binds_localhost(tiny_hf_dir, monkeypatch):
     from specdec.server import cli as server_cli
 
     calls = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: calls.update(config=self.config,
+                                                                                         sockets=sockets))
     parser = argparse.ArgumentParser()
     server_cli.add_parser(parser.add_subparsers())
     args = parser.parse_args(["serve", "--model", str(tiny_hf_dir), "--weights", "fp32", "--spec-type",
-                              "ngram-simple", "--spec-draft-n-max", "4", "--ctx-size", "128", "--api-key", "k"])
+                              "ngram-simple", "--spec-draft-n-max", "4", "--ctx-size", "128", "--api-key", "k",
+                              "--port", "0"])
     assert args.func is server_cli.cmd_serve
     assert args.func(args) == 0
-    assert calls["host"] == "127.0.0.1" and calls["port"] == 8000
-    engine = calls["app"].state.engine
+    (sock,) = calls["sockets"]  # bound before the model loaded
+    host, port = sock.getsockname()
+    sock.close()
+    assert host == "127.0.0.1" and port > 0 and calls["config"].port == port
+    engine = calls["config"].app.state.engine
     assert engine.spec == SpecConfig(drafters=("ngram-simple",), draft_n_max=4) and engine.cache.max_len == 128
-    calls["app"].state.worker.stop()
+    calls["config"].app.state.worker.stop()
+
+
+def test_serve_on_a_busy_port_or_a_bad_host_fails_before_the_model_loads(capsys):
+    import socket
+
+    from specdec.cli import main
+
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        port = busy.getsockname()[1]
+        assert main(["serve", "--model", "/nonexistent/model.gguf", "--port", str(port)]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in err and "nonexistent" not in err
+    finally:
+        busy.close()
+    assert main(["serve", "--model", "/nonexistent/model.gguf", "--host", "no-such-host.invalid"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: --host no-such-host.invalid: ") and "nonexistent" not in err
 
 
 def test_scheduler_stop_is_prompt(tiny_model):

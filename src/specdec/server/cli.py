@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 
 from specdec.options import add_model_args, add_spec_args, build_engine
@@ -22,7 +23,7 @@ def add_parser(sub) -> None:
     add_spec_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+    p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY, else none)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
@@ -54,10 +55,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-batch must be between 1 and 256, got {args.max_batch}")
     if args.max_queue < 0:
         raise ValueError(f"--max-queue must be 0 or more, got {args.max_queue}")
-    if args.request_timeout is not None and args.request_timeout <= 0:
-        raise ValueError(f"--request-timeout must be positive, got {args.request_timeout}")
+    if args.request_timeout is not None and not 0 < args.request_timeout < float("inf"):
+        raise ValueError(f"--request-timeout must be a positive number of seconds, got {args.request_timeout}")
     if args.prefill_chunk < 1:
         raise ValueError(f"--prefill-chunk must be at least 1, got {args.prefill_chunk}")
+    if args.api_key == "":
+        raise ValueError("--api-key is empty, which would let every request in; give a key, or leave the flag out "
+                         "to serve without one")
+    sock = listen(args.host, args.port)  # a busy port or a bad host: said now, not after the model loads
     engine, _server_sampling = build_engine(args)  # the same target + drafters `generate` would run (and checks)
     name = args.served_model_name or args.model
     app = create_app(engine, name, api_key=args.api_key, default_max_tokens=args.max_tokens,
@@ -66,8 +71,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)
-    print(f"specdec: serving {name} on http://{args.host}:{args.port}/v1 (speculation: {engine.spec.method}; "
+    port = sock.getsockname()[1]  # --port 0: the one the system chose
+    print(f"specdec: serving {name} on http://{args.host}:{port}/v1 (speculation: {engine.spec.method}; "
           f"up to {args.max_batch} sequences per step, {args.max_queue} more may wait)", file=sys.stderr)
     # on shutdown, streams still open get 5 s; then their handlers are cancelled, which cancels their generation
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=args.host, port=port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port and listening (as uvicorn would bind it); ValueError saying why not."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:  # socket.gaierror: a host name that does not resolve
+        raise ValueError(f"--host {host}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
