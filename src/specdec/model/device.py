@@ -140,7 +140,7 @@ class _Program:
     asked-for hidden states out, all in fixed buffers. On CUDA a captured graph, else run eagerly."""
 
     def __init__(self, model: DeviceTransformer, cache: DeviceKVCache, slot: int, hidden_layers: tuple[int, ...]):
-        rows, width, device = model.rows, cache.width, model.device
+        rows, device = model.rows, model.device
         # the inputs, tokens, positions and write offsets, in one buffer filled by one copy from a host
         # buffer (pinned on CUDA, so that the copy does not stage through another); until filled, padding
         pinned = device.type == "cuda"
