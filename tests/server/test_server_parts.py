@@ -73,6 +73,10 @@ def test_overrides_resolve_into_spec_configs():
     served_mtp = SpecConfig(drafters=("draft-mtp",))  # a model drafter the server runs may be tuned per request
     assert resolve_spec(served_mtp, SpeculativeOverride(num_speculative_tokens=1)).draft_n_max == 1
     assert resolve_spec(served_mtp, SpeculativeOverride(method="mtp")).types == ("draft-mtp",)
+    served_head = SpecConfig(drafters=("suffix", "draft-eagle3"), draft_model="/heads/e3")  # started with -md
+    for override in (SpeculativeOverride(method="eagle3"), SpeculativeOverride(spec_type="draft-eagle3"),
+                     SpeculativeOverride(num_speculative_tokens=2)):
+        assert resolve_spec(served_head, override).draft_model == "/heads/e3"  # was None: the default head
 
 
 @pytest.mark.parametrize("base, override", [

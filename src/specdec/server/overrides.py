@@ -48,9 +48,12 @@ def resolve_spec(base: SpecConfig, override: SpeculativeOverride | None) -> Spec
     for name in spec.types:  # model drafters: only those the server loaded at start
         if name == "draft-simple":
             _check_draft_model(base, spec.draft_model)
-        elif registry.entry(name).model and name not in base.types:
-            raise _bad(f"speculative method {name} needs a drafter this server has not loaded (it runs "
-                       f"{base.method}); start the server with it instead")
+        elif registry.entry(name).model:
+            if name not in base.types:
+                raise _bad(f"speculative method {name} needs a drafter this server has not loaded (it runs "
+                           f"{base.method}); start the server with it instead")
+            # the head the server loaded (-md), not whichever one the kind finds by default
+            spec = spec.with_overrides(draft_model=base.draft_model)
     return spec
 
 
