@@ -228,7 +228,7 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     if mtp_info(open_checkpoint(path)[0])["weights_present"]:
         return None
     side = sidecar_path(path)
-    return f"a head beside the model, {side}" if side.is_dir() else "a head shipped with specdec, or none"
+    return f"a head beside the model, {side}" if side.is_dir() else "no MTP layers in the checkpoint"
 
 
 def cmd_export(args) -> int:
