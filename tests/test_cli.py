@@ -140,3 +140,41 @@ def test_chat_outgrowing_the_context_drops_its_oldest_turns_and_goes_on(capsys, 
     assert "note: the conversation outgrew the 96-token context (--ctx-size): its oldest 2 turn(s) were dropped" in err
     assert "tokens with the chat template; the context holds 96 (--ctx-size); the line was not sent" in err
     assert err.count("speculation: off") == 7  # every line but the overlong one was answered
+
+
+def test_chat_survives_a_failed_turn_and_ctrl_c_during_an_answer(capsys, monkeypatch, tiny_hf_dir):
+    """A turn that fails (here a cache error raised by the second turn's third step) and Ctrl-C while an
+    answer streams ended the whole session; now the failed turn is dropped, the interrupted answer kept."""
+    from specdec.engine.engine import Engine
+    from specdec.model.errors import SpecdecError
+
+    real_step, steps = Engine.step, {"n": 0}
+
+    def step(self, req):
+        steps["n"] += 1
+        if steps["n"] == 8:
+            raise SpecdecError("32 key/value entries in layer 0 exceed float16's range")
+        if steps["n"] == 14:
+            raise KeyboardInterrupt
+        return real_step(self, req)
+
+    monkeypatch.setattr(Engine, "step", step)
+    lines = iter(["one", "two", "three", "four", ""])
+    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
+    rc, out, err = run(capsys, ["chat", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "256", "-n", "5",
+                                "--spec-type", "none"])
+    assert rc == 0
+    assert "specdec: error: 32 key/value entries in layer 0 exceed float16's range; the line was not answered" in err
+    assert "(interrupted)" in err
+    assert err.count("speculation: off") == 3  # one, three (interrupted) and four were answered
+
+
+def test_an_answer_cut_by_the_context_says_so_and_chat_keeps_its_history(capsys, monkeypatch, tiny_hf_dir):
+    model = ["--model", str(tiny_hf_dir), "--weights", "fp32", "--spec-type", "none"]
+    rc, out, err = run(capsys, ["generate", *model, "-c", "64", "-n", "1000", "hello"])
+    assert rc == 0 and "note: the answer stopped at the end of the 64-token context (--ctx-size)" in err
+    lines = iter(["hi", "hello", ""])
+    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
+    rc, out, err = run(capsys, ["chat", *model, "-c", "256", "-n", "300", "--stop", "<"])
+    assert rc == 0 and len(out) < 200  # short answers (the stop string), -n beyond the context:
+    assert "outgrew" not in err  # every turn dropped all history

@@ -31,24 +31,35 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop):
+def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop, interruptible: bool = False):
     """Generate, writing the answer to stdout as it is committed: never a stop string or what follows it
-    (the last characters that could start one wait for the next step). Returns the GenerationResult."""
+    (the last characters that could start one wait for the next step). Returns the GenerationResult.
+    interruptible: Ctrl-C ends the answer where it is (finish_reason "interrupted") instead of the program."""
     from specdec.model.tokenizer import TextStream
 
     stream = TextStream(engine.model.tokenizer, tuple(stop or ()))
     req = engine.start(prompt_ids, sampling, max_tokens, stop)
+    interrupted = False
     try:
         while not req.finished:
             engine.step(req)
             if not req.finished:  # a finishing step's text may hold the stop string: finish() cuts it
                 sys.stdout.write(stream.advance(req.output))
                 sys.stdout.flush()
+    except KeyboardInterrupt:
+        if not interruptible:
+            raise
+        interrupted = True
     finally:
         engine.finish(req)
     result = engine.result(req)
+    if interrupted:
+        result.finish_reason = "interrupted"
     sys.stdout.write(stream.finish(result.text) + "\n")
     sys.stdout.flush()
+    context = engine.cache.max_len
+    if result.finish_reason == "length" and len(result.token_ids) < max_tokens:
+        print(f"note: the answer stopped at the end of the {context}-token context (--ctx-size)", file=sys.stderr)
     return result
 
 
@@ -94,22 +105,28 @@ def cmd_chat(args) -> int:
             del history[:dropped]
             print(f"note: the conversation outgrew the {context}-token context (--ctx-size): its oldest {dropped} "
                   "turn(s) were dropped", file=sys.stderr)
-        history.append(turn)
-        result = print_answer(engine, ids, sampling, args.max_tokens, args.stop)
+        try:
+            result = print_answer(engine, ids, sampling, args.max_tokens, args.stop, interruptible=True)
+        except (SpecdecError, ValueError) as exc:  # this turn failed (e.g. a float16 cache overflow): it is
+            print(f"\nspecdec: error: {exc}; the line was not answered", file=sys.stderr)  # dropped, chat goes on
+            continue
+        if result.finish_reason == "interrupted":
+            print("(interrupted)", file=sys.stderr)
         print(result.stats.summary(), file=sys.stderr)
-        history.append({"role": "assistant", "content": result.text})
+        history += [turn, {"role": "assistant", "content": result.text}]
     return 0
 
 
 def fit_conversation(tok, system: list[dict], history: list[dict], turn: dict, context: int,
                      max_tokens: int) -> tuple[list[int], int]:
     """The prompt ids of system + history + turn, dropping the oldest history turns (whole exchanges) while
-    the prompt leaves no room for max_tokens of answer, and how many turns were dropped. ValueError when
-    even system + turn leave no room for one token."""
+    the prompt leaves no room for max_tokens of answer (at most half the context), and how many turns were
+    dropped. ValueError when even system + turn leave no room for one token."""
     dropped = 0
+    room = min(max_tokens, context // 2)  # an -n as long as the context must not cost every earlier turn
     while True:
         ids = tok.encode(tok.apply_chat_template(system + history[dropped:] + [turn]), add_bos=False)
-        if len(ids) + max_tokens + 1 <= context or dropped >= len(history):
+        if len(ids) + room + 1 <= context or dropped >= len(history):
             break
         dropped += 2  # a user turn and its answer
     if len(ids) + 1 > context:
