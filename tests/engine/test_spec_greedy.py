@@ -154,8 +154,31 @@ def test_a_stop_string_ends_the_output_where_the_whole_text_first_holds_it(engin
 
 
 def test_an_empty_stop_string_is_refused(engine):
-    with pytest.raises(ValueError, match="stop strings must not be empty"):
+    with pytest.raises(ValueError, match=r"stop strings must be non-empty strings, got \['x', ''\]"):
         engine.generate([1, 2, 3], SamplingParams(), max_tokens=4, stop=["x", ""])
+    with pytest.raises(ValueError, match=r"stop strings must be non-empty strings, got \[3\]"):
+        engine.generate([1, 2, 3], SamplingParams(), max_tokens=4, stop=[3])
+
+
+def test_a_stop_string_given_as_a_str_is_one_stop_string(engine):
+    """stop="xy" stopped at any "x" or "y" (a str iterated by character); stop=None was a TypeError."""
+    ids = engine.model.tokenizer.encode("One, two, three, four, five, six,")
+    full = engine.generate(ids, SamplingParams(), max_tokens=12)
+    text = full.text
+    assert engine.generate(ids, SamplingParams(), max_tokens=12, stop=None).token_ids == full.token_ids
+    # two characters of the answer, one of which occurs before the pair does (so per-character stops differ)
+    rare = next(text[k:k + 2] for k in range(len(text) // 2, len(text) - 1)
+                if min(text.find(c) for c in text[k:k + 2]) < text.find(text[k:k + 2]))
+    as_str = engine.generate(ids, SamplingParams(), max_tokens=12, stop=rare)
+    as_list = engine.generate(ids, SamplingParams(), max_tokens=12, stop=[rare])
+    assert (as_str.text, as_str.token_ids) == (as_list.text, as_list.token_ids) and as_str.text == text[: text.find(rare)]
+
+
+def test_prompt_ids_that_are_not_integers_are_refused(engine):
+    with pytest.raises(ValueError, match="prompt token ids must be integers, got 5.7"):
+        engine.generate([5.7, 3], SamplingParams(), max_tokens=2)
+    assert engine.generate([5.0, 3], SamplingParams(), max_tokens=2).token_ids == \
+        engine.generate([5, 3], SamplingParams(), max_tokens=2).token_ids
 
 
 def test_eos_stops_generation(engine):

@@ -157,13 +157,19 @@ class Engine:
         Raises ValueError for a bad request and RuntimeError when every cache slot is in use.
         """
         spec = self.spec if spec is None else spec
-        prompt = [int(t) for t in prompt]
+        prompt = list(prompt)
+        ids = [int(t) for t in prompt]
+        odd = [t for t, i in zip(prompt, ids) if t != i or isinstance(t, bool)]
+        if odd:
+            raise ValueError(f"prompt token ids must be integers, got {odd[0]!r}")  # 5.7 was read as 5
+        prompt = ids
         if not prompt:
             raise ValueError("the prompt is empty")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        if any(not s for s in stop):
-            raise ValueError("stop strings must not be empty")
+        stop = (stop,) if isinstance(stop, str) else tuple(stop or ())  # "xy" is one stop string, not "x", "y"
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
         if len(prompt) + 1 > self.cache.max_len:
             raise ValueError(f"the prompt has {len(prompt)} tokens; the context holds {self.cache.max_len}")
         vocab = self.model.config.vocab_size
