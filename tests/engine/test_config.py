@@ -88,6 +88,9 @@ def test_defaults_and_none():
     (dict(spec_type="none", model_draft="qwen2.5-coder-0.5b"), "--spec-type none turns speculation off, so "
      "-md/--model-draft would not be used"),
     (dict(spec_type="none", speculative_config='{"method": "ngram"}'), "so --speculative-config would not be used"),
+    (dict(spec_type="none", draft_n_max=5), "so --spec-draft-n-max would not be used"),
+    (dict(spec_type="none", adaptive=True), "so --spec-adaptive would not be used"),
+    (dict(spec_type="ngram-simple", draft_p_min=0.5), "ngram-simple drafts without one, so it would do nothing"),
     (dict(spec_type="draft-mtp", model_draft="qwen2.5-coder-0.5b"), "--spec-type draft-mtp with -md "
      "qwen2.5-coder-0.5b: that is not an MTP head folder"),
     (dict(speculative_config='{"method": "mtp", "model": "qwen2.5-coder-0.5b"}'), "that is not an MTP head folder"),
@@ -97,7 +100,7 @@ def test_defaults_and_none():
     (dict(spec_type="ngram-simple", draft_n_max=10000), "must be between 1 and 32, got 10000"),
     (dict(spec_type="ngram-simple", draft_n_min=-1), "--spec-draft-n-min must be >= 0"),
     (dict(spec_type="ngram-simple", draft_n_max=2, draft_n_min=3), "is larger than --spec-draft-n-max"),
-    (dict(spec_type="ngram-simple", draft_p_min=1.5), "--spec-draft-p-min must be in"),
+    (dict(spec_type="draft-simple", model_draft="small", draft_p_min=1.5), "--spec-draft-p-min must be in"),
     (dict(spec_type="draft-simple"), "needs a draft model"),
     (dict(speculative_config="{not json"), "is not valid JSON"),
     (dict(speculative_config='["ngram"]'), "must be a JSON object"),

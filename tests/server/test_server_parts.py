@@ -92,6 +92,10 @@ def test_overrides_resolve_into_spec_configs():
     (NGRAM, SpeculativeOverride(enabled=False, method="ngram")),
     (SpecConfig(), SpeculativeOverride(num_speculative_tokens=4)),  # nothing to tune: name a method
     (SpecConfig(), SpeculativeOverride(enabled=True)),
+    (NGRAM, SpeculativeOverride(spec_type="none", num_speculative_tokens=5)),  # was 200, the 5 dropped
+    (NGRAM, SpeculativeOverride(method="ngram", draft_p_min=0.5)),  # n-gram drafts have no confidence
+    (NGRAM, SpeculativeOverride(draft_p_min=0.5)),
+    (NGRAM, SpeculativeOverride(spec_type="auto")),
 ])
 def test_overrides_the_server_cannot_honour_are_400(base, override):
     with pytest.raises(APIError) as err:

@@ -195,7 +195,12 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
     types = parse_spec_types(flags.spec_type)
     if flags.spec_type is not None and not types:  # an explicit none
         for given, what in ((flags.model_draft, "-md/--model-draft"),
-                            (flags.speculative_config, "--speculative-config")):
+                            (flags.speculative_config, "--speculative-config"),
+                            (flags.draft_n_max is not None, "--spec-draft-n-max"),
+                            (flags.draft_n_min is not None, "--spec-draft-n-min"),
+                            (flags.draft_p_min is not None, "--spec-draft-p-min"), (flags.adaptive, "--spec-adaptive"),
+                            (flags.tree_topk is not None, "--spec-tree-topk"),
+                            (flags.tree_budget is not None, "--spec-tree-budget")):
             if given:
                 raise ValueError(f"--spec-type none turns speculation off, so {what} would not be used; drop one "
                                  "of them")
@@ -251,6 +256,9 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
         notes.append(f"{what} was given without a model --spec-type: {kind} turned on")
     if model_draft is None and "draft-simple" in types:
         raise ValueError("--spec-type draft-simple needs a draft model (-md/--model-draft)")
+    if p_min and types and not any(registry.entry(t).model for t in types):
+        raise ValueError(f"--spec-draft-p-min (draft_p_min) is where a model drafter stops drafting for want of "
+                         f"confidence; {','.join(types)} drafts without one, so it would do nothing")
     if model_draft and "draft-mtp" in types and head_kind(model_draft) != "draft-mtp":
         raise ValueError(f"--spec-type draft-mtp with -md {model_draft}: that is not an MTP head folder (what "
                          "`specdec train mtp --out` writes). Without -md draft-mtp reads the model's own MTP "

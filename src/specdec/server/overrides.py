@@ -54,10 +54,16 @@ def resolve_spec(base: SpecConfig, override: SpeculativeOverride | None) -> Spec
                            f"{base.method}); start the server with it instead")
             # the head the server loaded (-md), not whichever one the kind finds by default
             spec = spec.with_overrides(draft_model=base.draft_model)
+    if override.draft_p_min and spec.model_kind is None:
+        raise _bad(f"draft_p_min is where a model drafter stops drafting for want of confidence; {spec.method} "
+                   "drafts without one, so it would do nothing")
     return spec
 
 
 def _from_method(base: SpecConfig, o: SpeculativeOverride) -> SpecConfig:
+    if o.spec_type is not None and o.spec_type.strip() == "auto":
+        raise ValueError("spec_type auto is decided when the server starts (it runs "
+                         f"{base.method}); leave spec_type out to get that")
     types = parse_spec_types(o.spec_type) if o.spec_type is not None else ()
     wants_model = o.method == "draft_model" or "draft-simple" in types
     # a draft-model request without "model" means the draft model the server loaded
