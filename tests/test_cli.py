@@ -40,6 +40,16 @@ def run(capsys, argv) -> tuple[int, str, str]:
     (["train", "eagle3", "--lr", "nan", "--out", "x"], "--lr must be a positive number, got nan"),
     (["train", "mtp", "--device", "gpu0"], "unknown device 'gpu0'; choose cpu or cuda"),  # was a traceback
     (["bench", "--repeats", "0"], "--repeats must be at least 1, got 0"),
+    (["bench", "--temperature", ""], "--temperature names no temperature: ''"),  # was an IndexError after loading
+    (["bench", "--temperature", "0,-1"], "--temperature: temperature must be a finite number >= 0, got -1.0"),
+    (["bench", "--temperature", "0,0"], "--temperature lists a temperature twice"),
+    (["bench", "-n", "0"], "--max-tokens must be at least 1, got 0"),  # was raised after the first round
+    (["bench", "--draft-lengths", "2,0"], "--draft-lengths takes distinct lengths from 1 to 32, got '2,0'"),
+    (["bench", "--concurrency", "", "--url", "http://127.0.0.1:1/v1"], "--concurrency needs levels of at least 1"),
+    (["bench", "--concurrency", "1", "--url", "http://127.0.0.1:1/v1", "--request-timeout", "nan"],
+     "--request-timeout must be a positive number of seconds, got nan"),
+    (["bench", "--concurrency", "1", "--server-start-timeout", "nan"],
+     "--server-start-timeout must be a positive number of seconds, got nan"),
     # results written after a run of many minutes: where they cannot be, say so before it
     (["bench", "--out", "a-file"], "--out a-file is a file; give a folder to write into"),
     (["bench", "--concurrency", "1", "--out", "a-file/x"], "--out a-file/x: cannot write there (Not a directory)"),

@@ -34,6 +34,23 @@ def _floats(text: str) -> list[float]:
         raise ValueError(f"expected a comma list of numbers, got {text!r}") from None
 
 
+def temperatures(text: str) -> list[float]:
+    """--temperature's comma list: one or more distinct temperatures a request can take."""
+    from specdec.sampling import SamplingParams
+
+    temps = _floats(text)
+    if not temps:
+        raise ValueError(f"--temperature names no temperature: {text!r}")
+    for t in temps:
+        try:
+            SamplingParams(temperature=t)
+        except ValueError as exc:
+            raise ValueError(f"--temperature: {exc}") from None
+    if len(set(temps)) < len(temps):
+        raise ValueError(f"--temperature lists a temperature twice: {text!r}")
+    return temps
+
+
 def _ints(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -147,13 +164,16 @@ def cmd_load(args) -> int:
     from specdec.bench.report import load_table, write_load
     from specdec.options import out_dir
 
-    temperatures = _floats(args.temperature)
-    if len(temperatures) != 1:
+    temps = temperatures(args.temperature)
+    if len(temps) != 1:
         raise ValueError(f"--concurrency takes one --temperature, got {args.temperature!r}")
+    if not 0 < args.server_start_timeout < float("inf"):
+        raise ValueError(f"--server-start-timeout must be a positive number of seconds, got "
+                         f"{args.server_start_timeout}")
     prompts = load_prompts(args.prompts, args.per_category)
     out_dir(args.out)
     settings = LoadSettings(url=args.url or "http://127.0.0.1", levels=tuple(_ints(args.concurrency)),
-                            requests=args.requests, max_tokens=args.max_tokens, temperature=temperatures[0],
+                            requests=args.requests, max_tokens=args.max_tokens, temperature=temps[0],
                             endpoint=args.endpoint, request_timeout_s=args.request_timeout,
                             level_timeout_s=args.level_timeout, seed=args.seed, api_key=args.api_key,
                             warmup=not args.no_warmup)
@@ -218,7 +238,7 @@ def client_runtime() -> dict:
 
 
 def cmd_bench(args) -> int:
-    if args.concurrency:
+    if args.concurrency is not None:  # "" too: it names no level (an error), not "no load test"
         return cmd_load(args)
     import torch
 
@@ -231,6 +251,16 @@ def cmd_bench(args) -> int:
     # check the settings before spending a minute loading the model
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    temperatures(args.temperature)
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.draft_lengths:
+        from specdec.engine.config import MAX_DRAFT_LENGTH
+
+        lengths = _ints(args.draft_lengths)
+        if not lengths or len(set(lengths)) < len(lengths) or not all(1 <= n <= MAX_DRAFT_LENGTH for n in lengths):
+            raise ValueError(f"--draft-lengths takes distinct lengths from 1 to {MAX_DRAFT_LENGTH}, got "
+                             f"{args.draft_lengths!r}")
     load_prompts(args.prompts, args.per_category)
     out_dir(args.out)
     parse_methods(",".join(m for m in args.methods.split(",") if m.strip() != "auto"), args.draft_model,
@@ -239,7 +269,7 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
     results = bench(
-        model, args.prompts, args.methods, args.draft_model, _floats(args.temperature), args.max_tokens,
+        model, args.prompts, args.methods, args.draft_model, temperatures(args.temperature), args.max_tokens,
         args.repeats, args.spec_draft_n_max, _ints(args.draft_lengths) if args.draft_lengths else None,
         args.ctx_size, not args.no_warmup, args.seed, args.per_category, not args.keep_drafter_memory,
         [p.strip() for p in args.peers.split(",") if p.strip()] if args.peers else (), args.peer_url,

@@ -97,8 +97,9 @@ class LoadSettings:
             raise ValueError(f"--concurrency needs levels of at least 1, got {list(self.levels)}")
         if self.requests < 1 or self.max_tokens < 1:
             raise ValueError("--requests and --max-tokens must be at least 1")
-        if self.request_timeout_s <= 0 or self.level_timeout_s <= 0:
-            raise ValueError("timeouts must be positive")
+        for flag, seconds in (("--request-timeout", self.request_timeout_s), ("--level-timeout", self.level_timeout_s)):
+            if not 0 < seconds < float("inf"):  # NaN too: it turned every wait into none
+                raise ValueError(f"{flag} must be a positive number of seconds, got {seconds}")
 
     @property
     def base(self) -> str:
