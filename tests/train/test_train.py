@@ -225,6 +225,25 @@ def test_block_training_settings_are_checked_before_any_data_is_generated(tiny_h
     assert not list(out.glob("data.*"))  # refused before minutes of generation, not after
 
 
+def test_counts_and_files_that_leave_nothing_to_train_on_are_refused_before_generating(tiny_hf_dir, tmp_path):
+    from specdec.train.cli import main
+
+    out = tmp_path / "o"
+    base = ["mtp", "--model", str(tiny_hf_dir), "--out", str(out), "--device", "cpu", "--steps", "1"]
+    with pytest.raises(ValueError, match="--seq-len must be at least 9, got 4"):  # every sequence was dropped
+        main(base + ["--seq-len", "4"])
+    with pytest.raises(ValueError, match=re.escape("--generate 2 and --corpus-seqs 0 make 2 sequences, and --val 32 "
+                                                   "of them are held out: none would be left to train on")):
+        main(base + ["--generate", "2", "--corpus-seqs", "0"])
+    with pytest.raises(ValueError, match=f"--prompts {tmp_path}/none.txt: No such file or directory"):
+        main(base + ["--prompts", str(tmp_path / "none.txt")])
+    binary = tmp_path / "binary.txt"
+    binary.write_bytes(b"hello \xe1\xff\n")
+    with pytest.raises(ValueError, match=f"--prompts {binary} is not UTF-8 text"):
+        main(base + ["--prompts", str(binary)])
+    assert not list(out.glob("data.*"))
+
+
 def test_a_trained_mtp_head_given_with_md_drafts_for_a_target_without_one(trained, tmp_path):
     """`train mtp --out DIR` then `-md DIR` (alone, or with --spec-type draft-mtp): the head in DIR drafts,
     greedy equals plain; a head for another target and -md that is no MTP head are one clear error."""

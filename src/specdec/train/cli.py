@@ -221,7 +221,8 @@ def target_info(model_name: str, path, checkpoint) -> dict:
 
 
 # the least each count may be (flags left at None keep their meaning: "the default")
-_LEAST = {"generate": 0, "gen_tokens": 1, "corpus_seqs": 0, "seq_len": 2, "steps": 0, "batch": 1, "ttt": 1,
+# (seq_len: sequences of fewer than 8-9 tokens are dropped as too short to teach anything)
+_LEAST = {"generate": 0, "gen_tokens": 1, "corpus_seqs": 0, "seq_len": 9, "steps": 0, "batch": 1, "ttt": 1,
           "draft_vocab": 1, "val": 0, "block_size": 2, "draft_layers": 1, "anchors": 1, "markov_rank": 0,
           "save_every": 1, "threads": 1}
 
@@ -274,23 +275,31 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     if device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
     path = resolve(args.model)
-    checkpoint, tokenizer = open_checkpoint(path)
-    if args.kind in ("dflash", "dspark"):  # checked against the target's shapes before anything is generated
-        layer_ids, mask = block_settings(args, checkpoint.config)
     if args.out is None:
         if args.kind != "mtp":
             raise ValueError(f"specdec train {args.kind} needs --out DIR")
         from specdec.model.facts import sidecar_path
 
         args.out = str(sidecar_path(path))
+    data_file = Path(args.out) / f"data.rank{rank}.npz"
+    generating = not args.sequences and not (args.resume and data_file.is_file())
+    if generating:  # the files are read and the counts checked now, not after the target has loaded
+        prompts = read_prompts(args.prompts)[rank::world]
+        corpus = read_corpus(args.data)[rank::world]
+        if args.steps > 0 and args.generate + args.corpus_seqs <= args.val:
+            raise ValueError(f"--generate {args.generate} and --corpus-seqs {args.corpus_seqs} make "
+                             f"{args.generate + args.corpus_seqs} sequences, and --val {args.val} of them are held "
+                             "out: none would be left to train on (raise --generate or lower --val)")
+    checkpoint, tokenizer = open_checkpoint(path)
+    if args.kind in ("dflash", "dspark"):  # checked against the target's shapes before anything is generated
+        layer_ids, mask = block_settings(args, checkpoint.config)
     out = Path(args.out)
     log = (lambda *a: print(*a, file=sys.stderr)) if rank == 0 else (lambda *a: None)
     t0 = time.perf_counter()
     target = DenseTarget(checkpoint, device)
     log(f"target {args.model} on {device}: {target.config.num_layers} layers, hidden {target.config.hidden_size}")
 
-    data_file = out / f"data.rank{rank}.npz"
-    if args.sequences or (args.resume and data_file.is_file()):
+    if not generating:
         source = Path(args.sequences) if args.sequences else data_file
         seqs = load_sequences(source, target.config.vocab_size)
         if args.sequences and world > 1:
@@ -299,8 +308,6 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     else:
         from tqdm import tqdm
 
-        prompts = read_prompts(args.prompts)[rank::world]
-        corpus = read_corpus(args.data)[rank::world]
         n_gen = args.generate // world
         bar = tqdm(total=n_gen, desc="generate", unit="seq", file=sys.stderr, disable=rank != 0)
         seqs = build_sequences(target, tokenizer, prompts, corpus, n_gen, args.gen_tokens, args.seq_len,

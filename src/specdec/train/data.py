@@ -63,10 +63,19 @@ def builtin_corpus(max_docs: int = 4000) -> list[str]:
     return docs
 
 
+def _read_text(path, what: str, errors: str = "strict") -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors=errors)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ValueError(f"{what} {path}: {exc.strerror}") from None
+
+
 def read_prompts(path: str | None) -> list[str]:
     if path is None:
         return builtin_prompts()
-    prompts = [line.strip() for line in Path(path).read_text().splitlines() if line.strip()]
+    prompts = [line.strip() for line in _read_text(path, "--prompts").splitlines() if line.strip()]
     if not prompts:
         raise ValueError(f"{path}: no prompts (one a line; the file is empty or blank)")
     return prompts
@@ -77,7 +86,7 @@ def read_corpus(paths: list[str] | None) -> list[str]:
         return builtin_corpus()
     docs = []
     for p in paths:
-        text = Path(p).read_text(errors="replace")
+        text = _read_text(p, "--data", errors="replace")
         docs += [d.strip() for d in text.split("\n\n") if len(d.strip()) > 80]
     return docs
 
