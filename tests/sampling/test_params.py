@@ -112,6 +112,16 @@ def test_filters_apply_in_order_temperature_top_k_top_p_min_p():
            [4 / 7, 3 / 7, 0.0, 0.0])
 
 
+def test_extreme_temperature_and_top_p_give_the_argmax_not_nan():
+    """temperature 1e-300 overflowed the logits to inf and top_p 1e-300 rounded to 0 in float32, dropping
+    every token: both made NaN rows ("cannot sample ... sum to nan")."""
+    logits = torch.tensor([[1.0, 3.0, 2.0, 3.0], [0.5, -1.0, 4.0, 0.0]])
+    cold = process_logits(logits, SamplingParams(temperature=1e-300))
+    assert torch.equal(cold, torch.tensor([[0.0, 0.5, 0.0, 0.5], [0.0, 0.0, 1.0, 0.0]]))  # ties share, as the limit
+    narrow = process_logits(logits, SamplingParams(temperature=1.0, top_p=1e-300))
+    assert torch.equal(narrow[1], torch.tensor([0.0, 0.0, 1.0, 0.0])) and narrow[0].sum() == 1.0
+
+
 def test_rows_are_processed_independently():
     logits = torch.stack([logits_of(P), logits_of([0.05, 0.15, 0.3, 0.5])])  # (2, V)
     out = process_logits(logits, SamplingParams(temperature=1.0, top_k=2))

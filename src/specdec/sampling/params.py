@@ -66,7 +66,11 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     logits = logits.float()
     if params.greedy:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
-    logits = logits / params.temperature
+    # Shifted to max 0 before dividing, and the temperature kept a float32 number (1e-300 is 0 there): a tiny
+    # temperature overflowed the logits to inf, or divided 0 by 0, making every row NaN; this way the row
+    # tends to the argmax (ties sharing), as the limit does.
+    temperature = max(params.temperature, torch.finfo(torch.float32).tiny)
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -75,6 +79,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         drop_sorted = mass_before >= params.top_p  # keep the smallest prefix reaching top_p
+        drop_sorted[..., 0] = False  # and always the most likely token (a top_p that rounds to 0 in float32)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
