@@ -172,6 +172,8 @@ def test_hf_folder_missing_config_key(tmp_path):
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings is 'yes'; expected true or false"),
     ({"hidden_act": 3}, "hidden_act is 3; expected a string"),
     ({"num_attention_heads": 4, "num_key_value_heads": 3}, "num_heads 4 is not a multiple of num_kv_heads 3"),
+    # ids 512..999 passed the prompt check and then indexed past the embedding (a 500 on the server)
+    ({"vocab_size": 1000}, "embed_tokens.weight has 512 rows, fewer than the vocab_size 1000 config.json declares"),
 ])
 def test_hf_config_value_of_the_wrong_type(tmp_path, change, message):
     """Each was a TypeError/AttributeError traceback or a silently different model."""

@@ -92,6 +92,9 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         if t.dim() != 2 or t.shape[1] != h:
             raise ModelFileError(where, f"tensor {name} has shape {tuple(t.shape)}; rows of {h} values expected "
                                  "(the hidden size)")
+        if t.shape[0] < c.vocab_size:  # token ids past the rows would pass every check and then fail
+            raise ModelFileError(where, f"tensor {name} has {t.shape[0]} rows, fewer than the vocab_size "
+                                 f"{c.vocab_size} config.json declares")
     lm_head = QLinear(head, None, weights_format)
     if weights_format == "fp32" and c.tie_embeddings:
         embed = lm_head.weight  # the same values (QLinear may have copied them to aligned memory): held once
