@@ -168,3 +168,20 @@ def test_dflash_goes_to_sglang_as_one_block_and_the_block_length_is_noted(tmp_pa
     assert any("no DSpark method upstream" in n for n in spark["vllm"]["notes"])
     assert any("SGLang has no draft-dspark; nearest: DFLASH" in n for n in spark["sglang"]["notes"])
     assert _flag(spark["sglang"]["args"], "--speculative-algorithm") == "DFLASH"
+
+
+def test_settings_an_engine_has_no_flag_for_are_noted():
+    """draft_n_min, draft_p_min and the n-gram sizes were dropped from some engines' lines without a word."""
+    from specdec.drafters.registry import DrafterSpec
+
+    out = export(SpecConfig(drafters=("draft-simple",), draft_model="d", draft_n_min=2, draft_p_min=0.5), "t")
+    assert "--spec-draft-n-min" in out["llama.cpp"]["args"] and not out["llama.cpp"]["notes"]
+    for engine, name in (("vllm", "vLLM"), ("sglang", "SGLang")):
+        assert f"{name} has no minimum draft length (--spec-draft-n-min 2); dropped" in out[engine]["notes"]
+    assert "SGLang has no draft probability floor (--spec-draft-p-min 0.5); dropped" in out["sglang"]["notes"]
+    sized = export(SpecConfig(drafters=(DrafterSpec.of("ngram-simple", order_min=2, order_max=5),)), "t")
+    assert sized["vllm"]["speculative_config"]["prompt_lookup_min"] == 2 and not any(
+        "n-gram sizes" in n for n in sized["vllm"]["notes"])
+    for engine in ("llama.cpp", "sglang"):
+        assert any("n-gram sizes of ngram-simple (order_max=5, order_min=2) are not carried over" in n
+                   for n in sized[engine]["notes"])

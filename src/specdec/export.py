@@ -65,6 +65,15 @@ def _common_notes(spec: SpecConfig, engine: str) -> list[str]:
     if spec.tree_topk > 1 and engine != "SGLang":
         notes.append(f"the token tree (--spec-tree-topk {spec.tree_topk}) is not carried over to {engine}: "
                      "it drafts a chain")
+    if engine != "llama.cpp":  # llama.cpp has both flags
+        if spec.draft_n_min:
+            notes.append(f"{engine} has no minimum draft length (--spec-draft-n-min {spec.draft_n_min}); dropped")
+        if spec.draft_p_min and engine == "SGLang":  # vLLM's line says so where it keeps a model drafter
+            notes.append(f"SGLang has no draft probability floor (--spec-draft-p-min {spec.draft_p_min}); dropped")
+    sizes = next((d.options for d in spec.drafters if d.kind == "ngram-simple" and d.options), None)
+    if sizes and engine != "vLLM":  # vLLM takes them as prompt_lookup_min/max
+        notes.append(f"the n-gram sizes of ngram-simple ({', '.join(f'{k}={v}' for k, v in sizes)}) are not "
+                     f"carried over to {engine}; it uses its own")
     return notes
 
 
