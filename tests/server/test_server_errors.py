@@ -129,6 +129,10 @@ CASES = [
      "unsupported", "add_generation_prompt"),
     ("own chat_template", "/v1/chat/completions", {"messages": CHAT, "chat_template": "{{ messages }}"}, 400,
      "unsupported", "chat_template"),
+    ("reasoning_effort", "/v1/chat/completions", {"messages": CHAT, "reasoning_effort": "high"}, 400, "unsupported",
+     "reasoning_effort"),
+    ("audio out", "/v1/chat/completions", {"messages": CHAT, "modalities": ["text", "audio"]}, 400, "unsupported",
+     "modalities"),
     ("assistant tool_calls", "/v1/chat/completions",
      {"messages": CHAT + [{"role": "assistant", "content": None, "tool_calls": [
          {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400, "unsupported",

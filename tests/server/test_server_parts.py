@@ -357,3 +357,18 @@ def test_scheduler_stop_is_prompt(tiny_model):
     t0 = time.perf_counter()
     scheduler.stop()
     assert time.perf_counter() - t0 < 5
+
+
+def test_a_message_name_reaches_the_chat_template(tiny_model):
+    """A message's "name" was dropped before the template saw it (templates that show names lost them)."""
+    import copy
+
+    from specdec.server.schemas import ChatMessage
+
+    named = ChatMessage(role="developer", content=[{"type": "text", "text": "be brief"}], name="ops")
+    assert named.as_template_dict() == {"role": "system", "content": "be brief", "name": "ops"}
+    assert ChatMessage(role="user", content="hi").as_template_dict() == {"role": "user", "content": "hi"}
+    template = "{% for m in messages %}{{ m.get('name', m['role']) }}: {{ m['content'] }}\n{% endfor %}"
+    tok = copy.copy(tiny_model.tokenizer)
+    tok.chat_template = template
+    assert tok.apply_chat_template([named.as_template_dict()]) == "ops: be brief\n"

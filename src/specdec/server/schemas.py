@@ -55,7 +55,9 @@ ANSWER_CHANGING: dict[str, tuple] = {
     "function_call": ("none", "auto"),
     # chat templating
     "continue_final_message": (False,), "add_generation_prompt": (True,), "chat_template": (),
-    "chat_template_kwargs": ({},), "documents": ([],), "echo": (False,),
+    "chat_template_kwargs": ({},), "documents": ([],), "echo": (False,), "reasoning_effort": (),
+    # output in other forms
+    "modalities": (["text"],), "audio": (),
 }
 
 
@@ -149,17 +151,20 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    name: str | None = None  # handed to the chat template, which may show it
     # an assistant turn's tool calls: the chat template would drop them, so they are refused
     tool_calls: list | None = None
     function_call: dict | None = None
 
     def as_template_dict(self) -> dict:
-        """{"role", "content": str} as chat templates expect ("developer" is rendered as "system")."""
+        """{"role", "content": str} (and "name" when given) as chat templates expect ("developer" is rendered
+        as "system")."""
         if isinstance(self.content, list):
             content = "".join(part.text for part in self.content)
         else:
             content = self.content or ""
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        message = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        return message if self.name is None else {**message, "name": self.name}
 
 
 class ChatCompletionRequest(GenerationRequest):
