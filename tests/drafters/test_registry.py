@@ -1,6 +1,7 @@
 """The drafter registry, and the contract every model-free drafter in it keeps."""
 
 import random
+import re
 
 import pytest
 
@@ -60,6 +61,25 @@ def test_unknown_option_names_the_valid_ones():
         create("draft-mtp", topk=2)
     with pytest.raises(ValueError, match="'draft-dflash' takes no option 'block_size'; it takes: none"):
         create("draft-dflash", block_size=8)
+
+
+@pytest.mark.parametrize("method, message", [
+    ("ngram-map-k:min_hits=abc", "'ngram-map-k' option min_hits must be a whole number, got 'abc'"),  # TypeError
+    ("ngram-map-k:key_size=2.5", "'ngram-map-k' option key_size must be a whole number, got 2.5"),  # after baseline
+    ("ngram-map-k:min_hits=nan", "'ngram-map-k' option min_hits must be a whole number, got nan"),  # never drafted
+    ("suffix:max_tree_depth=1e9", "'suffix' option max_tree_depth must be a whole number, got 1000000000.0"),
+    ("suffix:min_token_prob=nan", "'suffix' option min_token_prob must be a finite number, got nan"),
+    ("ngram-map-k:min_hits=0", "ngram-map-k: min_hits must be at least 1"),
+])
+def test_bench_methods_options_are_checked_when_parsed(method, message):
+    """bench --methods values come from text: each was a traceback (often after the baseline had run) or a
+    drafter that silently never drafted; now parse_methods builds the model-free drafters once."""
+    from specdec.bench.methods import parse_methods
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_methods(method)
+    assert parse_methods("suffix:min_token_prob=1:max_tree_depth=16")[1].spec.drafters[0].options == (
+        ("max_tree_depth", 16), ("min_token_prob", 1))
 
 
 def test_a_kind_this_build_cannot_run_says_so(monkeypatch):

@@ -18,6 +18,8 @@ shape) that the engine's SpecConfig holds.
 from __future__ import annotations
 
 import inspect
+import math
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -153,6 +155,12 @@ def create(spec: DrafterSpec, ctx: BuildContext) -> Drafter:
     if unknown:
         valid = ", ".join(sorted(accepted)) or "none"
         raise ValueError(f"drafter {spec.kind!r} takes no option {', '.join(map(repr, unknown))}; it takes: {valid}")
+    types = getattr(e.build, "option_types", {})  # bench --methods reads values from text: "abc", 2.5, nan
+    for name, value in options.items():
+        if types.get(name) is int and type(value) is not int:
+            raise ValueError(f"drafter {spec.kind!r} option {name} must be a whole number, got {value!r}")
+        if types.get(name) is float and (type(value) not in (int, float) or not math.isfinite(value)):
+            raise ValueError(f"drafter {spec.kind!r} option {name} must be a finite number, got {value!r}")
     return e.build(ctx, **options)
 
 
@@ -175,10 +183,12 @@ def _number(text: str):
 
 # -- the kinds -----------------------------------------------------------------------------------
 def _model_free(cls) -> Callable[..., Drafter]:
-    """build(ctx, **options) for a class whose constructor takes the options."""
+    """build(ctx, **options) for a class whose constructor takes the options (their types: option_types)."""
 
     def build(ctx: BuildContext, **options) -> Drafter:
         return cls(**options)
+
+    build.option_types = typing.get_type_hints(cls)
 
     build.__signature__ = inspect.Signature(
         [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY)]
