@@ -44,6 +44,9 @@ def run(capsys, argv) -> tuple[int, str, str]:
     (["bench", "--temperature", "0,-1"], "--temperature: temperature must be a finite number >= 0, got -1.0"),
     (["bench", "--temperature", "0,0"], "--temperature lists a temperature twice"),
     (["bench", "-n", "0"], "--max-tokens must be at least 1, got 0"),  # was raised after the first round
+    (["bench", "--threads", "-2"], "--threads must be at least 1, got -2"),  # was a RuntimeError traceback
+    (["bench", "--spec-type", "ngram-simple", "--requests", "5"], "--spec-type, --requests set the server-load "
+     "mode (--concurrency); the method bench measures --methods"),  # were ignored: the default methods ran
     (["bench", "--draft-lengths", "2,0"], "--draft-lengths takes distinct lengths from 1 to 32, got '2,0'"),
     (["bench", "--concurrency", "", "--url", "http://127.0.0.1:1/v1"], "--concurrency needs levels of at least 1"),
     (["bench", "--concurrency", "1", "--url", "http://127.0.0.1:1/v1", "--request-timeout", "nan"],

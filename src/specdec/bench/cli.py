@@ -155,6 +155,11 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
     return results
 
 
+LOAD_DEFAULTS = {"requests": 32, "endpoint": "completions", "request_timeout": 300.0, "level_timeout": 1800.0,
+                 "server_start_timeout": 600.0}
+LOAD_ONLY = ("url", "spec_type", *LOAD_DEFAULTS)  # the flags of the server-load mode alone
+
+
 def cmd_load(args) -> int:
     """`specdec bench --concurrency ...`: the server-load mode."""
     from dataclasses import replace
@@ -164,9 +169,14 @@ def cmd_load(args) -> int:
     from specdec.bench.report import load_table, write_load
     from specdec.options import out_dir
 
+    for name, default in LOAD_DEFAULTS.items():  # None: not given (the method bench refuses them given)
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     temps = temperatures(args.temperature)
     if len(temps) != 1:
         raise ValueError(f"--concurrency takes one --temperature, got {args.temperature!r}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if not 0 < args.server_start_timeout < float("inf"):
         raise ValueError(f"--server-start-timeout must be a positive number of seconds, got "
                          f"{args.server_start_timeout}")
@@ -249,8 +259,14 @@ def cmd_bench(args) -> int:
     from specdec.options import out_dir
 
     # check the settings before spending a minute loading the model
+    given = ["--" + name.replace("_", "-") for name in LOAD_ONLY if getattr(args, name) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} set the server-load mode (--concurrency); the method bench measures "
+                         "--methods (e.g. --methods none,ngram-simple) and would ignore them")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     temperatures(args.temperature)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
@@ -265,7 +281,7 @@ def cmd_bench(args) -> int:
     out_dir(args.out)
     parse_methods(",".join(m for m in args.methods.split(",") if m.strip() != "auto"), args.draft_model,
                   args.spec_draft_n_max)
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
     results = bench(
@@ -329,15 +345,16 @@ def add_parser(sub) -> None:
     g.add_argument("--url", default=None,
                    help="the server, e.g. http://127.0.0.1:8080/v1 (default: start specdec serve on 127.0.0.1 with "
                         "--model, --weights, --ctx-size, --spec-type, -md, --spec-draft-n-max)")
-    g.add_argument("--requests", type=int, default=32, help="requests per concurrency level (default 32)")
-    g.add_argument("--endpoint", default="completions", choices=["completions", "chat"],
-                   help="stream /v1/completions (chat prompts as a plain transcript) or /v1/chat/completions")
+    g.add_argument("--requests", type=int, default=None, help="requests per concurrency level (default 32)")
+    g.add_argument("--endpoint", default=None, choices=["completions", "chat"],
+                   help="stream /v1/completions (chat prompts as a plain transcript; the default) or "
+                        "/v1/chat/completions")
     g.add_argument("--spec-type", default=None, help="speculation of the started server (default: its auto)")
     g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="sent as 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY)")
-    g.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request (default 300)")
-    g.add_argument("--level-timeout", type=float, default=1800.0,
+    g.add_argument("--request-timeout", type=float, default=None, help="seconds per request (default 300)")
+    g.add_argument("--level-timeout", type=float, default=None,
                    help="no new request starts after this many seconds of a level (default 1800)")
-    g.add_argument("--server-start-timeout", type=float, default=600.0,
+    g.add_argument("--server-start-timeout", type=float, default=None,
                    help="seconds to wait for the started server's /health (default 600)")
     p.set_defaults(func=cmd_bench)
