@@ -93,6 +93,7 @@ def test_url_peer_in_the_bench_is_reported_unknown(tiny_model, short_prompts, tm
     assert peer["speculation_path"] == "unknown" and peer["in_memory_format"].startswith("unknown")
     md = (tmp_path / "report.md").read_text()
     assert "| unknown |" in md and "wall clock including prefill" in md
+    assert f"| KV cache (specdec) | {tiny_model.info.kv_cache} |" in md  # --cache-type left no trace in the report
     assert len(seen) == len(r["prompts"])
 
 

@@ -48,7 +48,8 @@ def markdown(r: dict, plots: dict[str, str] | None = None) -> str:
     draft = art.get("draft") or {}
     for key, title in (("path", "file"), ("sha256", "sha256"), ("arch", "architecture"), ("params", "parameters"),
                        ("quant", "quantization in the file"), ("weights_dtype", "in-memory format (specdec)"),
-                       ("device", "device (specdec)"), ("file_bytes", "file size (bytes)")):
+                       ("kv_cache", "KV cache (specdec)"), ("device", "device (specdec)"),
+                       ("file_bytes", "file size (bytes)")):
         lines.append(f"| {title} | {art['target'].get(key, '–')} | {draft.get(key, '–') if draft else '–'} |")
     lines += ["", "## Runtime", ""]
     for key in ("specdec_version", "torch_version", "transformers_version", "python", "platform", "cpu_model",
