@@ -207,3 +207,13 @@ def test_qwen_pair_greedy_equality():
     out = engine.generate(ids, SamplingParams(), max_tokens=32, spec=spec)
     assert out.token_ids == plain.token_ids
     assert out.stats.drafted > 0 and out.stats.accepted > 0
+
+
+def test_a_stop_string_does_not_match_a_half_decoded_character(engine):
+    """The first byte token of an emoji decodes to U+FFFD until the rest arrives: a stop string holding
+    U+FFFD matched it and ended the answer after one token."""
+    ids = engine.model.tokenizer.encode("🍎🍌🍒 🍎🍌🍒 🍎🍌🍒 🍎🍌🍒 🍎")
+    full = engine.generate(ids, SamplingParams(), max_tokens=8)
+    assert "\ufffd" not in full.text[:-1] and len(full.text) > 1  # the answer holds whole emoji
+    cut = engine.generate(ids, SamplingParams(), max_tokens=8, stop=["\ufffd"])
+    assert (cut.token_ids, cut.finish_reason) == (full.token_ids, "length")

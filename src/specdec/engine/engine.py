@@ -431,7 +431,9 @@ class Engine:
             req.text = StreamDecoder(self.model.tokenizer)
         settled = len(req.text.text)
         req.text.push(req.output[len(req.text.ids) :])
-        text = req.text.text + req.text.pending
+        # pending ends in U+FFFD while its last character is incomplete: that placeholder is no text yet
+        # (a stop string holding U+FFFD matched the first byte of an emoji)
+        text = req.text.text + req.text.pending.rstrip("\ufffd")
         for s in req.stop:
             at = text.find(s, max(0, settled - len(s) + 1))
             if at >= 0:
