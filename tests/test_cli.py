@@ -23,6 +23,7 @@ def run(capsys, argv) -> tuple[int, str, str]:
 @pytest.mark.parametrize("argv, message", [
     (["generate", "-c", "-5", "hi"], "--ctx-size must be 0 (the model's context length) or more, got -5"),
     (["generate", "-n", "-1", "hi"], "--max-tokens must be at least 1, got -1"),
+    (["generate", ""], "the prompt is empty: give it as an argument or on stdin"),  # was said after loading
     (["serve", "--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
     (["generate", "--temp", "1", "--seed", str(10**24), "hi"], "seed must be an integer in [-2**63, 2**64)"),
     (["generate", "--temp", "inf", "hi"], "temperature must be a finite number >= 0, got inf"),
@@ -191,3 +192,17 @@ def test_an_answer_cut_by_the_context_says_so_and_chat_keeps_its_history(capsys,
     rc, out, err = run(capsys, ["chat", *model, "-c", "256", "-n", "300", "--stop", "<"])
     assert rc == 0 and len(out) < 200  # short answers (the stop string), -n beyond the context:
     assert "outgrew" not in err  # every turn dropped all history
+
+
+def test_seed_minus_one_is_random_as_in_llama_cpp_and_a_capped_context_is_noted(capsys, tiny_hf_dir):
+    import argparse
+
+    from specdec.options import add_sampling_args, sampling_from_args
+
+    parser = argparse.ArgumentParser()
+    add_sampling_args(parser)
+    assert sampling_from_args(parser.parse_args(["--seed", "-1"])).seed is None  # was the fixed seed -1
+    assert sampling_from_args(parser.parse_args(["--seed", "7"])).seed == 7
+    rc, _, err = run(capsys, ["generate", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "100000", "-n", "2",
+                              "--spec-type", "none", "hi"])
+    assert rc == 0 and "note: --ctx-size 100000 is more than" in err and "its context is 512 tokens" in err

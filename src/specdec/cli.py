@@ -14,9 +14,11 @@ from specdec.model.errors import SpecdecError
 from specdec.options import add_model_args, add_sampling_args, add_spec_args, build_engine
 
 def cmd_generate(args) -> int:
+    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if not prompt:  # said before the model loads
+        raise ValueError("the prompt is empty: give it as an argument or on stdin")
     engine, sampling = build_engine(args)
     tok = engine.model.tokenizer
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
     if args.chat:
         prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]), add_bos=False)
     else:

@@ -72,7 +72,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default, or -1 as in llama.cpp: a random one)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
@@ -88,8 +88,9 @@ def spec_flags(args: argparse.Namespace) -> SpecFlags:
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
+    seed = None if args.seed == -1 else args.seed  # llama.cpp's -s -1: a random seed (it was the fixed seed -1)
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                          seed=args.seed)
+                          seed=seed)
 
 
 def build_engine(args: argparse.Namespace):
@@ -115,6 +116,9 @@ def build_engine(args: argparse.Namespace):
     for note in notes:
         print(note if note.startswith("auto: ") else f"note: {note}", file=sys.stderr)
     engine = Engine(model, spec, max_len=args.ctx_size, max_sequences=getattr(args, "max_batch", 1))
+    if args.ctx_size > engine.cache.max_len:
+        print(f"note: --ctx-size {args.ctx_size} is more than {model.info.name} can address; its context is "
+              f"{engine.cache.max_len} tokens", file=sys.stderr)
     engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
     return engine, sampling
 
