@@ -92,8 +92,11 @@ def test_no_mtp_and_plain_facts(tiny_hf_dir, build_without_mtp_or_eagle):
     assert (c["layers"], c["hidden_size"], c["vocab_size"]) == (2, 64, 512)
     assert r["parameters"] == 512 * 64 * 2 + 64 + 2 * (64 * 64 * 2 + 32 * 64 * 2 + 3 * 128 * 64 + 2 * 64)
     assert r["tokenizer"]["chat_template"] and r["tokenizer"]["eos"] == ["<|im_end|>"]
-    assert r["memory"]["kv_bytes_per_1k_tokens"] == 2 * 2 * 2 * 16 * 4 * 1024
+    assert r["memory"]["kv_bytes_per_1k_tokens"] == 2 * 2 * 2 * 16 * 4 * 1024  # fp32 weights: a float32 cache
     assert r["auto"]["types"] == ["suffix"]
+    int8 = inspect_model(str(tiny_hf_dir), weights="int8")  # the runtime's f16 cache, said float32 before
+    assert int8["memory"]["kv_cache"] == "float16" and int8["memory"]["kv_bytes_per_1k_tokens"] == 2 * 2 * 2 * 16 * 2 * 1024
+    assert "loaded as int8" in format_report(int8) and "per 1k tokens (float16, the CPU default)" in format_report(int8)
 
 
 def test_architecture_specdec_cannot_run_is_still_described(tmp_path):

@@ -26,7 +26,7 @@ from specdec.model.linear import WEIGHT_FORMATS
 def inspect_model(name_or_path: str, draft: str | None = None, weights: str | None = None) -> dict:
     """Everything `specdec inspect` prints, as a dict (the --json output). weights: the in-memory format
     (None: what specdec loads the model in by default, model/load.py weights_format_for)."""
-    from specdec.bench.memory import estimate_weight_bytes, gguf_tensor_bytes, kv_bytes_per_token
+    from specdec.bench.memory import default_kv_cache, estimate_weight_bytes, gguf_tensor_bytes, kv_bytes_per_token
     from specdec.engine.auto import decide_spec, runnable_model_drafters
     from specdec.engine.config import SpecFlags
     from specdec.model.load import open_checkpoint
@@ -77,7 +77,8 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
             "weights_bytes": {fmt: b for fmt in WEIGHT_FORMATS
                               if (b := estimate_weight_bytes(c, fmt, gguf_tensor_bytes(checkpoint))) is not None},
             "weights_format": target_weights,
-            "kv_bytes_per_1k_tokens": kv_bytes_per_token(c) * 1024,
+            "kv_cache": default_kv_cache(target_weights),
+            "kv_bytes_per_1k_tokens": kv_bytes_per_token(c, default_kv_cache(target_weights)) * 1024,
         }
 
     drafter = None
@@ -97,7 +98,7 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
                 dfmt = weights_format_for(resolve(draft), None if target_weights == "gguf" else target_weights)
                 drafter["weights_bytes"] = estimate_weight_bytes(dc, dfmt, gguf_tensor_bytes(d["checkpoint"]))
                 drafter["weights_format"] = dfmt
-                drafter["kv_bytes_per_1k_tokens"] = kv_bytes_per_token(dc) * 1024
+                drafter["kv_bytes_per_1k_tokens"] = kv_bytes_per_token(dc, default_kv_cache(dfmt)) * 1024
                 report["memory"]["drafter_bytes"] = drafter["weights_bytes"]
                 report["memory"]["drafter_weights_format"] = dfmt
                 report["memory"]["drafter_kv_bytes_per_1k_tokens"] = drafter["kv_bytes_per_1k_tokens"]
@@ -177,8 +178,9 @@ def format_report(r: dict) -> str:
     if r.get("memory"):
         m = r["memory"]
         w = ", ".join(f"{fmt} {_mb(b)}" for fmt, b in m["weights_bytes"].items())
-        lines.append(f"memory        weights: {w}")
-        lines.append(f"              KV cache: {_mb(m['kv_bytes_per_1k_tokens'])} per 1k tokens (float32)")
+        lines.append(f"memory        weights: {w}; loaded as {m['weights_format']}")
+        lines.append(f"              KV cache: {_mb(m['kv_bytes_per_1k_tokens'])} per 1k tokens ({m['kv_cache']}, "
+                     "the CPU default)")
         if "drafter_bytes" in m:
             lines.append(f"              drafter: {_mb(m['drafter_bytes'])} weights ({m['drafter_weights_format']}) + "
                          f"{_mb(m['drafter_kv_bytes_per_1k_tokens'])} KV per 1k tokens")

@@ -152,7 +152,7 @@ def test_weight_estimate_equals_the_built_model(tiny_hf_dir, fmt):
 
 def test_kv_and_object_sizes(tiny_model):
     cache = tiny_model.transformer.new_cache(100)
-    assert cache.nbytes() == kv_bytes_per_token(tiny_model.config) * 100
+    assert cache.nbytes() == kv_bytes_per_token(tiny_model.config, tiny_model.info.kv_cache) * 100
     from specdec.drafters.suffix import SuffixDrafter
 
     d = SuffixDrafter()

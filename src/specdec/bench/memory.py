@@ -21,7 +21,7 @@ import torch
 from specdec.model.config import ModelConfig
 
 INT4_GROUP = 32
-KV_BYTES_PER_VALUE = 4  # the KV cache is float32 (cache/kv.py)
+KV_VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # by what the KV cache holds (ModelInfo.kv_cache)
 
 
 def _tensor_bytes(t) -> int:
@@ -77,8 +77,16 @@ def estimate_weight_bytes(c: ModelConfig, fmt: str, gguf_bytes: int | None = Non
     return c.num_layers * per_layer + embed + linear_bytes(c.vocab_size, h, fmt) + 4 * h + rope
 
 
-def kv_bytes_per_token(c: ModelConfig) -> int:
-    return c.kv_bytes_per_token(KV_BYTES_PER_VALUE)
+def kv_bytes_per_token(c: ModelConfig, kv_cache: str) -> int:
+    """Bytes of KV cache one token takes, for a cache holding `kv_cache` values ("float16", ...)."""
+    return c.kv_bytes_per_token(KV_VALUE_BYTES[kv_cache])
+
+
+def default_kv_cache(weights_format: str) -> str:
+    """What the CPU runtime's KV cache holds by default for a weight format, as ModelInfo.kv_cache says it."""
+    from specdec.model.transformer import default_kv_dtype
+
+    return str(default_kv_dtype(weights_format)).removeprefix("torch.")
 
 
 _SKIP = (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType)

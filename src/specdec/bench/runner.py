@@ -142,7 +142,7 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
     rounds = interleaved_rounds(repeats, len(rendered), temperatures, configs)
     runs: list[dict] = []
     stats_of: dict[int, SpecStats] = {}
-    kv_per_token = memory.kv_bytes_per_token(engine.model.config)
+    kv_per_token = memory.kv_bytes_per_token(engine.model.config, engine.model.info.kv_cache)
     drafter_mem: dict[str, tuple[int, str]] = {}
     bar = tqdm(total=len(rounds) * len(configs), desc="bench", unit="run", disable=not progress, file=sys.stderr)
     for r, (rep, pi, temperature, order) in enumerate(rounds):

@@ -46,6 +46,12 @@ from specdec.model.linear import QLinear
 # 3000 tokens qwen2.5-coder-1.5b's is 172 MB a step in float32, against ~1 GB of weights. Both are exact
 # (a k-token forward reads the same stored values as k one-token steps); float16 rounds each stored value.
 CACHE_TYPES = {"f16": torch.float16, "f32": torch.float32}
+
+
+def default_kv_dtype(weights_format: str) -> torch.dtype:
+    """What the CPU runtime's KV cache holds unless --cache-type says: f16 (half the bytes read at long
+    contexts, output exact either way), f32 for fp32 weights."""
+    return torch.float32 if weights_format == "fp32" else torch.float16
 # the dtypes whose cache the C kernels (rows.c, attend.c, step.c) write and read; another goes through torch
 KERNEL_CACHE_DTYPES = (torch.float32, torch.float16)
 F16_OVERFLOW = 65520.0  # the smallest magnitude a float16 cache stores as inf (rows.c checks the same)
@@ -197,8 +203,7 @@ class Transformer:
         self.norm = norm
         self.lm_head = lm_head
         self.weights_format = weights_format
-        # float16 but for the fp32 format, the reference the others are measured against (load_model's cache_type)
-        self.kv_dtype = torch.float32 if weights_format == "fp32" else torch.float16
+        self.kv_dtype = default_kv_dtype(weights_format)  # load_model's cache_type may change it
         self.max_positions = config.context_length
         self.cos, self.sin = rope_tables(config.head_dim, config.rope_theta, self.max_positions,
                                            config.rope_freq_factors)
