@@ -175,8 +175,6 @@ def cmd_load(args) -> int:
     temps = temperatures(args.temperature)
     if len(temps) != 1:
         raise ValueError(f"--concurrency takes one --temperature, got {args.temperature!r}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if not 0 < args.server_start_timeout < float("inf"):
         raise ValueError(f"--server-start-timeout must be a positive number of seconds, got "
                          f"{args.server_start_timeout}")
@@ -248,6 +246,8 @@ def client_runtime() -> dict:
 
 
 def cmd_bench(args) -> int:
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if args.concurrency is not None:  # "" too: it names no level (an error), not "no load test"
         return cmd_load(args)
     import torch
@@ -265,8 +265,6 @@ def cmd_bench(args) -> int:
                          "--methods (e.g. --methods none,ngram-simple) and would ignore them")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {args.repeats}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
     temperatures(args.temperature)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
