@@ -3,6 +3,7 @@ order they are tried, and who hears the feedback."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -114,3 +115,47 @@ def test_admit_refuses_when_every_slot_is_taken_and_loses_nothing(tiny_model):
         engine.admit([4, 5])
     engine.finish(a)
     assert engine.generate([4, 5], max_tokens=3).token_ids
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda e: e.generate([1, 2, 3], None, 4), TypeError, "sampling must be a SamplingParams, got NoneType"),
+    (lambda e: e.generate([1, 2, 3], {"temperature": 1}, 4), TypeError, "sampling must be a SamplingParams, got dict"),
+    (lambda e: e.generate([1, 2, 3], SamplingParams(), 4, spec={}), TypeError, "spec must be a SpecConfig, got dict"),
+    (lambda e: e.generate("hello", SamplingParams(), 4), TypeError, "prompt must be a sequence of token ids, got str"),
+    (lambda e: e.generate([1, 2, 3], SamplingParams(), float("nan")), ValueError,
+     "max_tokens must be a whole number of at least 1, got nan"),  # ran to the end of the context
+    (lambda e: e.generate([1, 2, 3], SamplingParams(), 2.5), ValueError, "max_tokens must be a whole number"),
+])
+def test_a_bad_argument_is_refused_before_a_cache_slot_is_taken(tiny_model, call, error, message):
+    """sampling=None took the only slot and kept it: every later request was 'all 1 KV cache slots in use'."""
+    engine = Engine(tiny_model, max_len=64, max_sequences=1)
+    with pytest.raises(error, match=message):
+        call(engine)
+    fresh = Engine(tiny_model, max_len=64).generate([4, 5], max_tokens=3).token_ids
+    assert engine.generate([4, 5], max_tokens=3).token_ids == fresh
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_len=-1), "max_len must be a whole number of at least 0, got -1"),
+    (dict(max_len=2.5), "max_len must be a whole number of at least 0, got 2.5"),
+    (dict(max_sequences=0), "max_sequences must be a whole number of at least 1, got 0"),  # admitted nothing ever
+])
+def test_engine_sizes_are_checked(tiny_model, kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Engine(tiny_model, **kwargs)
+
+
+def test_stepping_a_request_given_back_is_refused_and_leaves_the_others_alone(tiny_model):
+    """After finish(a), a.slot is -1: stepping a wrote into the last slot, another sequence's cache."""
+    alone = Engine(tiny_model, max_len=64).generate([7, 8, 9, 7, 8, 9], max_tokens=8).token_ids
+    engine = Engine(tiny_model, max_len=64, max_sequences=2)
+    a = engine.admit([1, 2, 3, 4, 5], max_tokens=8)
+    engine.step(a)
+    b = engine.admit([7, 8, 9, 7, 8, 9], max_tokens=8)
+    engine.step(b)
+    engine.finish(a)
+    with pytest.raises(ValueError, match="already given back with Engine.finish"):
+        engine.step(a)
+    while not b.finished:
+        engine.step(b)
+    assert b.output == alone

@@ -36,10 +36,24 @@ def expect(probs: torch.Tensor, wanted) -> None:
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(min_p=-0.1), r"min_p must be in \[0, 1\]"),
     (dict(min_p=1.1), r"min_p must be in \[0, 1\]"),
+    (dict(temperature="1.0"), r"temperature must be a number, got '1.0'"),  # was a bare comparison TypeError
+    (dict(temperature=True), r"temperature must be a number, got True"),  # was temperature 1
+    (dict(min_p=None), r"min_p must be a number, got None"),
+    (dict(top_k=2.5), r"top_k must be a whole number, got 2.5"),  # failed in torch.topk at the first step
+    (dict(seed=1.5), r"seed must be a whole number, got 1.5"),  # failed after the engine took a cache slot
+    (dict(seed=True), r"seed must be a whole number, got True"),
 ])
 def test_bad_settings_are_one_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_a_numpy_integer_seed_seeds_like_the_int():
+    import numpy as np
+
+    a = SamplingParams(temperature=1.0, seed=np.int64(3)).generator()
+    b = SamplingParams(temperature=1.0, seed=3).generator()
+    assert torch.rand(4, generator=a).tolist() == torch.rand(4, generator=b).tolist()
 
 
 def test_defaults_are_greedy_with_every_filter_off():

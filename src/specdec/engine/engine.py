@@ -20,6 +20,7 @@ so batching never changes an answer.
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -98,6 +99,11 @@ class GenerationResult:
         return n / self.decode_s if self.decode_s > 0 else 0.0
 
 
+def _whole(value) -> bool:
+    """An integer (numpy's too), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 class Engine:
     """Runs requests on one target model with the drafters a SpecConfig names."""
 
@@ -105,6 +111,11 @@ class Engine:
                  drafter_factory: DrafterBuilder | None = None, max_sequences: int = 1):
         """max_len: context per sequence; max_sequences: sequences that can run at once (cache slots).
         drafter_factory(drafter_spec, spec) -> Drafter; default: the registry (`build_drafter`)."""
+        for name, value, least in (("max_len", max_len, 0), ("max_sequences", max_sequences, 1)):
+            if not _whole(value) or value < least:  # a bool, a float, -1: torch's errors named neither
+                raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
+        if not isinstance(spec, SpecConfig):
+            raise TypeError(f"spec must be a SpecConfig, got {type(spec).__name__}")
         self.model = model
         self.spec = spec
         self.cache = model.transformer.new_cache(max_len, num_slots=max_sequences)
@@ -157,6 +168,13 @@ class Engine:
         Raises ValueError for a bad request and RuntimeError when every cache slot is in use.
         """
         spec = self.spec if spec is None else spec
+        if not isinstance(sampling, SamplingParams):  # checked before a cache slot is taken
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        if not isinstance(spec, SpecConfig):
+            raise TypeError(f"spec must be a SpecConfig, got {type(spec).__name__}")
+        if isinstance(prompt, (str, bytes, dict)):
+            raise TypeError(f"prompt must be a sequence of token ids, got {type(prompt).__name__} (encode text with "
+                            "model.tokenizer.encode)")
         prompt = list(prompt)
         ids = [int(t) for t in prompt]
         odd = [t for t, i in zip(prompt, ids) if t != i or isinstance(t, bool)]
@@ -165,8 +183,8 @@ class Engine:
         prompt = ids
         if not prompt:
             raise ValueError("the prompt is empty")
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if not _whole(max_tokens) or max_tokens < 1:  # nan and inf ran to the end of the context
+            raise ValueError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
         stop = (stop,) if isinstance(stop, str) else tuple(stop or ())  # "xy" is one stop string, not "x", "y"
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
@@ -180,13 +198,14 @@ class Engine:
         if spec.adaptive and spec.enabled:  # the first draft as long as the prior acceptance pays for
             draft_length = best_draft_length(PRIOR_ACCEPTANCE, self.forward_cost(spec.draft_n_max + 1), 0.0,
                                              spec.draft_n_max)
+        generator = sampling.generator()
         slot = self.cache.allocate()
         try:
             drafters = self._pool.acquire(spec)
         except BaseException:
             self.cache.release(slot)
             raise
-        req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, sampling.generator(),
+        req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, generator,
                       stats=SpecStats(method=spec.method), draft_length=draft_length,
                       hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
         try:
@@ -223,6 +242,8 @@ class Engine:
         """
         t0 = time.perf_counter()
         plans = []
+        if any(req.slot < 0 and not req.finished for req in reqs):  # slot -1 would be the last slot: another's
+            raise ValueError("a request given to step was already given back with Engine.finish; admit it again")
         for i, req in enumerate(reqs):
             if req.finished:
                 plans.append(None)

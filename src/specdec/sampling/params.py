@@ -7,6 +7,7 @@ Target and draft distributions must go through exactly the same processing
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,14 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):  # "1.0" was a bare TypeError
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        for name in ("top_k", "seed"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise ValueError(f"{name} must be a whole number, got {value!r}")  # 2.5 failed inside torch
         if not 0.0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -48,7 +57,7 @@ class SamplingParams:
         if self.seed is None:
             gen.seed()
         else:
-            gen.manual_seed(self.seed)
+            gen.manual_seed(int(self.seed))  # a numpy integer too
         return gen
 
 
