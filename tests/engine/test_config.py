@@ -180,3 +180,14 @@ def test_cross_tokenizer_drafting_is_lossless(tmp_path, tiny_model):
     out = engine.generate(ids, SamplingParams(), max_tokens=20, spec=spec)
     assert out.token_ids == plain.token_ids
     assert out.stats.configured
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(drafters="ngram-simple"), r"drafters must be a tuple of kinds, e.g. \('ngram-simple',\)"),
+    (dict(drafters=("ngram-simple",), adaptive="no"), "adaptive must be True or False, got 'no'"),  # was on
+    (dict(drafters=("ngram-simple",), draft_n_max=2.5), "draft_n_max must be a whole number, got 2.5"),
+    (dict(drafters=("ngram-simple",), draft_n_max="3"), "draft_n_max must be a whole number, got '3'"),
+])
+def test_spec_config_field_types_are_checked(kwargs, message):
+    with pytest.raises(TypeError, match=message):
+        SpecConfig(**kwargs)

@@ -8,6 +8,7 @@ vLLM-style JSON), before auto; `spec_config_from_flags` turns explicit flags int
 from __future__ import annotations
 
 import json
+import numbers
 from dataclasses import dataclass, replace
 
 from specdec.drafters import registry
@@ -59,6 +60,15 @@ class SpecConfig:
     tree_budget: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.drafters, str):  # its characters read as kinds: "lists a type twice: n,g,r,a,m"
+            raise TypeError(f"drafters must be a tuple of kinds, e.g. ({self.drafters!r},)")
+        for name in ("draft_n_max", "draft_n_min", "tree_topk", "tree_budget"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be a whole number, got {value!r}")
+        for name in ("adaptive", "cross_tokenizer"):
+            if not isinstance(getattr(self, name), bool):  # "no" was true
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         specs = tuple(DrafterSpec(d) if isinstance(d, str) else d for d in self.drafters)
         kinds = [s.kind for s in specs]
         if len(set(kinds)) != len(kinds):
