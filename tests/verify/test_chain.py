@@ -85,3 +85,24 @@ def test_greedy_empty_draft_and_ties():
     tie = torch.tensor([[0.0, 3.0, 3.0, 1.0], [1.0, 1.0, 0.0, 0.0]])  # argmax 1 (first max), then 0
     assert verify_greedy(tie, [2]) == VerifyResult(0, (1,), ())
     assert verify_greedy(tie, [1]) == VerifyResult(1, (1, 0), (0,))
+
+
+def test_inputs_that_are_not_logits_probabilities_or_token_ids_are_refused():
+    """A NaN row made argmax emit token 0; 1.7 was read as token 1; a target row scaled up made every
+    acceptance likelier (a silently lossy verification); a negative or NaN entry went unnoticed."""
+    logits = torch.tensor([[0.0, 9.0], [9.0, 0.0]])
+    with pytest.raises(ValueError, match="target_logits hold NaN"):
+        verify_greedy(torch.tensor([[0.0, float("nan")], [9.0, 0.0]]), [1])
+    with pytest.raises(ValueError, match=r"draft_tokens\[0\] = 1.7 is not a token id"):
+        verify_greedy(logits, [1.7])
+    with pytest.raises(ValueError, match=r"draft_tokens\[0\] = True is not a token id"):
+        verify_greedy(logits, [True])
+    probs = torch.tensor([[0.5, 0.5], [0.25, 0.75]])
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="target_probs rows must be probability distributions .* from 5 to 5"):
+        verify_sampling(probs * 5, [1], None, gen)
+    with pytest.raises(ValueError, match="draft_probs rows must be probability distributions"):
+        verify_sampling(probs, [1], torch.tensor([[-0.5, 1.5]]), gen)
+    with pytest.raises(ValueError, match="target_probs rows must be"):
+        verify_sampling(torch.tensor([[float("nan"), 1.0], [0.5, 0.5]]), [1], None, gen)
+    assert verify_greedy(logits, [1]).tokens == (1, 0)  # proper input still verifies

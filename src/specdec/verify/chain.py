@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from specdec.verify import draws
-from specdec.verify.common import VerifyResult, check_rows, check_tokens, residual_probs
+from specdec.verify.common import VerifyResult, check_logits, check_probs, check_rows, check_tokens, residual_probs
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: Sequence[int]) -> VerifyResult:
@@ -27,6 +27,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: Sequence[int]) -> V
     k = len(draft_tokens)
     vocab = check_rows("target_logits", target_logits, k + 1, "len(draft_tokens) + 1")
     tokens = check_tokens("draft_tokens", draft_tokens, vocab)
+    check_logits("target_logits", target_logits)
     best = target_logits.argmax(-1).tolist()  # (k+1,)
     n = 0
     while n < k and tokens[n] == best[n]:
@@ -58,8 +59,10 @@ def verify_sampling(
     k = len(draft_tokens)
     vocab = check_rows("target_probs", target_probs, k + 1, "len(draft_tokens) + 1")
     tokens = check_tokens("draft_tokens", draft_tokens, vocab)
+    check_probs("target_probs", target_probs)
     if draft_probs is not None:
         check_rows("draft_probs", draft_probs, k, "len(draft_tokens)", vocab)
+        check_probs("draft_probs", draft_probs)
         for i, x in enumerate(tokens):
             if draft_probs[i, x] <= 0:
                 raise ValueError(
@@ -97,6 +100,7 @@ def verify_typical(
     k = len(draft_tokens)
     vocab = check_rows("target_probs", target_probs, k + 1, "len(draft_tokens) + 1")
     tokens = check_tokens("draft_tokens", draft_tokens, vocab)
+    check_probs("target_probs", target_probs)
     entropy = -torch.xlogy(target_probs, target_probs).sum(-1)  # (k+1,)
     threshold = (posterior_alpha * torch.exp(-entropy)).clamp(max=posterior_threshold)  # (k+1,)
     n = 0

@@ -58,9 +58,28 @@ def check_rows(name: str, tensor: torch.Tensor, rows: int, what: str, vocab: int
 
 
 def check_tokens(name: str, tokens: Sequence[int], vocab: int) -> tuple[int, ...]:
-    """The tokens as a tuple of ints; a ValueError when one is outside [0, vocab)."""
+    """The tokens as a tuple of ints; a ValueError when one is not an integer (1.7 was read as 1) or is
+    outside [0, vocab)."""
     out = tuple(int(t) for t in tokens)
-    for i, t in enumerate(out):
+    for i, (t, given) in enumerate(zip(out, tokens)):
+        if isinstance(given, (bool, str)) or t != given:
+            raise ValueError(f"{name}[{i}] = {given!r} is not a token id (an integer).")
         if not 0 <= t < vocab:
             raise ValueError(f"{name}[{i}] = {t} is outside the target vocabulary [0, {vocab}).")
     return out
+
+
+def check_logits(name: str, logits: torch.Tensor) -> None:
+    """A ValueError when a row holds NaN (argmax would pick it, as token 0 or wherever it is)."""
+    if torch.isnan(logits).any():
+        raise ValueError(f"{name} hold NaN: the model's forward went wrong; no token can be chosen from them.")
+
+
+def check_probs(name: str, probs: torch.Tensor) -> None:
+    """A ValueError unless every row is a distribution: entries >= 0 summing to 1 (to float error).
+    Rows scaled up made every acceptance likelier: a silently lossy verification."""
+    total = probs.sum(-1, dtype=torch.float64)  # two reductions: a few hundredths of a ms for a step's rows
+    if not float(probs.amin()) >= 0 or not bool(((total - 1).abs() <= 1e-3).all()):  # NaN fails both
+        raise ValueError(f"{name} rows must be probability distributions (entries >= 0 summing to 1; "
+                         "process_logits makes them), got row sums from "
+                         f"{float(total.min()):.4g} to {float(total.max()):.4g}.")

@@ -11,7 +11,7 @@ import torch
 
 from specdec.verify.token_tree import TokenTree
 from specdec.verify import draws
-from specdec.verify.common import VerifyResult, check_rows, check_tokens, residual_probs
+from specdec.verify.common import VerifyResult, check_logits, check_probs, check_rows, check_tokens, residual_probs
 
 
 def verify_tree_greedy(target_logits: torch.Tensor, tree: TokenTree) -> VerifyResult:
@@ -28,6 +28,7 @@ def verify_tree_greedy(target_logits: torch.Tensor, tree: TokenTree) -> VerifyRe
     """
     vocab = check_rows("target_logits", target_logits, len(tree) + 1, "len(tree) + 1")
     check_tokens("tree.tokens", tree.tokens, vocab)
+    check_logits("target_logits", target_logits)
     best = target_logits.argmax(-1).tolist()  # (n+1,)
     return _descend(tree, best.__getitem__)
 
@@ -99,9 +100,11 @@ def verify_tree_sampling(
     n = len(tree)
     vocab = check_rows("target_probs", target_probs, n + 1, "len(tree) + 1")
     check_tokens("tree.tokens", tree.tokens, vocab)
+    check_probs("target_probs", target_probs)
     if draft_probs is None:
         return _descend(tree, lambda row: draws.sample(target_probs[row], generator))
     check_rows("draft_probs", draft_probs, n, "len(tree)", vocab)
+    check_probs("draft_probs", draft_probs)
     check_sampled_siblings(tree, draft_probs)
     path: list[int] = []
     node = -1
