@@ -79,7 +79,7 @@ def check_logits(name: str, logits: torch.Tensor) -> None:
 def check_probs(name: str, probs: torch.Tensor) -> None:
     """A ValueError unless every row is a distribution: entries >= 0 summing to 1 (to float error).
     Rows scaled up made every acceptance likelier: a silently lossy verification."""
-    total = probs.sum(-1, dtype=torch.float64)  # two reductions: a few hundredths of a ms for a step's rows
+    total = probs.sum(-1)  # two reductions, 16-40 us for 4 rows of 49k-152k (float32 is exact enough for 1e-3)
     if not float(probs.amin()) >= 0 or not bool(((total - 1).abs() <= 1e-3).all()):  # NaN fails both
         raise ValueError(f"{name} rows must be probability distributions (entries >= 0 summing to 1; "
                          "process_logits makes them), got row sums from "
