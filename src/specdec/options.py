@@ -105,8 +105,10 @@ def build_engine(args: argparse.Namespace):
     from specdec.model.load import load_model
 
     flags = spec_flags(args)
-    if not flags.auto:
-        spec_config_from_flags(flags)  # a bad flag is an error before a minute of loading
+    if not flags.auto:  # a bad flag, or a model-free drafter's bad option, is an error before a minute of loading
+        for drafter in spec_config_from_flags(flags)[0].drafters:
+            if not registry.entry(drafter.kind).model:
+                registry.create(drafter, registry.BuildContext(target=None))
     check_ctx_size(args.ctx_size)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
