@@ -20,6 +20,13 @@ def run(capsys, argv) -> tuple[int, str, str]:
     return rc, captured.out, captured.err
 
 
+def run_chat(capsys, monkeypatch, lines: list[str], argv) -> tuple[int, str, str]:
+    """`specdec chat` with argv, typing `lines` (an empty one ends the chat)."""
+    typed = iter(lines)
+    monkeypatch.setattr(builtins, "input", lambda prompt="": next(typed))
+    return run(capsys, ["chat", *argv])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["generate", "-c", "-5", "hi"], "--ctx-size must be 0 (the model's context length) or more, got -5"),
     (["generate", "-n", "-1", "hi"], "--max-tokens must be at least 1, got -1"),
@@ -80,10 +87,9 @@ def test_a_prompt_that_is_not_utf8_is_one_line(capsys, tiny_hf_dir):
 
 
 def test_chat_refuses_a_line_that_is_not_utf8_and_goes_on(capsys, monkeypatch, tiny_hf_dir):
-    lines = iter(["caf\udce9", "hello", ""])
-    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
-    rc, out, err = run(capsys, ["chat", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "128", "-n", "2",
-                                "--spec-type", "none"])
+    rc, out, err = run_chat(capsys, monkeypatch, ["caf\udce9", "hello", ""],
+                            ["--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "128", "-n", "2", "--spec-type",
+                             "none"])
     assert rc == 0
     assert "specdec: error: the text is not valid UTF-8" in err and "the line was not sent" in err
     assert err.count("speculation: off") == 1  # the next line was answered
@@ -114,9 +120,7 @@ def test_generate_and_chat_stream_the_answer_cut_before_a_stop_string(capsys, mo
     assert rc == 0 and "".join(written) == cut + "\n"
     assert len([w for w in written if w]) > 2  # streamed, not one piece at the end
     written.clear()
-    lines = iter(["hello", ""])
-    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
-    rc, _, _ = run(capsys, ["chat", *base, "--stop", stop])
+    rc, _, _ = run_chat(capsys, monkeypatch, ["hello", ""], [*base, "--stop", stop])
     assert rc == 0 and "".join(written) == cut + "\n"
 
 
@@ -139,19 +143,16 @@ def test_a_broken_chat_template_is_one_line_and_chat_goes_on(capsys, monkeypatch
     base = ["--model", str(folder), "--weights", "fp32", "-c", "128", "-n", "2", "--spec-type", "none"]
     rc, out, err = run(capsys, ["generate", *base, "--chat", "hello"])
     assert rc == 2 and err.startswith("specdec: error: ") and message in err and not out
-    lines = iter(["hello", ""])
-    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
-    rc, _, err = run(capsys, ["chat", *base])
+    rc, _, err = run_chat(capsys, monkeypatch, ["hello", ""], base)
     assert rc == 0 and message in err and "the line was not sent" in err
 
 
 def test_chat_outgrowing_the_context_drops_its_oldest_turns_and_goes_on(capsys, monkeypatch, tiny_hf_dir):
     """A conversation longer than --ctx-size, or one line longer than it, ended the session (exit 2) and the
     history with it."""
-    lines = iter(["tell me about the weather today please"] * 6 + ["word " * 200, "and now?", ""])
-    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
-    rc, out, err = run(capsys, ["chat", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "96", "-n", "12",
-                                "--spec-type", "none"])
+    lines = ["tell me about the weather today please"] * 6 + ["word " * 200, "and now?", ""]
+    rc, out, err = run_chat(capsys, monkeypatch, lines, ["--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "96",
+                                                         "-n", "12", "--spec-type", "none"])
     assert rc == 0
     assert "note: the conversation outgrew the 96-token context (--ctx-size): its oldest 2 turn(s) were dropped" in err
     assert "tokens with the chat template; the context holds 96 (--ctx-size); the line was not sent" in err
@@ -175,10 +176,9 @@ def test_chat_survives_a_failed_turn_and_ctrl_c_during_an_answer(capsys, monkeyp
         return real_step(self, req)
 
     monkeypatch.setattr(Engine, "step", step)
-    lines = iter(["one", "two", "three", "four", ""])
-    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
-    rc, out, err = run(capsys, ["chat", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "256", "-n", "5",
-                                "--spec-type", "none"])
+    rc, out, err = run_chat(capsys, monkeypatch, ["one", "two", "three", "four", ""],
+                            ["--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "256", "-n", "5", "--spec-type",
+                             "none"])
     assert rc == 0
     assert "specdec: error: 32 key/value entries in layer 0 exceed float16's range; the line was not answered" in err
     assert "(interrupted)" in err
@@ -189,9 +189,7 @@ def test_an_answer_cut_by_the_context_says_so_and_chat_keeps_its_history(capsys,
     model = ["--model", str(tiny_hf_dir), "--weights", "fp32", "--spec-type", "none"]
     rc, out, err = run(capsys, ["generate", *model, "-c", "64", "-n", "1000", "hello"])
     assert rc == 0 and "note: the answer stopped at the end of the 64-token context (--ctx-size)" in err
-    lines = iter(["hi", "hello", ""])
-    monkeypatch.setattr(builtins, "input", lambda prompt="": next(lines))
-    rc, out, err = run(capsys, ["chat", *model, "-c", "256", "-n", "300", "--stop", "<"])
+    rc, out, err = run_chat(capsys, monkeypatch, ["hi", "hello", ""], [*model, "-c", "256", "-n", "300", "--stop", "<"])
     assert rc == 0 and len(out) < 200  # short answers (the stop string), -n beyond the context:
     assert "outgrew" not in err  # every turn dropped all history
 

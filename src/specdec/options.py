@@ -107,8 +107,7 @@ def build_engine(args: argparse.Namespace):
     flags = spec_flags(args)
     if not flags.auto:  # a bad flag, or a model-free drafter's bad option, is an error before a minute of loading
         for drafter in spec_config_from_flags(flags)[0].drafters:
-            if not registry.entry(drafter.kind).model:
-                registry.create(drafter, registry.BuildContext(target=None))
+            registry.check_options(drafter)
     check_ctx_size(args.ctx_size)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")

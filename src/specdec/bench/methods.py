@@ -65,8 +65,8 @@ def parse_methods(text: str, draft_model: str | None = None, draft_n_max: int = 
             if e.model:
                 settings.update(_model_drafter_settings(e, dict(d.options), part))
                 d = DrafterSpec(d.kind)
-            else:  # built once now: a bad option is an error before the model loads, not after the baseline
-                registry.create(d, registry.BuildContext(target=None))
+            else:  # a bad option is an error before the model loads, not after the baseline
+                registry.check_options(d)
             drafters.append(d)
         uses_draft = any(d.kind == "draft-simple" for d in drafters)
         if uses_draft and draft_model is None:

@@ -164,6 +164,13 @@ def create(spec: DrafterSpec, ctx: BuildContext) -> Drafter:
     return e.build(ctx, **options)
 
 
+def check_options(spec: DrafterSpec) -> None:
+    """Build a model-free kind once, so that a bad option is an error before any model loads (a model
+    kind needs its target to be built: it is checked when the engine builds it)."""
+    if not entry(spec.kind).model:
+        create(spec, BuildContext(target=None))
+
+
 def _keyword_args(build: Callable) -> set[str] | None:
     """Option names `build` takes after the context, or None when it takes **options."""
     params = list(inspect.signature(build).parameters.values())[1:]
