@@ -62,7 +62,7 @@ from specdec.model.config import llama3_rope_factors
 from specdec.model.errors import SpecdecError
 from specdec.model.layers import (DecoderLayer, MaskedAttention, RMSNorm, apply_rope, rms_norm, rope_rows, rope_tables,
                                   softcap)
-from specdec.sampling import SamplingParams, process_logits, sample_token
+from specdec.sampling import SamplingParams, is_whole, process_logits, sample_token
 
 MAX_VOCAB_PADDING = 128  # as draft_model.MAX_VOCAB_PADDING: embedding rows padded past the tokenizer
 MARKOV_KINDS = ("vanilla", "gated", "rnn")
@@ -170,7 +170,7 @@ class BlockConfig:
             raise DFlashError(f"{where} names no target_layer_ids (dflash_config.target_layer_ids) and no "
                               "num_target_layers to derive them from: the target layers it reads are unknown")
         mask = extra.get("mask_token_id")
-        if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int) or mask < 0):
+        if mask is not None and (not is_whole(mask) or mask < 0):
             raise DFlashError(f"{where}: mask_token_id must be a token id, got {mask!r}")
         block = extra.get("block_size")
         if block is None or int(block) < 2:

@@ -8,12 +8,12 @@ vLLM-style JSON), before auto; `spec_config_from_flags` turns explicit flags int
 from __future__ import annotations
 
 import json
-import numbers
 from dataclasses import dataclass, replace
 
 from specdec.drafters import registry
 from specdec.drafters.describe import BLOCK_KINDS, block_draft_length, head_kind
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH, DrafterSpec
+from specdec.sampling import is_whole
 
 # Bounds that keep a setting meaningful: a verify pass of more rows than this costs more than it can
 # return on any hardware specdec runs on, and adaptive mode measures every length up to the maximum.
@@ -64,7 +64,7 @@ class SpecConfig:
             raise TypeError(f"drafters must be a tuple of kinds, e.g. ({self.drafters!r},)")
         for name in ("draft_n_max", "draft_n_min", "tree_topk", "tree_budget"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            if not is_whole(value):
                 raise TypeError(f"{name} must be a whole number, got {value!r}")
         for name in ("adaptive", "cross_tokenizer"):
             if not isinstance(getattr(self, name), bool):  # "no" was true

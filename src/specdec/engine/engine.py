@@ -20,7 +20,6 @@ so batching never changes an answer.
 
 from __future__ import annotations
 
-import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -37,7 +36,7 @@ from specdec.engine.stats import SpecStats
 from specdec.model.load import Model, load_model
 from specdec.model.tokenizer import StreamDecoder
 from specdec.model.transformer import Segment
-from specdec.sampling import SamplingParams, process_logits
+from specdec.sampling import SamplingParams, is_whole, process_logits
 from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
 
 # Drafter sets kept for this many distinct SpecConfigs (per-request overrides make new ones;
@@ -99,11 +98,6 @@ class GenerationResult:
         return n / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def _whole(value) -> bool:
-    """An integer (numpy's too), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 class Engine:
     """Runs requests on one target model with the drafters a SpecConfig names."""
 
@@ -112,7 +106,7 @@ class Engine:
         """max_len: context per sequence; max_sequences: sequences that can run at once (cache slots).
         drafter_factory(drafter_spec, spec) -> Drafter; default: the registry (`build_drafter`)."""
         for name, value, least in (("max_len", max_len, 0), ("max_sequences", max_sequences, 1)):
-            if not _whole(value) or value < least:  # a bool, a float, -1: torch's errors named neither
+            if not is_whole(value) or value < least:  # a bool, a float, -1: torch's errors named neither
                 raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
         if not isinstance(spec, SpecConfig):
             raise TypeError(f"spec must be a SpecConfig, got {type(spec).__name__}")
@@ -183,7 +177,7 @@ class Engine:
         prompt = ids
         if not prompt:
             raise ValueError("the prompt is empty")
-        if not _whole(max_tokens) or max_tokens < 1:  # nan and inf ran to the end of the context
+        if not is_whole(max_tokens) or max_tokens < 1:  # nan and inf ran to the end of the context
             raise ValueError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
         stop = (stop,) if isinstance(stop, str) else tuple(stop or ())  # "xy" is one stop string, not "x", "y"
         if any(not isinstance(s, str) or not s for s in stop):

@@ -1,5 +1,5 @@
 """Logits -> probabilities, once, with the same processing for target and draft."""
 
-from specdec.sampling.params import SamplingParams, process_logits, sample_token, sample_tokens
+from specdec.sampling.params import SamplingParams, is_whole, process_logits, sample_token, sample_tokens
 
-__all__ = ["SamplingParams", "process_logits", "sample_token", "sample_tokens"]
+__all__ = ["SamplingParams", "is_whole", "process_logits", "sample_token", "sample_tokens"]

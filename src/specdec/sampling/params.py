@@ -13,6 +13,11 @@ from dataclasses import dataclass
 import torch
 
 
+def is_whole(value) -> bool:
+    """An integer (numpy's too), not a bool: what every count, length and seed must be."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request turns logits into tokens.
@@ -34,7 +39,7 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a number, got {value!r}")
         for name in ("top_k", "seed"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            if value is not None and not is_whole(value):
                 raise ValueError(f"{name} must be a whole number, got {value!r}")  # 2.5 failed inside torch
         if not 0.0 <= self.temperature < math.inf:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
