@@ -30,7 +30,9 @@ def run_chat(capsys, monkeypatch, lines: list[str], argv) -> tuple[int, str, str
 @pytest.mark.parametrize("argv, message", [
     (["generate", "-c", "-5", "hi"], "--ctx-size must be 0 (the model's context length) or more, got -5"),
     (["generate", "-n", "-1", "hi"], "--max-tokens must be at least 1, got -1"),
-    (["generate", ""], "the prompt is empty: give it as an argument or on stdin"),  # was said after loading
+    (["generate", ""], "the prompt is empty: give it as an argument, with --file or on stdin"),  # said after loading
+    (["generate", "--file", "/nonexistent/prompt.txt"], "cannot read the prompt file /nonexistent/prompt.txt: No such"),
+    (["generate", "--file", "a-file", "hi"], "give the prompt as an argument or with --file, not both"),
     (["serve", "--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
     (["generate", "--temp", "1", "--seed", str(10**24), "hi"], "seed must be an integer in [-2**63, 2**64)"),
     (["generate", "--temp", "inf", "hi"], "temperature must be a finite number >= 0, got inf"),
@@ -84,6 +86,27 @@ def test_a_prompt_that_is_not_utf8_is_one_line(capsys, tiny_hf_dir):
     assert rc == 2 and "the text is not valid UTF-8: character 6 is '\\udcff'" in err and not out
     rc, out, _ = run(capsys, base + ["--json", "def f():"])
     assert rc == 0 and len(json.loads(out)["token_ids"]) == 2
+
+
+def test_a_prompt_from_stdin_or_a_file_loses_one_trailing_line_end(capsys, monkeypatch, tmp_path, tiny_hf_dir):
+    """`echo P | specdec generate` and `specdec generate -f FILE` (an editor ends FILE with a newline) mean P."""
+    import io
+    base = ["generate", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "128", "-n", "2", "--spec-type",
+            "none", "--json"]
+
+    def prompt_tokens(argv, stdin=""):
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        rc, out, err = run(capsys, base + argv)
+        assert rc == 0, err
+        return json.loads(out)["prompt_tokens"]
+
+    plain, two_lines = prompt_tokens(["def f():"]), prompt_tokens(["def f():\n\n"])
+    assert plain != two_lines
+    assert prompt_tokens([], stdin="def f():\n") == plain
+    assert prompt_tokens([], stdin="def f():\n\n\n") == two_lines  # only one line end goes
+    for text, want in (("def f():\r\n", plain), ("def f():", plain), ("def f():\n\n\n", two_lines)):
+        (tmp_path / "p.txt").write_bytes(text.encode())
+        assert prompt_tokens(["-f", str(tmp_path / "p.txt")]) == want
 
 
 def test_chat_refuses_a_line_that_is_not_utf8_and_goes_on(capsys, monkeypatch, tiny_hf_dir):

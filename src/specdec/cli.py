@@ -13,10 +13,29 @@ import sys
 from specdec.model.errors import SpecdecError
 from specdec.options import add_model_args, add_sampling_args, add_spec_args, build_engine
 
+def read_prompt(args) -> str:
+    """The prompt of `generate`: the argument, else --file, else stdin. Text read from a file or stdin
+    loses one trailing line end, LF or CRLF (llama.cpp's --file drops an LF), so `echo P | specdec generate` is
+    `specdec generate P`."""
+    if args.prompt is not None and args.file is not None:
+        raise ValueError("give the prompt as an argument or with --file, not both")
+    if args.prompt is not None:
+        return args.prompt
+    if args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8", errors="surrogateescape", newline="") as f:
+                text = f.read()  # bytes that are not UTF-8 are refused later with the character named
+        except OSError as e:
+            raise ValueError(f"cannot read the prompt file {args.file}: {e.strerror or e}") from None
+    else:
+        text = sys.stdin.read()
+    return text.removesuffix("\n").removesuffix("\r") if text.endswith("\n") else text
+
+
 def cmd_generate(args) -> int:
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    prompt = read_prompt(args)
     if not prompt:  # said before the model loads
-        raise ValueError("the prompt is empty: give it as an argument or on stdin")
+        raise ValueError("the prompt is empty: give it as an argument, with --file or on stdin")
     engine, sampling = build_engine(args)
     tok = engine.model.tokenizer
     if args.chat:
@@ -156,7 +175,9 @@ def main(argv=None) -> int:
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids, model, timing, spec")
     p.add_argument("--compact", action="store_true", help="with --json: one line")
-    p.add_argument("prompt", nargs="?", default=None, help="the prompt (default: read stdin)")
+    p.add_argument("-f", "--file", default=None, help="read the prompt from this file (one trailing newline dropped)")
+    p.add_argument("prompt", nargs="?", default=None,
+                   help="the prompt (default: --file, else stdin; one trailing newline dropped from either)")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("chat", help="interactive chat, streaming")
