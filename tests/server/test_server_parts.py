@@ -239,6 +239,48 @@ def test_a_full_queue_refuses_and_loses_nothing(tiny_model):
     assert scheduler.metrics.rejected._value.get() == 1
 
 
+def test_a_client_that_gives_up_while_queued_frees_its_place_at_once(tiny_model):
+    """max_batch 1 + max_queue 1, the running job held inside its step: a queued job whose client went
+    away is answered "cancelled" and leaves the queue when the next request comes, which is taken (it was
+    a 503 until the running job ended), and /health's count drops with it."""
+    import threading
+
+    engine = Engine(tiny_model, max_len=256)
+    scheduler = Scheduler(engine, max_batch=1, max_queue=1)
+    gate, stepping, real_step = threading.Event(), threading.Event(), engine.step_batch
+
+    def held_step(*args, **kwargs):
+        stepping.set()
+        gate.wait(60)
+        return real_step(*args, **kwargs)
+
+    engine.step_batch = held_step
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        running, gone, late = (Job([5, 6, 7], SamplingParams(), 3, (), SpecConfig(), stream=False,
+                                   endpoint="completions", loop=loop) for _ in range(3))
+        scheduler.submit(running)
+        assert await asyncio.to_thread(stepping.wait, 60)
+        scheduler.submit(gone)
+        assert (scheduler.running, scheduler.waiting) == (1, 1)
+        gone.cancel()
+        scheduler.submit(late)  # QueueFull before
+        assert scheduler.waiting == 1 and scheduler.metrics.queued._value.get() == 1
+        gone_done = await asyncio.wait_for(_last_event(gone), 60)
+        gate.set()
+        return gone_done, [await asyncio.wait_for(_last_event(j), 60) for j in (running, late)]
+
+    try:
+        gone_done, done = asyncio.run(main())
+    finally:
+        gate.set()
+        scheduler.stop()
+    assert gone_done.finish_reason == "cancelled" and gone_done.completion_tokens == 0
+    assert [d.finish_reason for d in done] == ["length", "length"]
+    assert scheduler.metrics.rejected._value.get() == 0
+
+
 def test_a_request_past_the_timeout_fails_and_frees_its_slot(tiny_model):
     engine = Engine(tiny_model, max_len=256)
     scheduler = Scheduler(engine, request_timeout=1e-6)

@@ -19,7 +19,7 @@ target's either way, but the draws its generator makes follow how many tokens ea
 Backpressure: at most `max_queue` requests wait beyond the `max_batch` running (a request
 counts as waiting until the thread admits it); beyond that submit() raises QueueFull
 (the app answers 503 with Retry-After). A request whose client went away is dropped at the
-next step, freeing its slot; one older than `request_timeout` seconds fails with TimeoutError.
+next step (or the next submit, while it waits), freeing its slot or its place in the queue; one older than `request_timeout` seconds fails with TimeoutError.
 
     scheduler = Scheduler(engine, metrics, max_batch=16, max_queue=64)
     scheduler.submit(job)            # job: worker.Job; events arrive on job.events
@@ -111,6 +111,7 @@ class Scheduler:
         """Queue a job; raises QueueFull when max_queue jobs wait already."""
         self.start()
         with self._cv:
+            self._drop_gone_waiting()  # a client that gave up while queued holds no place
             if len(self._waiting) + len(self._running) >= self.max_batch + self.max_queue:
                 self.metrics.rejected.inc()
                 raise QueueFull(self.max_queue, self._retry_after())
@@ -138,6 +139,7 @@ class Scheduler:
                     self._cv.wait()
                 if self._stopping:
                     break
+                self._drop_gone_waiting()
                 joining = []
                 while self._waiting and len(self._running) + len(joining) < self.max_batch:
                     joining.append(self._waiting.popleft())
@@ -155,12 +157,27 @@ class Scheduler:
             self.metrics.running.set(len(self._running))
         self._shutdown()
 
-    def _admit(self, job: Job) -> None:
-        self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
-        if job.cancelled.is_set():  # the client went away while waiting
-            self.metrics.record_generation(job.endpoint, "cancelled", 0, 0, None)
-            job.put(Done("", "cancelled", len(job.prompt), 0, SpecStats(method=job.spec.method)))
+    def _drop_gone_waiting(self) -> None:
+        """Answer and forget the waiting jobs whose client went away (called holding the lock), so that
+        they take no place in the queue and /health counts only clients that are there."""
+        gone = [job for job in self._waiting if job.cancelled.is_set()]
+        if not gone:
             return
+        self._waiting = deque(job for job in self._waiting if not job.cancelled.is_set())
+        self.metrics.queued.set(len(self._waiting))
+        for job in gone:
+            self._cancelled(job)
+
+    def _cancelled(self, job: Job) -> None:
+        self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
+        self.metrics.record_generation(job.endpoint, "cancelled", 0, 0, None)
+        job.put(Done("", "cancelled", len(job.prompt), 0, SpecStats(method=job.spec.method)))
+
+    def _admit(self, job: Job) -> None:
+        if job.cancelled.is_set():  # the client went away between the queue and here
+            self._cancelled(job)
+            return
+        self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
         try:
             req = self.engine.admit(job.prompt, job.sampling, job.max_tokens, job.stop, job.spec)
         except Exception as exc:
