@@ -35,10 +35,12 @@ def stream_once(served, prompt: str, chat: bool, spec_on: bool = True, start: th
     pieces, finish, usage, spec = [], None, None, None
     if chat:
         stream = client.chat.completions.create(model=served.model_name, messages=[{"role": "user", "content": prompt}],
-                                                max_tokens=MAX_TOKENS, temperature=0, stream=True, **extra)
+                                                max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}, **extra)
     else:
         stream = client.completions.create(model=served.model_name, prompt=prompt, max_tokens=MAX_TOKENS,
-                                           temperature=0, stream=True, **extra)
+                                           temperature=0, stream=True, stream_options={"include_usage": True},
+                                           **extra)
     for chunk in stream:
         if chunk.choices:
             choice = chunk.choices[0]

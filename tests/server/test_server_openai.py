@@ -69,10 +69,8 @@ def test_completion_stream_equals_engine_and_ends_with_stats(smollm_server, refe
     last = chunks[-1]
     assert last.choices[0].finish_reason == expected.finish_reason
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
-    assert last.usage.completion_tokens == len(expected.token_ids)
-    assert last.usage.prompt_tokens == expected.prompt_tokens
     assert last.model_extra["spec"]["drafted"] == expected.stats.drafted > 0
-    assert all(c.usage is None for c in chunks[:-1])
+    assert all(c.usage is None for c in chunks)  # usage only when include_usage asks, as OpenAI does
 
 
 def test_chat_stream_speculation_off_equals_engine_with_include_usage(smollm_server, reference):
@@ -89,8 +87,9 @@ def test_chat_stream_speculation_off_equals_engine_with_include_usage(smollm_ser
     assert len(finish) == 1 and finish[0].choices[0].finish_reason == expected.finish_reason
     usage_only = chunks[-1]  # OpenAI's include_usage chunk: no choices, usage set
     assert usage_only.choices == [] and usage_only.usage.completion_tokens == len(expected.token_ids)
+    assert usage_only.usage.prompt_tokens == expected.prompt_tokens
     assert usage_only.model_extra["spec"]["configured"] is False
-    assert finish[0].usage.total_tokens == usage_only.usage.total_tokens
+    assert finish[0].usage is None  # once: a client summing usage over chunks counts it once
 
 
 def test_override_draft_length_and_method(smollm_server, reference):

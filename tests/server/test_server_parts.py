@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 
 import openai
@@ -47,10 +48,54 @@ def test_api_key_wrong_or_missing_is_401_then_served(tiny_server):
         # the key is checked before the body is read
         assert_401(http.post("/v1/completions", content=b"{bad", headers={"content-type": "application/json"}))
         assert http.get("/v1/models", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        for header in ({"Authorization": f"bearer {key}"}, {"Authorization": f"BEARER  {key}"}, {"X-Api-Key": key}):
+            assert http.get("/v1/models", headers=header).status_code == 200, header  # RFC 7235; llama.cpp's
+        assert_401(http.get("/v1/models", headers={"X-Api-Key": key + "x"}))
+        assert_401(http.get("/v1/models", headers={"Authorization": f"Basic {key}", "X-Api-Key": key}))
+        assert http.get("/v1/models").headers["www-authenticate"] == "Bearer"
         assert http.get("/health").status_code == 200  # /health and /metrics need no key
         assert http.get("/metrics").status_code == 200
     resp = tiny_server.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=2, temperature=0)
     assert resp.choices[0].finish_reason in ("stop", "length")
+
+
+def test_protocol_edges_are_openai_shaped(tiny_server):
+    """HEAD on the GET routes; a stream carries usage only when include_usage asks (once); stream_options
+    without a stream is a 400; a lone surrogate quoted in an error message, and a body that is not UTF-8,
+    are 4xx errors in OpenAI's shape, not 500s."""
+    auth = {"Authorization": f"Bearer {tiny_server.api_key}"}
+    body = {"prompt": "hello", "max_tokens": 3, "temperature": 0, "stream": True}
+
+    def stream_chunks(http, extra):
+        response = http.post("/v1/completions", json={**body, **extra}, headers=auth)
+        assert response.status_code == 200, response.text
+        lines = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+        assert lines[-1] == "[DONE]"
+        return [json.loads(line) for line in lines[:-1]]
+
+    with tiny_server.http() as http:
+        for path in ("/health", "/v1/models", "/v1/models/tiny"):
+            response = http.head(path, headers=auth)
+            assert response.status_code == 200 and response.content == b"", path
+        plain = stream_chunks(http, {})
+        assert all("usage" not in c for c in plain) and "spec" in plain[-1]
+        counted = stream_chunks(http, {"stream_options": {"include_usage": True}})
+        with_usage = [c for c in counted if c.get("usage")]
+        assert len(with_usage) == 1 and with_usage[0]["choices"] == [] and with_usage[0] is counted[-1]
+        assert with_usage[0]["usage"]["completion_tokens"] == 3
+        error = http.post("/v1/completions", json={"prompt": "hi", "stream_options": {"include_usage": True}},
+                          headers=auth)
+        assert error.status_code == 400 and error.json()["error"]["param"] == "stream_options"
+        error = http.post("/v1/completions", content=b'{"model": "x\\ud800", "prompt": "hi"}',
+                          headers={**auth, "content-type": "application/json"})
+        assert error.status_code == 404 and error.json()["error"]["code"] == "model_not_found"
+        assert "\\ud800" in error.text  # escaped, so the body is valid UTF-8
+        error = http.post("/v1/completions", content=b'{"prompt": "caf\xe9"}',
+                          headers={**auth, "content-type": "application/json"})
+        assert error.status_code == 400 and error.json()["error"]["code"] == "invalid_json"
+        error = http.post("/v1/completions", content=b"", headers={**auth, "content-type": "application/json"})
+        assert error.status_code == 400 and error.json()["error"]["code"] == "invalid_type"
+        assert http.get("/health").json()["status"] == "ok"  # and the server goes on
 
 
 # -- speculative overrides -----------------------------------------------------------------------

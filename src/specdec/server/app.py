@@ -5,14 +5,15 @@
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both stream as SSE with
 "stream": true), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics
-(Prometheus text). With an api_key, every /v1 path needs "Authorization: Bearer KEY";
-/health and /metrics stay open (they say nothing about prompts).
+(Prometheus text). With an api_key, every /v1 path needs "Authorization: Bearer KEY" (or
+"X-Api-Key: KEY"); /health and /metrics stay open (they say nothing about prompts).
 
 Extras OpenAI clients ignore: the request field "speculative" overrides the server's
 speculative settings for that request (see overrides.py); every response carries
 "spec" = SpecStats.to_dict() of that request next to the usual "usage". A stream sends
-both on its last chunk (the one with finish_reason), and, when the client asks for
-stream_options.include_usage, once more on OpenAI's usage-only chunk (choices: []).
+"spec" on its last chunk (the one with finish_reason) and, as OpenAI does, "usage" only when
+the client asks for stream_options.include_usage: on the usage-only chunk (choices: []) that
+follows, with "spec" again.
 
 Concurrency: handlers only validate, tokenize and wait; generation runs on one scheduler
 thread (scheduler.py) that batches up to max_batch sequences into one target forward per
@@ -91,16 +92,16 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
         return {"id": model_name, "object": "model", "created": created, "owned_by": "specdec",
                 "max_model_len": engine.cache.max_len, "speculative": engine.spec.method}
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def list_models():
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"])
     async def get_model(model_id: str):
         _check_model(model_id, model_name)
         return model_card()
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # health checkers often send HEAD
     async def health():
         return {"status": "ok", "model": model_name, "waiting": worker.waiting, "running": worker.running,
                 "max_batch": worker.max_batch}
@@ -193,6 +194,9 @@ def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_to
               prompt_param: str, default_max_tokens: int, max_tokens_param: str = "max_tokens") -> Job:
     if body.n != 1:
         raise APIError(400, f"n must be 1 (one choice per request), got {body.n}", param="n", code="invalid_value")
+    if body.stream_options is not None and not body.stream:  # vLLM refuses it too: it asks for what never comes
+        raise APIError(400, "stream_options is only allowed with stream: true", param="stream_options",
+                       code="invalid_value")
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name):
             raise APIError(400, f"{name} is not supported by this server (send 0)", param=name, code="unsupported")
@@ -346,14 +350,14 @@ async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: b
             elif isinstance(event, Done):
                 if event.text:
                     yield chunk(event.text)
-                usage, spec = _usage(event), event.stats.to_dict()
-                yield chunk(None, event.finish_reason, usage=usage, spec=spec)
-                if include_usage:
+                spec = event.stats.to_dict()
+                yield chunk(None, event.finish_reason, spec=spec)
+                if include_usage:  # OpenAI's usage-only chunk, the one place a stream carries usage
                     yield _data({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [],
-                                 "usage": usage, "spec": spec})
+                                 "usage": _usage(event), "spec": spec})
                 break
             elif isinstance(event, Failed):
-                yield _data(_worker_error(event.error).body())
+                yield _data(_worker_error(event.error).body(), ascii=True)
                 break
             event = await job.events.get()
         yield "data: [DONE]\n\n"
@@ -361,8 +365,9 @@ async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: b
         job.cancel()  # a no-op when the job is done; stops generation when the client went away
 
 
-def _data(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+def _data(obj: dict, ascii: bool = False) -> str:
+    """One SSE event. ascii: escape non-ASCII (an error message may quote a lone surrogate the client sent)."""
+    return f"data: {json.dumps(obj, ensure_ascii=ascii)}\n\n"
 
 
 # -- errors and authentication ------------------------------------------------------------------
@@ -392,12 +397,14 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
             param = None
         elif kind in ("model_attributes_type", "missing") and not loc:  # a body that is no object, or none
             message = "The request body must be a JSON object."
-            param = None
+            param, kind = None, "model_attributes_type"  # an empty body misses no parameter: it is no object
         elif kind == "missing":
             message = f"Missing required parameter: '{param}'."
         elif kind.endswith("_type"):
             given = repr(first.get("input"))[:60]
             message = f"Invalid type for '{param}': {first.get('msg', 'wrong type')} (got {given})."
+        elif param is None:  # e.g. a key that is no valid string
+            message = f"Invalid request body: {first.get('msg', 'invalid')}."
         else:
             message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}."
         code = _PYDANTIC_CODES.get(kind, "invalid_type" if kind.endswith("_type") else "invalid_value")
@@ -408,6 +415,10 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         message = f"{exc.detail}: {request.method} {request.url.path}" if exc.status_code in (404, 405) \
             else str(exc.detail)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        if exc.status_code == 400:  # FastAPI's own: a body that is not UTF-8 or nests too deep for the parser
+            message = ("We could not parse the body of your request as JSON (it is not UTF-8 text, or it nests "
+                       "too deep). The API expects a JSON object.")
+            code = "invalid_json"
         return answer(APIError(exc.status_code, message, param=None, code=code))
 
     @app.exception_handler(Exception)
@@ -418,21 +429,29 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
 
 
 class _APIKeyMiddleware:
-    """Every /v1 path needs `Authorization: Bearer <api_key>` (plain ASGI, so streaming is untouched)."""
+    """Every /v1 path needs the key: `Authorization: Bearer <api_key>` (the scheme in any case, as RFC 7235
+    says) or `X-Api-Key: <api_key>` (llama.cpp's server takes it). Plain ASGI, so streaming is untouched."""
 
     def __init__(self, app, api_key: str, metrics: ServerMetrics):
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
         self.metrics = metrics
+
+    def given_key(self, headers: dict[bytes, bytes]) -> bytes | None:
+        if b"authorization" in headers:
+            scheme, _, key = headers[b"authorization"].partition(b" ")
+            return key.strip(b" ") if scheme.lower() == b"bearer" else b""
+        return headers.get(b"x-api-key")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = dict(scope["headers"]).get(b"authorization")
+            given = self.given_key(dict(scope["headers"]))
             if given is None or not hmac.compare_digest(given, self.expected):
                 message = ("You didn't provide an API key: send it as 'Authorization: Bearer KEY'." if given is None
                            else "Incorrect API key provided.")
                 self.metrics.record_error(401, "invalid_api_key")
-                response = APIError(401, message, code="invalid_api_key").response()
+                response = APIError(401, message, code="invalid_api_key",
+                                    headers={"WWW-Authenticate": "Bearer"}).response()
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -15,10 +15,11 @@ Extras OpenAI clients ignore:
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
 
 class APIError(Exception):
@@ -33,8 +34,11 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self) -> Response:
+        """Rendered with non-ASCII escaped: a message that quotes the client's input (a lone surrogate in a
+        model name) must not fail to render and turn the error into a 500."""
+        return Response(json.dumps(self.body(), ensure_ascii=True), status_code=self.status, headers=self.headers,
+                        media_type="application/json")
 
 
 # Fields other OpenAI-compatible servers (vLLM, SGLang, llama.cpp) honour and this one cannot, each
