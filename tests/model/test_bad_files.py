@@ -90,26 +90,61 @@ def test_unknown_quantization(tmp_path):
         _load(path)
 
 
-def test_tensor_of_the_wrong_shape(tmp_path):
-    path = make_gguf_model(tmp_path / "ok.gguf")
-    reader = gguf.GGUFReader(path)
+def _rewritten_gguf(tmp_path, tensors=lambda name, array: array, fields=lambda name, value: value):
+    """The tiny GGUF written again with each tensor and metadata value passed through the functions."""
+    reader = gguf.GGUFReader(make_gguf_model(tmp_path / "ok.gguf"))
     bad = tmp_path / "bad.gguf"
     w = gguf.GGUFWriter(str(bad), "llama")
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
             continue
-        value = field.contents()
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(field.name, value, vtype, sub_type=sub)
+        w.add_key_value(field.name, fields(field.name, field.contents()), vtype, sub_type=sub)
     for t in reader.tensors:
-        array = np.array(t.data)
-        if t.name == "blk.0.attn_q.weight":
-            array = array[:-4]  # 4 rows short
-        w.add_tensor(t.name, array)
+        w.add_tensor(t.name, tensors(t.name, np.array(t.data)))
     _finish(w)
+    return bad
+
+
+def test_tensor_of_the_wrong_shape(tmp_path):
+    bad = _rewritten_gguf(tmp_path, tensors=lambda name, a: a[:-4] if name == "blk.0.attn_q.weight" else a)
     with pytest.raises(ModelFileError, match=r"blk\.0\.attn_q\.weight has shape \(60, 64\), expected \(64, 64\)"):
         _load(bad)
+
+
+@pytest.mark.parametrize("weights", ["gguf", "fp32"])
+def test_an_output_head_of_the_wrong_width_is_refused(tmp_path, weights):
+    """The gguf kernel read the head's rows past their end (no error, garbage logits)."""
+    bad = _rewritten_gguf(tmp_path, tensors=lambda name, a: a[:, :-32] if name == "output.weight" else a)
+    with pytest.raises(ModelFileError, match=r"output\.weight has shape \(512, 32\), expected \(512, 64\)"):
+        load_model(str(bad), weights, progress=False)
+
+
+def test_a_block_count_below_the_layers_in_the_file_is_refused(tmp_path):
+    """The model ran without its last layer, predicting other text (llama.cpp refuses such a file)."""
+    bad = _rewritten_gguf(tmp_path, fields=lambda name, v: 1 if name == "llama.block_count" else v)
+    with pytest.raises(ModelFileError, match=r"holds layer 1, but its block_count says 1 layers"):
+        _load(bad)
+
+
+@pytest.mark.parametrize("arch, drop, swap, message", [
+    ("qwen3", "model.layers.1.self_attn.k_norm.weight", None, "k_norm.weight"),  # it ran without the norm
+    ("qwen2", None, ("k_proj.bias", 64), r"k_proj\.bias has shape \(64,\); .* imply \(32,\)"),  # read past the end
+])
+@pytest.mark.parametrize("weights", ["fp32", "int8"])
+def test_a_missing_norm_or_a_bias_of_the_wrong_length_is_refused(tmp_path, arch, drop, swap, message, weights):
+    from safetensors.torch import load_file, save_file
+
+    folder = make_hf_model(tmp_path / "m", arch=arch)
+    tensors = load_file(str(folder / "model.safetensors"))
+    if drop:
+        del tensors[drop]
+    if swap:
+        tensors["model.layers.0.self_attn." + swap[0]] = torch.zeros(swap[1])
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ModelFileError, match=message):
+        load_model(str(folder), weights, progress=False)
 
 
 def test_wrong_sha256_refuses_to_load(tmp_path, monkeypatch):

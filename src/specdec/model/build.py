@@ -61,7 +61,8 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         p = f"model.layers.{i}."
         qkv_b = None
         if c.qkv_bias:
-            qkv_b = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"])
+            qkv_b = torch.cat([get(p + f"self_attn.{n}_proj.bias", (size,))  # the kernels add it unchecked
+                               for n, size in zip("qkv", (c.q_size, c.kv_size, c.kv_size))])
         layers.append(Layer(
             qkv=linear([p + f"self_attn.{n}_proj.weight" for n in "qkv"], shapes["qkv"], qkv_b),
             o=linear([p + "self_attn.o_proj.weight"], shapes["o"]),
@@ -69,8 +70,8 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
             down=linear([p + "mlp.down_proj.weight"], shapes["down"]),
             attn_norm=get(p + "input_layernorm.weight", (h,)),
             mlp_norm=get(p + mlp_norm + ".weight", (h,)),
-            q_norm=opt(p + "self_attn.q_norm.weight", (c.head_dim,)) if c.qk_norm else None,
-            k_norm=opt(p + "self_attn.k_norm.weight", (c.head_dim,)) if c.qk_norm else None,
+            q_norm=get(p + "self_attn.q_norm.weight", (c.head_dim,)) if c.qk_norm else None,  # the family has them
+            k_norm=get(p + "self_attn.k_norm.weight", (c.head_dim,)) if c.qk_norm else None,
             attn_out_norm=get(p + "post_attention_layernorm.weight", (h,)) if c.sandwich_norms else None,
             mlp_out_norm=get(p + "post_feedforward_layernorm.weight", (h,)) if c.sandwich_norms else None,
         ))

@@ -407,6 +407,8 @@ def _check_shapes(model: GGUFModel) -> None:
         "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
         "model.norm.weight": (c.hidden_size,),
     }
+    if not c.tie_embeddings:  # the gguf kernel reads the head's rows as the shape says: a narrow one past its end
+        expected["lm_head.weight"] = (c.vocab_size, c.hidden_size)
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         expected.update({
@@ -426,7 +428,16 @@ def _check_shapes(model: GGUFModel) -> None:
         if c.qk_norm:
             expected[p + "self_attn.q_norm.weight"] = (c.head_dim,)
             expected[p + "self_attn.k_norm.weight"] = (c.head_dim,)
+    for i in range(c.num_layers, c.num_layers + c.mtp_layers_declared):  # MTP layers: checked where they are read
+        expected.update({n: None for n in model._tensors if n.startswith(f"model.layers.{i}.")})
+    beyond = sorted({int(m.group(1)) for n in model._tensors if (m := re.match(r"model\.layers\.(\d+)\.", n))
+                     and n not in expected and int(m.group(1)) >= c.num_layers})
+    if beyond:  # llama.cpp refuses such a file too: the model would run without those layers
+        raise ModelFileError(model.path, f"the file holds layer {beyond[0]}, but its block_count says "
+                             f"{c.num_layers} layers (0..{c.num_layers - 1})")
     for name, shape in expected.items():
+        if shape is None:
+            continue
         t = model._tensors.get(name)
         if t is None:
             raise ModelFileError(model.path, f"tensor for {name} is missing")
