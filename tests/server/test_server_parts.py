@@ -14,6 +14,7 @@ import pytest
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
+from specdec.server.app import MAX_BODY_BYTES
 from specdec.server.overrides import resolve_spec
 from specdec.server.schemas import APIError, SpeculativeOverride
 from specdec.server.scheduler import QueueFull, Scheduler
@@ -95,6 +96,12 @@ def test_protocol_edges_are_openai_shaped(tiny_server):
         assert error.status_code == 400 and error.json()["error"]["code"] == "invalid_json"
         error = http.post("/v1/completions", content=b"", headers={**auth, "content-type": "application/json"})
         assert error.status_code == 400 and error.json()["error"]["code"] == "invalid_type"
+        error = http.post("/v1/completions", content=b'{"prompt": "' + b"a" * MAX_BODY_BYTES + b'"}',
+                          headers={**auth, "content-type": "application/json"})
+        assert error.status_code == 413 and error.json()["error"]["code"] == "request_too_large"
+        chunked = iter([b'{"prompt": "'] + [b"a" * 2**20] * (MAX_BODY_BYTES // 2**20 + 1) + [b'"}'])
+        error = http.post("/v1/completions", content=chunked, headers={**auth, "content-type": "application/json"})
+        assert error.status_code == 413 and error.json()["error"]["code"] == "request_too_large"
         assert http.get("/health").json()["status"] == "ok"  # and the server goes on
 
 

@@ -58,6 +58,7 @@ from specdec.server.worker import Delta, Done, Failed, Job
 log = logging.getLogger("specdec.server")
 
 DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens (capped by the room left in the context)
+MAX_BODY_BYTES = 32 * 2**20  # a bigger request body is a 413 before it is read whole: no prompt that fits is so long
 _DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks that its client is still there
 
 
@@ -84,6 +85,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
     app.state.engine, app.state.worker, app.state.metrics = engine, worker, metrics
     if api_key:
         app.add_middleware(_APIKeyMiddleware, api_key=api_key, metrics=metrics)
+    app.add_middleware(_BodyLimit, limit=MAX_BODY_BYTES, metrics=metrics)
     _install_error_handlers(app, metrics)
     tok = engine.model.tokenizer
 
@@ -124,7 +126,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
             raise APIError(400, "suffix (text after the completion) is not supported by this server",
                            param="suffix", code="unsupported")
         _check_model(body.model, model_name)
-        ids = await run_in_threadpool(_completion_prompt, tok, body.prompt, engine.model.config.vocab_size)
+        ids = await run_in_threadpool(_completion_prompt, tok, body.prompt, engine.model.config.vocab_size,
+                                      engine.cache.max_len)
         job = _make_job(engine, body, ids, body.max_tokens, "completions", "prompt", default_max_tokens)
         return await _answer(worker, job, body, request, model_name, chat=False)
 
@@ -145,7 +148,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
                 raise APIError(400, f"messages[{i}] carries {field}, which this server cannot put in the prompt "
                                "(it serves no tools)", param=f"messages.{i}.{field}", code="unsupported")
         messages = [m.as_template_dict() for m in body.messages]
-        ids = await run_in_threadpool(_chat_prompt, tok, messages)
+        ids = await run_in_threadpool(_chat_prompt, tok, messages, engine.cache.max_len)
         job = _make_job(engine, body, ids, max_tokens, "chat.completions", "messages", default_max_tokens,
                         "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
         return await _answer(worker, job, body, request, model_name, chat=True)
@@ -160,13 +163,13 @@ def _check_model(name: str | None, served: str) -> None:
                        code="model_not_found")
 
 
-def _completion_prompt(tok, prompt, vocab_size: int) -> list[int]:
+def _completion_prompt(tok, prompt, vocab_size: int, context: int) -> list[int]:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise APIError(400, f"one prompt per request, got {len(prompt)}", param="prompt", code="invalid_value")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return _encode(tok, prompt, "prompt")
+        return _encode(tok, prompt, "prompt", context)
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
         raise APIError(400, f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
@@ -174,20 +177,30 @@ def _completion_prompt(tok, prompt, vocab_size: int) -> list[int]:
     return list(prompt)
 
 
-def _chat_prompt(tok, messages: list[dict]) -> list[int]:
+def _chat_prompt(tok, messages: list[dict], context: int) -> list[int]:
     try:
         text = tok.apply_chat_template(messages)
     except ValueError as exc:  # any failure of the template (model/tokenizer.py)
         raise APIError(400, f"the chat template rejected these messages: {exc}", param="messages",
                        code="invalid_value") from None
-    return _encode(tok, text, "messages", add_bos=False)
+    return _encode(tok, text, "messages", context, add_bos=False)
 
 
-def _encode(tok, text: str, param: str, add_bos: bool | None = None) -> list[int]:
+def _encode(tok, text: str, param: str, context: int, add_bos: bool | None = None) -> list[int]:
+    """The prompt's ids; a text that cannot fit the context is refused without being tokenized whole."""
     try:
-        return tok.encode(text, add_bos=add_bos)
+        ids = tok.encode_at_most(text, context - 2, add_bos=add_bos)  # _make_job's room: one token at least
     except ValueError as exc:  # text that is not UTF-8
         raise APIError(400, str(exc), param=param, code="invalid_value") from None
+    if ids is None:
+        raise _context_exceeded(context, f"more than {context - 2}", param)
+    return ids
+
+
+def _context_exceeded(context: int, tokens: str, param: str) -> APIError:
+    return APIError(400, f"This model's maximum context length is {context} tokens. However, your prompt has "
+                    f"{tokens} tokens, which leaves no room for a completion. Please shorten the prompt.",
+                    param=param, code="context_length_exceeded")
 
 
 def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_tokens: int | None, endpoint: str,
@@ -219,9 +232,7 @@ def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_to
         raise APIError(400, "the prompt is empty", param=prompt_param, code="invalid_value")
     room = context - 1 - len(prompt)  # the engine keeps one position free for the token it is about to emit
     if room < 1:
-        raise APIError(400, f"This model's maximum context length is {context} tokens. However, your prompt has "
-                       f"{len(prompt)} tokens, which leaves no room for a completion. Please shorten the prompt.",
-                       param=prompt_param, code="context_length_exceeded")
+        raise _context_exceeded(context, str(len(prompt)), prompt_param)
     if max_tokens is None:
         max_tokens = min(default_max_tokens, room)
     elif max_tokens > room:
@@ -414,7 +425,9 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException):
         message = f"{exc.detail}: {request.method} {request.url.path}" if exc.status_code in (404, 405) \
             else str(exc.detail)
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        if exc.status_code == 413:
+            message = str(exc.detail)
         if exc.status_code == 400:  # FastAPI's own: a body that is not UTF-8 or nests too deep for the parser
             message = ("We could not parse the body of your request as JSON (it is not UTF-8 text, or it nests "
                        "too deep). The API expects a JSON object.")
@@ -426,6 +439,39 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         log.exception("unexpected error in %s %s", request.method, request.url.path)
         return answer(APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error",
                                code="internal_error"))
+
+
+class _BodyLimit:
+    """A request body over `limit` bytes is a 413 in OpenAI's error shape: at once when Content-Length says so,
+    else (a chunked body) as soon as the bytes read pass the limit."""
+
+    def __init__(self, app, limit: int, metrics: ServerMetrics):
+        self.app, self.limit, self.metrics = app, limit, metrics
+
+    def too_large(self, size: str) -> StarletteHTTPException:
+        return StarletteHTTPException(413, f"the request body has {size} bytes; this server takes at most "
+                                      f"{self.limit} (no prompt that fits the context is longer)")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > self.limit:
+            self.metrics.record_error(413, "request_too_large")
+            exc = self.too_large(str(int(declared)))
+            await APIError(413, exc.detail, code="request_too_large").response()(scope, receive, send)
+            return
+        read = 0
+
+        async def counted():
+            nonlocal read
+            message = await receive()
+            read += len(message.get("body", b""))
+            if read > self.limit:  # raised inside the body's parsing: the app's error handler answers it
+                raise self.too_large(f"more than {self.limit}")
+            return message
+
+        await self.app(scope, counted, send)
 
 
 class _APIKeyMiddleware:
