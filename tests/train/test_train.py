@@ -65,6 +65,62 @@ def test_resume_continues_from_the_saved_step(trained, tmp_path):
         main(args + ["--steps", "9", "--resume"])
 
 
+def test_a_trained_head_or_a_model_in_out_is_never_written_over(trained, tmp_path):
+    """A new run into a folder holding a head wrote over it at its first checkpoint; --out set to the
+    target's folder replaced the model's weights; --steps 0 saved an untrained head; a diverged run saved
+    NaN weights; another kind's state.pt was 'resumed'. Each is refused now and leaves the files as they were."""
+    from specdec.train.cli import main
+
+    folder, eagle_dir = trained
+    data = eagle_dir / "data.rank0.npz"  # the fixture's sequences: no generation here
+    args = ["--model", str(folder), "--sequences", str(data), "--save-every", "5"] + COMMON
+
+    def files(d):
+        return {p.name: p.read_bytes() for p in d.iterdir() if p.is_file()}
+
+    before = files(eagle_dir), files(folder)
+    for argv, message in [
+        (["eagle3", "--out", str(eagle_dir), "--draft-vocab", "256", "--steps", "5"],
+         "holds model.safetensors already .*--resume continues"),
+        (["eagle3", "--out", str(folder), "--draft-vocab", "256", "--steps", "5"], "holds model.safetensors already"),
+        (["mtp", "--out", str(eagle_dir), "--steps", "200", "--resume"], r"state.pt was written by another head \(eagle3\)"),
+        (["eagle3", "--out", str(eagle_dir), "--draft-vocab", "128", "--steps", "200", "--resume"], "other settings"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            main(argv + args)
+    assert (files(eagle_dir), files(folder)) == before
+
+    empty = tmp_path / "data-only"
+    assert main(["eagle3", "--out", str(empty), "--draft-vocab", "256", "--steps", "0", "--val", "0"] + args) == 0
+    assert not (empty / "model.safetensors").exists() and not (empty / "state.pt").exists()
+    with pytest.raises(ValueError, match="training diverged: the head's weights are not finite"):
+        main(["eagle3", "--out", str(tmp_path / "nan"), "--draft-vocab", "256", "--steps", "5"] + args
+             + ["--lr", "1e30"])
+    assert not (tmp_path / "nan" / "model.safetensors").exists()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for name, data_bytes in before[0].items():
+        (copy / name).write_bytes(data_bytes)
+    (copy / "state.pt").unlink()
+    with pytest.raises(ValueError, match="holds model.safetensors but no state.pt"):
+        main(["eagle3", "--out", str(copy), "--draft-vocab", "256", "--steps", "5", "--resume"] + args)
+
+
+def test_a_failed_write_keeps_the_previous_file_whole(tmp_path):
+    from specdec.model.files import replaced
+
+    target = tmp_path / "model.safetensors"
+    target.write_bytes(b"the previous head")
+    with pytest.raises(RuntimeError, match="killed"):
+        with replaced(target) as tmp:
+            tmp.write_bytes(b"half of the")
+            raise RuntimeError("killed")
+    assert target.read_bytes() == b"the previous head" and [p.name for p in tmp_path.iterdir()] == [target.name]
+    with replaced(target) as tmp:
+        tmp.write_bytes(b"the new head")
+    assert target.read_bytes() == b"the new head" and len(list(tmp_path.iterdir())) == 1
+
+
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_torchrun_trains_data_parallel(trained, tmp_path, kind):
     """Two CPU processes under torchrun (gloo, DDP): each writes its share of the data, rank 0 the head;

@@ -60,6 +60,7 @@ from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.hidden import HeadCache
 from specdec.model.config import llama3_rope_factors
 from specdec.model.errors import SpecdecError
+from specdec.model.files import replaced, write_text
 from specdec.model.layers import (DecoderLayer, MaskedAttention, RMSNorm, apply_rope, rms_norm, rope_rows, rope_tables,
                                   softcap)
 from specdec.sampling import SamplingParams, is_whole, process_logits, sample_token
@@ -585,11 +586,12 @@ def save_block_drafter(model: BlockDraftModel, folder, target_info: dict | None 
         for key, t in (("embed_tokens.weight", embed_tokens), ("lm_head.weight", lm_head)):
             if t is not None:
                 tensors[key] = t.detach().to("cpu", dtype).contiguous()
-    save_file(tensors, str(folder / "model.safetensors"))
+    with replaced(folder / "model.safetensors") as tmp:  # a run killed here keeps the previous drafter whole
+        save_file(tensors, str(tmp))
     raw = model.cfg.to_json()
     if target_info:
         raw["specdec"] = {"kind": model.cfg.layout, "target": target_info}
-    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    write_text(folder / "config.json", json.dumps(raw, indent=2) + "\n")
     return folder
 
 

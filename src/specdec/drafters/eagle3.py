@@ -33,6 +33,7 @@ from torch import nn
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
 from specdec.model.errors import SpecdecError
+from specdec.model.files import replaced, write_text
 from specdec.model.layers import DecoderLayer, RMSNorm
 
 
@@ -260,11 +261,12 @@ def save_eagle3_head(head: Eagle3Head, folder, target_info: dict | None = None) 
         if k.startswith("rope_"):
             continue
         tensors[k] = v.detach().contiguous() if k in ("d2t", "t2d") else v.detach().to(torch.bfloat16).contiguous()
-    save_file(tensors, str(folder / "model.safetensors"))
+    with replaced(folder / "model.safetensors") as tmp:  # a run killed here keeps the previous head whole
+        save_file(tensors, str(tmp))
     cfg = head.cfg.to_json()
     if target_info:
         cfg["specdec"] = {"kind": "eagle3", "target": target_info}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
     return folder
 
 

@@ -35,6 +35,7 @@ from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
 from specdec.model.errors import SpecdecError
 from specdec.model.facts import sidecar_path
+from specdec.model.files import replaced, write_text
 from specdec.model.layers import DecoderLayer, RMSNorm, rms_norm
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
@@ -310,10 +311,11 @@ def save_mtp_head(head: MTPHead, folder, target_info: dict) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     c = head.config
     tensors = {k: v.to(torch.bfloat16) for k, v in head.deepseek_tensors().items()}
-    save_file(tensors, str(folder / "model.safetensors"))
+    with replaced(folder / "model.safetensors") as tmp:  # a run killed here keeps the previous head whole
+        save_file(tensors, str(tmp))
     cfg = {"model_type": c.arch, "num_hidden_layers": c.num_layers, "num_nextn_predict_layers": head.num_modules,
            "hidden_size": c.hidden_size, "specdec": {"kind": "mtp", "target": target_info}}
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
     return folder
 
 

@@ -247,6 +247,20 @@ def check_train_args(args) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
 
 
+def check_out(out: Path, resume: bool) -> None:
+    """A head (or a model) already in --out is replaced only by continuing its training (--resume): a new
+    run wrote over it at its first checkpoint, and --out set to the target's own folder replaced its weights."""
+    held = next((name for name in ("model.safetensors", "config.json") if (out / name).exists()), None)
+    if held is None:
+        return
+    if not resume:
+        raise ValueError(f"--out {out} holds {held} already (a trained head, or a model): --resume continues the "
+                         "training of a head there; else train into another --out, or remove it")
+    if not (out / "state.pt").is_file():
+        raise ValueError(f"--resume: {out} holds {held} but no state.pt, so there is no training to continue; "
+                         "train into another --out")
+
+
 def cmd_train(args) -> int:
     from specdec.train.loop import finish_distributed, init_distributed
 
@@ -281,6 +295,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
         from specdec.model.facts import sidecar_path
 
         args.out = str(sidecar_path(path))
+    check_out(Path(args.out), args.resume)
     data_file = Path(args.out) / f"data.rank{rank}.npz"
     generating = not args.sequences and not (args.resume and data_file.is_file())
     if generating:  # the files are read and the counts checked now, not after the target has loaded

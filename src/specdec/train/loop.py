@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from specdec.model.files import replaced
+
 
 def pad_batch(seqs: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
@@ -264,21 +266,38 @@ class Trainer:
             return False
         try:
             state = torch.load(p, map_location="cpu", weights_only=True)
-            self.head.load_state_dict(state["head"], strict=False)
-            self.opt.load_state_dict(state["opt"])
-            self.step = int(state["step"])
-        except Exception as exc:  # truncated, not torch's format, or another head's state
+            head_state, opt_state, step = state["head"], state["opt"], int(state["step"])
+        except Exception as exc:  # truncated, or not torch's format
             raise ValueError(f"{p} is not a readable training state ({type(exc).__name__}: {exc}); remove it to "
                              "train from the start") from None
+        kind = state.get("kind", self.kind)
+        params = {k for k, _ in self.head.named_parameters()}
+        theirs = set(head_state)
+        if kind != self.kind or not params <= theirs or theirs - set(self.head.state_dict()):
+            raise ValueError(f"{p} was written by another head ({kind}) or with other settings (--draft-vocab, "
+                             f"--target-layers, --block-size, ...): resume with the settings it was trained with, "
+                             f"or train into another --out")
+        try:
+            self.head.load_state_dict(head_state, strict=False)  # buffers derived from the settings may be absent
+            self.opt.load_state_dict(opt_state)
+        except Exception as exc:  # a tensor of another shape
+            raise ValueError(f"{p} does not fit this head ({type(exc).__name__}: {exc}): it was trained with other "
+                             "settings; resume with those, or train into another --out") from None
+        self.step = step
         return True
 
     def checkpoint(self) -> None:
+        """Save the head and the training state, each file replaced whole (a kill mid-save keeps the last)."""
         if self.rank != 0:
             return
+        if not all(torch.isfinite(p).all() for p in self.head.parameters()):
+            raise ValueError(f"training diverged: the head's weights are not finite at step {self.step}; nothing "
+                             f"was saved (the last checkpoint in {self.out}, if any, is kept): lower --lr")
         self.out.mkdir(parents=True, exist_ok=True)
         self.save(self.head, self.out)
-        torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step},
-                   self.state_path())
+        with replaced(self.state_path()) as tmp:
+            torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
+                        "kind": self.kind}, tmp)
 
     def _agree(self, value, how):
         """The same decision on every rank (how: min or max over ranks), so that all stop together."""
@@ -355,7 +374,7 @@ class Trainer:
                 self.checkpoint()
             bar.set_postfix(post)
         bar.close()
-        if not val:
+        if not val and self.step > start:  # no step taken (--steps 0: the data only): nothing new to save
             self.checkpoint()
         return accs
 
