@@ -385,6 +385,8 @@ def _edit(folder, config=None, drop=(), tensors=None, remove=()):
     # each was a traceback
     (lambda f: _edit(f, remove=("hidden_size",)), r"config.json lacks 'hidden_size'"),
     (lambda f: _edit(f, {"num_hidden_layers": "two"}), r"config.json has a value of the wrong type"),
+    (lambda f: _edit(f, {"num_hidden_layers": 0}), r"num_hidden_layers must be at least 1, got 0"),
+    (lambda f: _edit(f, {"num_attention_heads": 0, "head_dim": None}), r"out of range \(ZeroDivisionError"),
     (lambda f: (f / "config.json").write_text("[]"), r"config.json: holds a JSON list"),
     (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:1000]),
      r"model.safetensors: not a readable safetensors file"),

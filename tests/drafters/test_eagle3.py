@@ -99,6 +99,12 @@ def _edit(folder, config=None, drop=(), tensors=None):
      r"tensors of the wrong shape: fc.weight \(64, 128\) \(its config.json implies \(64, 192\)\)"),
     (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:1000]),
      r"model.safetensors: not a readable safetensors file"),
+    # its own embedding with a row short of the target's tokens (it crashed when the target emitted a large id)
+    (lambda f: _edit(f, tensors={"embed_tokens.weight": torch.zeros(412, 64)}),
+     r"embed_tokens.weight \(412, 64\) \(at least \(512, 64\)"),
+    (lambda f: _edit(f, {"num_attention_heads": 0, "head_dim": None}), r"ZeroDivisionError"),  # were tracebacks
+    (lambda f: _edit(f, {"eagle_config": "yes"}), r"wrong type or out of range \(AttributeError"),
+    (lambda f: _edit(f, {"intermediate_size": -128}), r"intermediate_size must be at least 1, got -128"),
 ])
 def test_a_bad_head_folder_is_one_clear_error(tiny_model, head_dir, edit, message):
     edit(head_dir)

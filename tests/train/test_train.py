@@ -329,3 +329,12 @@ def test_a_trained_mtp_head_given_with_md_drafts_for_a_target_without_one(traine
     (head / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(MTPError, match=f"the MTP head {head} was trained for a target with num_layers 7; "):
         Engine(m, SpecConfig(drafters=("draft-mtp",), draft_model=str(head)), max_len=256).generate(prompt, max_tokens=4)
+    from safetensors.torch import load_file, save_file
+
+    cfg["specdec"]["target"]["num_layers"] = m.config.num_layers
+    (head / "config.json").write_text(json.dumps(cfg))
+    tensors = load_file(str(head / "model.safetensors"))
+    enorm = next(k for k in tensors if k.endswith(".enorm.weight"))
+    save_file({k: v for k, v in tensors.items() if k != enorm}, str(head / "model.safetensors"))
+    with pytest.raises(MTPError, match=f"lacks tensor {enorm}: it is not a whole MTP head"):  # was a KeyError
+        Engine(m, SpecConfig(drafters=("draft-mtp",), draft_model=str(head)), max_len=256).generate(prompt, max_tokens=4)

@@ -138,11 +138,22 @@ class BlockConfig:
         """The settings in a config.json; DFlashError naming `where` for what specdec cannot run, for a key it
         lacks, and for a value of the wrong type."""
         try:
-            return BlockConfig._from_json(raw, where)
+            cfg = BlockConfig._from_json(raw, where)
         except KeyError as exc:
             raise DFlashError(f"{where}: config.json lacks {exc.args[0]!r}") from None
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise DFlashError(f"{where}: config.json has a value of the wrong type ({exc})") from None
+        except (TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:  # 0 heads: no head_dim
+            raise DFlashError(f"{where}: config.json has a value of the wrong type or out of range "
+                              f"({type(exc).__name__}: {exc})") from None
+        sizes = {"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+                 "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+                 "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size}
+        bad = next((k for k, v in sizes.items() if v < 1), None)
+        if bad is not None:
+            raise DFlashError(f"{where}: config.json's {bad} must be at least 1, got {sizes[bad]}")
+        if cfg.num_heads % cfg.num_kv_heads:
+            raise DFlashError(f"{where}: num_attention_heads {cfg.num_heads} is not a multiple of "
+                              f"num_key_value_heads {cfg.num_kv_heads}")
+        return cfg
 
     @staticmethod
     def _from_json(raw: dict, where: str) -> "BlockConfig":

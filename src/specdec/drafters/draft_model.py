@@ -52,6 +52,8 @@ class DraftModelDrafter(DrafterBase):
         self.name = "draft-simple"
         self.draft = draft
         self.target_vocab = target_vocab
+        self.draft_vocab = draft.config.vocab_size  # a context holding a larger id (a draft up to 128 smaller) gets
+        # no draft: the draft model has no embedding row for it
         self.p_min = p_min
         self.cache = draft.transformer.new_cache(max_len)
         self.slot = self.cache.allocate()
@@ -66,7 +68,7 @@ class DraftModelDrafter(DrafterBase):
         # target model computes bit-identical states (and is accepted every time).
         self.cache.truncate(self.slot, 0)
         self.fed = []
-        if len(prompt) > 1:
+        if len(prompt) > 1 and max(prompt) < self.draft_vocab:
             self._feed(list(prompt), exact=False)
 
     def _feed(self, tokens: list[int], exact: bool = True) -> torch.Tensor:
@@ -88,6 +90,8 @@ class DraftModelDrafter(DrafterBase):
         common = min(common, len(context) - 1)  # always feed at least the newest token
         self.cache.truncate(self.slot, common)
         del self.fed[common:]
+        if max(context[common:]) >= self.draft_vocab:  # not fed: the next call sees it again, and drafts nothing
+            return Draft()
         logits = self._feed(context[common:])
         tokens, probs = [], []
         for i in range(draft_length):
@@ -124,8 +128,9 @@ class CrossTokenizerDrafter(DrafterBase):
 
     def begin(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(),
               generator: torch.Generator | None = None) -> None:
-        # drafts are deterministic (one-hot) whatever the sampling: the inner draft runs greedy
-        self.inner.begin(prompt)
+        # drafts are deterministic (one-hot) whatever the sampling: the inner draft runs greedy; it is fed the
+        # prompt's text in its own ids, as propose() will ask for it
+        self.inner.begin(self.draft_tok.encode(self.target_tok.decode(prompt)))
 
     def propose(self, context: Sequence[int], draft_length: int) -> Draft:
         if draft_length <= 0:

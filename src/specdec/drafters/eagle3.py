@@ -204,8 +204,18 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
         raise Eagle3Error(str(exc)) from None
     except KeyError as exc:
         raise Eagle3Error(f"{cfg_file} lacks {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise Eagle3Error(f"{cfg_file}: a value of the wrong type ({exc})") from None
+    except (TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:  # "yes" as eagle_config; 0 heads
+        raise Eagle3Error(f"{cfg_file}: a value of the wrong type or out of range ({type(exc).__name__}: {exc})") \
+            from None
+    sizes = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_heads, "head_dim": cfg.head_dim,
+             "num_key_value_heads": cfg.num_kv_heads, "intermediate_size": cfg.intermediate_size,
+             "vocab_size": cfg.vocab_size, "draft_vocab_size": cfg.draft_vocab_size}
+    bad = next((k for k, v in sizes.items() if v < 1), None)
+    if bad is not None:
+        raise Eagle3Error(f"{cfg_file}: {bad} must be at least 1, got {sizes[bad]}")
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise Eagle3Error(f"{cfg_file}: num_attention_heads {cfg.num_heads} is not a multiple of num_key_value_heads "
+                          f"{cfg.num_kv_heads}")
     if cfg.vocab_size != c.vocab_size and abs(cfg.vocab_size - c.vocab_size) > 128:
         raise Eagle3Error(f"EAGLE-3 head {path} was trained for a vocabulary of {cfg.vocab_size} tokens; the target "
                           f"{target_name} has {c.vocab_size}: it belongs to another model")
@@ -235,6 +245,10 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
                Eagle3Head(Eagle3Config(**{**cfg.__dict__, "vocab_size": c.vocab_size})).state_dict().items()}
     wrong = [f"{k} {shape} (its config.json implies {own[k]})" for k, shape in shapes.items()
              if k in own and k != "t2d" and shape != own[k]]
+    embed = shapes.get("embed_tokens.weight")  # its own embedding, looked up with every target token id
+    if embed is not None and (len(embed) != 2 or embed[1] != cfg.hidden_size or embed[0] < c.vocab_size):
+        wrong.append(f"embed_tokens.weight {tuple(embed)} (at least ({c.vocab_size}, {cfg.hidden_size}): a row for "
+                     f"every token of the target)")
     if wrong:
         raise Eagle3Error(f"EAGLE-3 head {path}: tensors of the wrong shape: {', '.join(wrong[:3])}")
     if d2t is None and cfg.draft_vocab_size != c.vocab_size:

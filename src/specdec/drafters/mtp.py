@@ -148,8 +148,12 @@ class MTPHead(HiddenHead):
     def load_from(self, get, layout: MTPLayout) -> None:
         """Copy tensors from a checkpoint (get(name) -> tensor) in `layout` into the modules."""
         for mod, prefix, (en, hn, eh, norm) in zip(self.mods, layout.prefixes, layout.stems):
-            state = {"enorm.weight": get(en), "hnorm.weight": get(hn), "eh_proj.weight": get(eh),
-                     "norm.weight": get(norm), "input_layernorm.weight": get(prefix + "input_layernorm.weight")}
+            try:
+                state = {"enorm.weight": get(en), "hnorm.weight": get(hn), "eh_proj.weight": get(eh),
+                         "norm.weight": get(norm), "input_layernorm.weight": get(prefix + "input_layernorm.weight")}
+            except KeyError as exc:
+                raise MTPError(f"MTP module {prefix!r} lacks tensor {exc.args[0]}: it is not a whole MTP head") \
+                    from None
             for key in BLOCK_KEYS + OPTIONAL_BLOCK_KEYS:
                 if key == "input_layernorm.weight":
                     continue
