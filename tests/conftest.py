@@ -6,7 +6,6 @@ tests marked `slow` use them. Tiny random models are built in a temp folder.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 

@@ -17,7 +17,6 @@ from specdec.drafters.mtp import MTPError, find_layout, load_mtp_head, make_mtp_
 from specdec.engine.config import SpecConfig  # noqa: E402
 from specdec.engine.engine import Engine  # noqa: E402
 from specdec.model.load import load_model  # noqa: E402
-from specdec.sampling import SamplingParams  # noqa: E402
 
 LAYERS = 2
 
