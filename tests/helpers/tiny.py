@@ -177,7 +177,8 @@ def make_gguf_model(path: Path, seed: int = 0, tensor_type: str | list[str] = "F
                    "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight",
                    "post_attention_layernorm.weight": "ffn_norm.weight", "enorm.weight": "nextn.enorm.weight",
                    "hnorm.weight": "nextn.hnorm.weight", "eh_proj.weight": "nextn.eh_proj.weight",
-                   "shared_head.norm.weight": "nextn.shared_head_norm.weight"}
+                   "shared_head.norm.weight": "nextn.shared_head_norm.weight", "self_attn.q_proj.bias": "attn_q.bias",
+                   "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias"}
     types = [tensor_type] if isinstance(tensor_type, str) else list(tensor_type)
     matrices = 0
     for name, t in weights.items():

@@ -91,7 +91,8 @@ def test_unknown_quantization(tmp_path):
 
 
 def _rewritten_gguf(tmp_path, tensors=lambda name, array: array, fields=lambda name, value: value):
-    """The tiny GGUF written again with each tensor and metadata value passed through the functions."""
+    """The tiny GGUF written again with each tensor and metadata value passed through the functions (a field
+    whose function gives None is left out)."""
     reader = gguf.GGUFReader(make_gguf_model(tmp_path / "ok.gguf"))
     bad = tmp_path / "bad.gguf"
     w = gguf.GGUFWriter(str(bad), "llama")
@@ -100,7 +101,9 @@ def _rewritten_gguf(tmp_path, tensors=lambda name, array: array, fields=lambda n
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(field.name, fields(field.name, field.contents()), vtype, sub_type=sub)
+        value = fields(field.name, field.contents())
+        if value is not None:
+            w.add_key_value(field.name, value, vtype, sub_type=sub)
     for t in reader.tensors:
         w.add_tensor(t.name, tensors(t.name, np.array(t.data)))
     _finish(w)
@@ -126,6 +129,81 @@ def test_a_block_count_below_the_layers_in_the_file_is_refused(tmp_path):
     bad = _rewritten_gguf(tmp_path, fields=lambda name, v: 1 if name == "llama.block_count" else v)
     with pytest.raises(ModelFileError, match=r"holds layer 1, but its block_count says 1 layers"):
         _load(bad)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("tokenizer.ggml.token_type", lambda v: v[:-5], r"token_type has 507 entries for 512 tokens"),  # split otherwise
+    ("tokenizer.ggml.tokens", lambda v: None, r"tokenizer.ggml.tokens is missing"),  # was a KeyError
+    ("tokenizer.ggml.eos_token_id", lambda v: 9999, r"eos_token_id is 9999, not a token id \(0..511\)"),
+    ("tokenizer.ggml.merges", lambda v: ["ab"] * 3, r"tokenizer metadata is malformed"),  # was a TypeError
+])
+def test_broken_gguf_tokenizer_metadata_is_one_error(tmp_path, key, value, message):
+    bad = _rewritten_gguf(tmp_path, fields=lambda name, v: value(v) if name == key else v)
+    with pytest.raises(ModelFileError, match=message):
+        _load(bad)
+
+
+def test_a_bias_in_layer_0_only_is_refused(tmp_path):
+    path = make_gguf_model(tmp_path / "b.gguf", extra_weights={
+        f"model.layers.0.self_attn.{n}_proj.bias": torch.zeros(size) for n, size in zip("qkv", (64, 32, 32))})
+    with pytest.raises(ModelFileError, match=r"model.layers.1.self_attn.q_proj.bias is missing"):  # a KeyError
+        _load(path)
+
+
+def test_a_named_pipe_as_the_model_is_refused_at_once(tmp_path):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(SpecdecError, match="is not a regular file or a folder"):  # open() waited for ever
+        resolve(str(tmp_path / "fifo"))
+
+
+def _shards(folder, split: dict[str, str]):
+    """Move tensors of model.safetensors into other files: name -> file."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    for name, file in split.items():
+        extra = load_file(str(folder / file)) if (folder / file).exists() else {}
+        save_file({**extra, name: tensors.pop(name)}, str(folder / file))
+    save_file(tensors, str(folder / "model.safetensors"))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda f: _edit_config(f, quantization_config={"quant_method": "fp8"}),
+     r"a quantized checkpoint \(quantization_config: fp8\)"),
+    (lambda f: _add_tensor(f, "model.layers.0.mlp.up_proj.weight", torch.zeros(128, 64, dtype=torch.int8)),
+     r"weights of type I8"),
+    (lambda f: _add_tensor(f, "lm_head.weight", torch.zeros(520, 64)), r"lm_head.weight has 520 rows, more than"),
+    (lambda f: (_shards(f, {"lm_head.weight": "model-00002-of-00002.safetensors"}),
+                (f / "model-00002-of-00002.safetensors").unlink()),
+     r"lm_head.weight is missing, and config.json says tie_word_embeddings: false"),
+    (lambda f: (f / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "model.norm.weight": "model.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}})),
+     r"model-00002-of-00002.safetensors, named by model.safetensors.index.json, is missing"),
+    (lambda f: _add_tensor(f, "model.norm.weight", torch.ones(64), file="stale.safetensors"),
+     r"tensor model.norm.weight is in both model.safetensors and stale.safetensors"),
+    (lambda f: _edit_config(f, rope_scaling={"rope_type": "llama3", "factor": None}), r"rope_scaling"),
+])
+def test_a_folder_that_would_compute_another_model_is_refused(tmp_path, edit, message):
+    """Each loaded before: scales ignored, the head silently tied, a stale copy picked, or a traceback."""
+    folder = make_hf_model(tmp_path / "m")
+    edit(folder)
+    with pytest.raises(ModelFileError, match=message):
+        _load(folder)
+
+
+def _edit_config(folder, **values):
+    raw = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**raw, **values}))
+
+
+def _add_tensor(folder, name, tensor, file="model.safetensors"):
+    from safetensors.torch import load_file, save_file
+
+    path = folder / file
+    tensors = load_file(str(path)) if path.exists() else {}
+    save_file({**tensors, name: tensor}, str(path))
 
 
 @pytest.mark.parametrize("arch, drop, swap, message", [

@@ -93,6 +93,9 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         if t.dim() != 2 or t.shape[1] != h:
             raise ModelFileError(where, f"tensor {name} has shape {tuple(t.shape)}; rows of {h} values expected "
                                  "(the hidden size)")
+        if name == "lm_head.weight" and t.shape[0] > embed.shape[0]:  # it could emit ids with no embedding row
+            raise ModelFileError(where, f"tensor lm_head.weight has {t.shape[0]} rows, more than the "
+                                 f"{embed.shape[0]} of model.embed_tokens.weight")
         if t.shape[0] < c.vocab_size:  # token ids past the rows would pass every check and then fail
             raise ModelFileError(where, f"tensor {name} has {t.shape[0]} rows, fewer than the vocab_size "
                                  f"{c.vocab_size} config.json declares")

@@ -270,6 +270,13 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
     end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
     if end > size:
         raise ModelFileError(path, f"truncated: tensor data needs {end} bytes but the file has {size}")
+    align, base, last_end = int(getattr(reader, "alignment", 32) or 32), int(getattr(reader, "data_offset", 0)), 0
+    for t in sorted(reader.tensors, key=lambda t: int(t.data_offset)):  # llama.cpp checks both too
+        start = int(t.data_offset)
+        if (start - base) % align or start < last_end:
+            raise ModelFileError(path, f"tensor {t.name}'s data offset {start - base} is not a multiple of the "
+                                 f"alignment {align}, or overlaps the tensor before it: the file is damaged")
+        last_end = start + int(t.n_bytes)
 
     meta = {}
     for key in reader.fields:
@@ -280,6 +287,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         except Exception:
             meta[key] = None
     arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ModelFileError(path, f"general.architecture is {arch!r}, not a name")
     if arch not in SUPPORTED_ARCHS:
         raise ModelFileError(path, "architecture " + unsupported_reason(arch, ", ".join(SUPPORTED_ARCHS)))
 
@@ -301,7 +310,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         raise ModelFileError(path, f"metadata: {exc}") from None
     two_d = [types[t.name] for t in reader.tensors if len(t.shape) == 2]
     ftype = meta.get("general.file_type")
-    quant = _FILE_TYPES.get(int(ftype)) if ftype is not None else None
+    quant = _FILE_TYPES.get(ftype) if isinstance(ftype, int) else None  # else: the matrices' most common type
     if quant is None:
         quant = max(set(two_d), key=two_d.count) if two_d else "F32"
     model = GGUFModel(path, config, meta, quant, types, gguf_names, tensors)
@@ -428,6 +437,10 @@ def _check_shapes(model: GGUFModel) -> None:
         if c.qk_norm:
             expected[p + "self_attn.q_norm.weight"] = (c.head_dim,)
             expected[p + "self_attn.k_norm.weight"] = (c.head_dim,)
+        if c.qkv_bias:  # every layer's, as layer 0 has them (one missing was a KeyError)
+            expected[p + "self_attn.q_proj.bias"] = (c.q_size,)
+            expected[p + "self_attn.k_proj.bias"] = (c.kv_size,)
+            expected[p + "self_attn.v_proj.bias"] = (c.kv_size,)
     for i in range(c.num_layers, c.num_layers + c.mtp_layers_declared):  # MTP layers: checked where they are read
         expected.update({n: None for n in model._tensors if n.startswith(f"model.layers.{i}.")})
     beyond = sorted({int(m.group(1)) for n in model._tensors if (m := re.match(r"model\.layers\.(\d+)\.", n))

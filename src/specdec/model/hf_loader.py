@@ -52,16 +52,38 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
     if not cfg_file.is_file():
         raise ModelFileError(path, "no config.json in this folder")
     raw = read_json_object(cfg_file)
+    quantized = raw.get("quantization_config")
+    if quantized:  # the weights hold codes and scales: read as plain values they compute garbage
+        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else quantized
+        raise ModelFileError(path, f"a quantized checkpoint (quantization_config: {method}); specdec reads float "
+                             "weights (F32, F16, BF16) from a folder: use the unquantized folder, or a GGUF file")
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         bins = sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))
         hint = " (pickled .bin weights are never loaded; convert them to safetensors)" if bins else ""
         raise ModelFileError(path, f"no .safetensors weights in this folder{hint}")
+    index_file = path / "model.safetensors.index.json"
+    if index_file.is_file():  # the shards it names must all be there (an interrupted download lacks the last)
+        weight_map = read_json_object(index_file).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ModelFileError(index_file, "has no weight_map object")
+        named = sorted({str(v) for v in weight_map.values()})
+        absent = [n for n in named if not (path / n).is_file()]
+        if absent:
+            raise ModelFileError(path, f"{absent[0]}, named by model.safetensors.index.json, is missing "
+                                 f"({len(absent)} of {len(named)} shards missing)")
+        shards = [path / n for n in named]
     files, dtypes = {}, set()
     for shard in shards:
         for name, (dtype, _) in safetensors_header(shard).items():
+            if name in files:  # a stale file beside the shards: which copy is meant is unknown
+                raise ModelFileError(path, f"tensor {name} is in both {files[name].name} and {shard.name}")
             files[name] = shard
             dtypes.add(dtype)
+    odd = sorted(dtypes - {"F32", "F16", "BF16", "F64", "I64", "I32", "BOOL"})  # integer buffers may ride along
+    if odd:  # FP8, int8 or packed weights hold codes whose scales live elsewhere
+        raise ModelFileError(path, f"weights of type {odd[0]}: specdec reads float weights (F32, F16, BF16) from a "
+                             "folder; use the unquantized folder, or a GGUF file")
     config = config_from_hf(path, raw, files)
     quant = "BF16" if "BF16" in dtypes else "F16" if "F16" in dtypes else "F32"
     model = HFModel(path, config, raw, quant, files)
@@ -69,6 +91,16 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
         if name not in files:
             raise ModelFileError(path, f"tensor {name} is missing")
     return model
+
+
+def _tied(path, raw: dict, tensor_names, default: bool = False) -> bool:
+    """Whether the output head is the embedding: config.json says so, or (no word from it) there is no lm_head."""
+    if "lm_head.weight" in tensor_names:
+        return bool(raw.get("tie_word_embeddings", default))
+    if raw.get("tie_word_embeddings") is False:  # the head's own weights are missing, not shared
+        raise ModelFileError(path, "tensor lm_head.weight is missing, and config.json says tie_word_embeddings: "
+                             "false (the embedding is not the head)")
+    return True
 
 
 def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
@@ -100,7 +132,7 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
             context_length=int(raw.get("max_position_embeddings", 4096)),
             qkv_bias=bool(raw.get("attention_bias", arch == "qwen2")),
             qk_norm=arch == "qwen3",
-            tie_embeddings=bool(raw.get("tie_word_embeddings", False)) or "lm_head.weight" not in tensor_names,
+            tie_embeddings=_tied(path, raw, tensor_names),
             mtp_layers_declared=int(raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers") or 0),
             mlp_act=_ACTIVATIONS[raw.get("hidden_act") or raw.get("hidden_activation")],
         )
@@ -206,7 +238,7 @@ def _gemma3_config(path, raw: dict, tensor_names) -> ModelConfig:
         context_length=int(raw.get("max_position_embeddings", 131_072)),
         qkv_bias=bool(raw.get("attention_bias", False)),
         qk_norm=True,
-        tie_embeddings=bool(raw.get("tie_word_embeddings", True)) or "lm_head.weight" not in tensor_names,
+        tie_embeddings=_tied(path, raw, tensor_names, default=True),
         mlp_act=_ACTIVATIONS[raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"],
         sandwich_norms=True,
         embed_scale=hidden ** 0.5,
@@ -234,8 +266,8 @@ def _scaling_factors(path, scaling: dict, head_dim: int, theta: float) -> tuple[
             return llama3_rope_factors(head_dim, theta, scaling)
         if kind == "linear":
             return linear_rope_factors(head_dim, scaling.get("factor"))
-    except ValueError as exc:
-        raise ModelFileError(path, str(exc)) from None
+    except (ValueError, TypeError, ZeroDivisionError) as exc:  # factor null, a list, 0
+        raise ModelFileError(path, f"rope_scaling {scaling}: {exc}") from None
     raise ModelFileError(path, f"rope scaling {kind!r} is not supported (specdec computes plain RoPE, 'linear' and "
                          "Llama 3.x 'llama3' scaling); running without it would change the model's output")
 

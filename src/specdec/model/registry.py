@@ -213,7 +213,9 @@ def resolve(name_or_path: str, auto_pull: bool = True) -> Path:
             raise SpecdecError(f"model {name_or_path} is not pulled; run `specdec pull {name_or_path}`")
         return pull(name_or_path)
     path = Path(name_or_path).expanduser()
-    if path.exists():
+    if path.is_file() or path.is_dir():
         return path
+    if path.exists():  # a named pipe would block the first read for ever
+        raise SpecdecError(f"{name_or_path!r} is not a regular file or a folder")
     raise SpecdecError(f"{name_or_path!r} is neither a known model name ({', '.join(MODELS)}) nor an existing "
                        "file or folder")
