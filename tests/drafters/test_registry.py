@@ -204,3 +204,13 @@ def test_a_context_that_does_not_continue_starts_over(name):
     fresh = create(name)
     fresh.begin(shorter)
     assert d.propose(shorter, 4).tokens == fresh.propose(shorter, 4).tokens
+
+
+def test_a_path_option_that_reads_as_a_number_stays_a_path(tmp_path, monkeypatch):
+    """bench --methods "ngram-cache:static_path=2024" parsed 2024 as a number: a TypeError traceback."""
+    from specdec.drafters.registry import BuildContext, DrafterSpec, create
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "2024").write_text("1 2 3 1 2 3 4")
+    drafter = create(DrafterSpec.parse("ngram-cache:static_path=2024"), BuildContext(target=None))
+    assert drafter.static_path == "2024"

@@ -121,6 +121,34 @@ def test_a_failed_write_keeps_the_previous_file_whole(tmp_path):
     assert target.read_bytes() == b"the new head" and len(list(tmp_path.iterdir())) == 1
 
 
+def test_sequences_files_and_lengths_that_crashed_mid_training(tmp_path):
+    """Sequences under 8 tokens or past the context (IndexError in the RoPE tables) in a --sequences file, a
+    --gen-tokens past the context, and a file where the MTP sidecar folder goes (each a traceback before)."""
+    from specdec.train.cli import main
+    from specdec.train.data import save_sequences
+
+    folder = make_hf_model(tmp_path / "m")  # context 512
+    odd = tmp_path / "odd.npz"
+    save_sequences([[5] * 3, [6, 7], list(range(1, 501)) + list(range(1, 101))] + [list(range(9, 40))] * 6, odd)
+    out = tmp_path / "e"
+    assert main(["eagle3", "--model", str(folder), "--out", str(out), "--sequences", str(odd), "--val", "2",
+                 "--steps", "2", "--batch", "2", "--draft-vocab", "64", "--device", "cpu", "--threads", "1"]) == 0
+    assert json.loads((out / "train_summary.json").read_text())["sequences"] == 7  # the two short ones left out
+    with pytest.raises(ValueError, match=r"--gen-tokens 600 after a prompt of up to --seq-len/2 = 192 tokens passes "
+                                         r"the target's context of 512"):
+        main(["mtp", "--model", str(folder), "--out", str(tmp_path / "g"), "--gen-tokens", "600", "--device", "cpu"])
+    (tmp_path / "m.mtp").write_text("not a folder")
+    with pytest.raises(ValueError, match="m.mtp"):
+        main(["mtp", "--model", str(folder), "--steps", "1", "--device", "cpu"])
+
+
+def test_a_huge_prompt_is_cut_before_it_is_encoded(tiny_model):
+    from specdec.train.data import chat_prompt_ids
+
+    text = "the quick brown fox " * 50_000
+    assert chat_prompt_ids(tiny_model.tokenizer, text, 32)[-32:] == chat_prompt_ids(tiny_model.tokenizer, text)[-32:]
+
+
 @pytest.mark.parametrize("kind", ["mtp", "eagle3"])
 def test_torchrun_trains_data_parallel(trained, tmp_path, kind):
     """Two CPU processes under torchrun (gloo, DDP): each writes its share of the data, rank 0 the head;

@@ -161,6 +161,8 @@ def create(spec: DrafterSpec, ctx: BuildContext) -> Drafter:
             raise ValueError(f"drafter {spec.kind!r} option {name} must be a whole number, got {value!r}")
         if types.get(name) is float and (type(value) not in (int, float) or not math.isfinite(value)):
             raise ValueError(f"drafter {spec.kind!r} option {name} must be a finite number, got {value!r}")
+        if str in (typing.get_args(types.get(name)) or (types.get(name),)) and type(value) in (int, float):
+            options[name] = str(value)  # a path read from text: "2024" was parsed as a number
     return e.build(ctx, **options)
 
 

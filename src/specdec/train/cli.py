@@ -277,6 +277,7 @@ def cmd_train(args) -> int:
 
 def _train(args, rank: int, world: int, dist_device) -> int:
     from specdec.model.device import pick_device
+    from specdec.options import out_dir
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
     from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
@@ -295,6 +296,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
         from specdec.model.facts import sidecar_path
 
         args.out = str(sidecar_path(path))
+        out_dir(args.out)  # a file there, or a folder that cannot be written: said now, not after generating
     check_out(Path(args.out), args.resume)
     data_file = Path(args.out) / f"data.rank{rank}.npz"
     generating = not args.sequences and not (args.resume and data_file.is_file())
@@ -306,6 +308,10 @@ def _train(args, rank: int, world: int, dist_device) -> int:
                              f"{args.generate + args.corpus_seqs} sequences, and --val {args.val} of them are held "
                              "out: none would be left to train on (raise --generate or lower --val)")
     checkpoint, tokenizer = open_checkpoint(path)
+    context = checkpoint.config.context_length
+    if generating and args.seq_len // 2 + args.gen_tokens > context:
+        raise ValueError(f"--gen-tokens {args.gen_tokens} after a prompt of up to --seq-len/2 = {args.seq_len // 2} "
+                         f"tokens passes the target's context of {context}: lower one of them")
     if args.kind in ("dflash", "dspark"):  # checked against the target's shapes before anything is generated
         layer_ids, mask = block_settings(args, checkpoint.config)
     out = Path(args.out)
@@ -316,7 +322,11 @@ def _train(args, rank: int, world: int, dist_device) -> int:
 
     if not generating:
         source = Path(args.sequences) if args.sequences else data_file
-        seqs = load_sequences(source, target.config.vocab_size)
+        loaded = load_sequences(source, target.config.vocab_size)
+        limit = min(args.seq_len, context)  # as generated data is cut; a longer one ran past the RoPE tables
+        seqs = [s[:limit] for s in loaded if len(s) >= 8]
+        if len(seqs) < len(loaded):
+            log(f"data: {len(loaded) - len(seqs)} sequences of fewer than 8 tokens left out")
         if args.sequences and world > 1:
             seqs = seqs[: args.val] + seqs[args.val :][rank::world] if rank == 0 else seqs[args.val :][rank::world]
         log(f"data: {len(seqs)} sequences from {source}")

@@ -91,7 +91,11 @@ def read_corpus(paths: list[str] | None) -> list[str]:
     return docs
 
 
-def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
+def chat_prompt_ids(tokenizer, prompt: str, keep: int | None = None) -> list[int]:
+    """The prompt as the target sees it; keep: only its last `keep` tokens are wanted, so a prompt of more than
+    16 characters per token is cut first (a 20 MB line was encoded whole once per sequence: hours)."""
+    if keep is not None:
+        prompt = prompt[-16 * keep:]
     if tokenizer.chat_template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         return tokenizer.encode(text)
@@ -115,7 +119,7 @@ def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], nu
     eos = set(tokenizer.eos_ids)
     seqs: list[list[int]] = []
     for i in range(0, len(chosen), batch):
-        ids = [chat_prompt_ids(tokenizer, p)[-(seq_len // 2):] for p in chosen[i : i + batch]]
+        ids = [chat_prompt_ids(tokenizer, p, seq_len // 2)[-(seq_len // 2):] for p in chosen[i : i + batch]]
         for s in target.generate(ids, gen_tokens, temperature, eos, gen):
             seqs.append(s[:seq_len])
         if progress is not None:
