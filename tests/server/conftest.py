@@ -40,14 +40,18 @@ class Served:
 class ServerThread:
     """uvicorn.Server running `app` in a daemon thread; stop() ends it."""
 
-    def __init__(self, app):
+    def __init__(self, app, grace: float | None = None):
+        """grace: serve as `specdec serve` does (GracefulServer), with this shutdown grace period."""
         import uvicorn
+
+        from specdec.server.cli import GracefulServer
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=grace)
+        self.server = uvicorn.Server(config) if grace is None else GracefulServer(config, app.state.worker)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def start(self, timeout: float = 30.0) -> str:

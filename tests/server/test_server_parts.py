@@ -333,6 +333,59 @@ def test_a_client_that_gives_up_while_queued_frees_its_place_at_once(tiny_model)
     assert scheduler.metrics.rejected._value.get() == 0
 
 
+def test_shutdown_answers_every_request_in_flight(tiny_model):
+    """SIGINT/SIGTERM (should_exit) with a stream and a plain request running and one queued: the queued one
+    gets a 503 at once, the running ones a 503 in OpenAI's shape (the stream: an error event, then [DONE])
+    when the grace period runs out. uvicorn had cancelled them: a plain-text 500 and a stream cut mid-body."""
+    import threading
+
+    import httpx
+
+    from conftest import ServerThread
+    from specdec.server.app import create_app
+
+    engine = Engine(tiny_model, max_len=256, max_sequences=2)
+    real_step = engine.step_batch
+
+    def slow_step(*args, **kwargs):  # 20 tokens a second: the 200 asked for outlast the grace period
+        time.sleep(0.05)
+        return real_step(*args, **kwargs)
+
+    engine.step_batch = slow_step
+    app = create_app(engine, "tiny", max_batch=2)
+    server = ServerThread(app, grace=2.0)
+    base = server.start()
+    answers = {}
+
+    def ask(name, stream):
+        body = {"prompt": "hello", "max_tokens": 200, "temperature": 0, "stream": stream}
+        with httpx.Client(base_url=base, timeout=30) as http:
+            answers[name] = http.post("/v1/completions", json=body)
+
+    threads = [threading.Thread(target=ask, args=a) for a in (("stream", True), ("plain", False))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    while app.state.worker.running < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    queued = threading.Thread(target=ask, args=("queued", False))
+    queued.start()
+    while app.state.worker.waiting < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    server.server.should_exit = True
+    for t in threads + [queued]:
+        t.join(30)
+    server.thread.join(30)
+    server.sock.close()
+    for name in ("queued", "plain"):
+        assert answers[name].status_code == 503, (name, answers[name].text)
+        assert answers[name].json()["error"]["code"] in ("cancelled", "server_stopping")
+    assert answers["queued"].json()["error"]["code"] == "cancelled"  # at once, not after the grace period
+    lines = [line for line in answers["stream"].text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["error"]["code"] == "server_stopping"
+    assert len(lines) > 3  # it streamed before the end
+
+
 def test_a_request_past_the_timeout_fails_and_frees_its_slot(tiny_model):
     engine = Engine(tiny_model, max_len=256)
     scheduler = Scheduler(engine, request_timeout=1e-6)

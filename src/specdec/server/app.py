@@ -50,7 +50,7 @@ from specdec.model.errors import SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.server.metrics import CONTENT_TYPE, ServerMetrics
 from specdec.server.overrides import resolve_spec
-from specdec.server.scheduler import DEFAULT_PREFILL_CHUNK, QueueFull, Scheduler
+from specdec.server.scheduler import DEFAULT_PREFILL_CHUNK, QueueFull, Scheduler, ServerStopping
 from specdec.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest, GenerationRequest,
                                     answer_changing)
 from specdec.server.worker import Delta, Done, Failed, Job
@@ -279,6 +279,8 @@ def _worker_error(exc: BaseException) -> APIError:
         return exc
     if isinstance(exc, TimeoutError):
         return APIError(504, str(exc), type="server_error", code="timeout")
+    if isinstance(exc, ServerStopping):
+        return APIError(503, str(exc), type="server_error", code="server_stopping")
     if isinstance(exc, ValueError):
         return APIError(400, str(exc), code="invalid_value")
     if isinstance(exc, SpecdecError):
@@ -302,6 +304,8 @@ async def _answer(worker: Scheduler, job: Job, body: GenerationRequest, request:
     except QueueFull as full:
         raise APIError(503, str(full), type="server_error", code="server_busy",
                        headers={"Retry-After": str(full.retry_after_s)}) from None
+    except ServerStopping as stopping:
+        raise _worker_error(stopping) from None
     streaming = False
     try:
         event = await _next_event(job, request)

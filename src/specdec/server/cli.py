@@ -12,6 +12,8 @@ import os
 import socket
 import sys
 
+import uvicorn
+
 from specdec.options import add_model_args, add_spec_args, build_engine
 from specdec.server.app import DEFAULT_MAX_TOKENS
 from specdec.server.scheduler import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
@@ -45,8 +47,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from specdec.server.app import create_app
 
     if not 0 <= args.port <= 65535:
@@ -74,10 +74,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     print(f"specdec: serving {name} on http://{args.host}:{port}/v1 (speculation: {engine.spec.method}; "
           f"up to {args.max_batch} sequences per step, {args.max_queue} more may wait)", file=sys.stderr)
-    # on shutdown, streams still open get 5 s; then their handlers are cancelled, which cancels their generation
-    config = uvicorn.Config(app, host=args.host, port=port, log_level=args.log_level, timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    config = uvicorn.Config(app, host=args.host, port=port, log_level=args.log_level,
+                            timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    GracefulServer(config, app.state.worker).run(sockets=[sock])
     return 0
+
+
+SHUTDOWN_GRACE_S = 5.0  # what running requests get to finish after SIGINT/SIGTERM
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, answering every request in flight when it stops: waiting ones get a 503 at once,
+    running ones the grace period to finish, then a 503 (a stream: its error event and [DONE]) shortly before
+    uvicorn would cancel their handlers (which answered a plain-text 500, or cut a stream mid-body)."""
+
+    def __init__(self, config: uvicorn.Config, worker):
+        super().__init__(config)
+        self.worker = worker
+
+    async def shutdown(self, sockets=None) -> None:
+        import asyncio
+
+        self.worker.drain()
+        grace = self.config.timeout_graceful_shutdown or 0
+        asyncio.get_running_loop().call_later(max(grace - 1.5, 0), self.worker.end_running)
+        await super().shutdown(sockets)
 
 
 def listen(host: str, port: int) -> socket.socket:

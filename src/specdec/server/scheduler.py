@@ -57,6 +57,14 @@ class QueueFull(Exception):
         self.retry_after_s = retry_after_s
 
 
+class ServerStopping(Exception):
+    """The server is shutting down: a request that could not finish in the grace period."""
+
+    def __init__(self):
+        super().__init__("the server is stopping: the request could not finish before it stopped; retry elsewhere "
+                         "or later")
+
+
 @dataclass
 class _Running:
     job: Job
@@ -88,6 +96,8 @@ class Scheduler:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._draining = False  # shutting down: nothing more is admitted
+        self._end_running = False  # shutting down, grace over: running requests end with ServerStopping
         self._recent_latency = 0.0  # seconds from arrival to the end, averaged over recent requests
 
     # -- the asyncio side ----------------------------------------------------------------------
@@ -107,10 +117,29 @@ class Scheduler:
         if thread is not None:
             thread.join(timeout)
 
+    def drain(self) -> None:
+        """Shutdown's first step: every waiting job is answered "cancelled" now (the app's 503 "the server is
+        stopping") and new ones are refused; running ones go on until end_running()."""
+        with self._cv:
+            self._draining = True
+            waiting, self._waiting = list(self._waiting), deque()
+            self.metrics.queued.set(0)
+        for job in waiting:
+            self._cancelled(job)
+
+    def end_running(self) -> None:
+        """Shutdown's grace period is over: running jobs fail with ServerStopping at the next step, so each gets
+        an answer (a stream: its error event and [DONE]) before the server cancels its handler."""
+        with self._cv:
+            self._end_running = True
+            self._cv.notify_all()
+
     def submit(self, job: Job) -> None:
-        """Queue a job; raises QueueFull when max_queue jobs wait already."""
+        """Queue a job; raises QueueFull when max_queue jobs wait already, ServerStopping after drain()."""
         self.start()
         with self._cv:
+            if self._draining:
+                raise ServerStopping()
             self._drop_gone_waiting()  # a client that gave up while queued holds no place
             if len(self._waiting) + len(self._running) >= self.max_batch + self.max_queue:
                 self.metrics.rejected.inc()
@@ -189,7 +218,9 @@ class Scheduler:
     def _drop_gone(self) -> None:
         now = time.perf_counter()
         for r in list(self._running):
-            if r.job.cancelled.is_set():
+            if self._end_running:
+                self._end(r, error=ServerStopping())
+            elif r.job.cancelled.is_set():
                 self._end(r, cancelled=True)
             elif self.request_timeout is not None and now - r.job.arrived > self.request_timeout:
                 self._end(r, error=TimeoutError(f"the request ran longer than the server's request timeout "
