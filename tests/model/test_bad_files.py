@@ -193,6 +193,35 @@ def test_a_folder_that_would_compute_another_model_is_refused(tmp_path, edit, me
         _load(folder)
 
 
+@pytest.mark.parametrize("settings, jinja, message", [
+    ({"chat_template": [{"name": "tool_use", "template": "x"}]}, None, r"templates named \['tool_use'\] but none named"),
+    ({"chat_template": 5}, None, "chat_template is a int, not a template"),  # failed at the first --chat
+    ({"add_bos_token": "false"}, None, "add_bos_token is 'false', not true or false"),  # it was read as true
+    ({}, b"\xff{{ messages }}", r"chat_template.jinja: not a readable UTF-8 template"),
+])
+def test_tokenizer_settings_of_the_wrong_form_are_refused(tmp_path, settings, jinja, message):
+    folder = make_hf_model(tmp_path / "m")
+    tcfg = folder / "tokenizer_config.json"
+    raw = json.loads(tcfg.read_text()) if tcfg.is_file() else {}
+    if jinja:  # the template comes from the file
+        raw.pop("chat_template", None)
+    tcfg.write_text(json.dumps({**raw, **settings}))
+    if jinja:
+        (folder / "chat_template.jinja").write_bytes(jinja)
+    with pytest.raises(ModelFileError, match=message):
+        _load(folder)
+
+
+def test_named_chat_templates_use_the_default_one(tmp_path):
+    folder = make_hf_model(tmp_path / "m")
+    tcfg = folder / "tokenizer_config.json"
+    raw = json.loads(tcfg.read_text()) if tcfg.is_file() else {}
+    templates = [{"name": "tool_use", "template": "T{{ messages[0]['content'] }}"},
+                 {"name": "default", "template": "D{{ messages[0]['content'] }}"}]
+    tcfg.write_text(json.dumps({**raw, "chat_template": templates}))
+    assert _load(folder).tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == "Dhi"
+
+
 def _edit_config(folder, **values):
     raw = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**raw, **values}))

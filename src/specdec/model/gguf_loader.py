@@ -24,7 +24,7 @@ from specdec.model.errors import ModelFileError
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
 SUPPORTED_GGML_TYPES = {
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",  # not Q8_K: the gguf package cannot decode it (llama.cpp's activations)
 }
 
 _LAYER_NAMES = {
