@@ -41,9 +41,9 @@ def test_header_garbage(tmp_path):
         _load(path)
 
 
-def _writer(path, arch="llama"):
+def _writer(path, arch="llama", blocks=1):
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(1)
+    w.add_block_count(blocks)
     return w
 
 
@@ -63,17 +63,23 @@ def test_unknown_architecture(tmp_path):
         _load(path)
 
 
-@pytest.mark.parametrize("heads, length, message", [
-    (0, 8, "llama.attention.head_count is 0; a model has at least 1 attention head"),  # was ZeroDivisionError
-    (2, "eight", "metadata: invalid literal for int"),  # a string where a count belongs: was a bare ValueError
+@pytest.mark.parametrize("heads, length, extra, message", [
+    (0, 8, {}, "llama.attention.head_count is 0; a whole number of at least 1"),  # was ZeroDivisionError
+    (2, "eight", {}, "llama.context_length is 'eight'; a whole number"),  # was a bare ValueError
+    (2, 8, {"llama.attention.head_count_kv": 0}, "head_count_kv is 0"),  # was read as "all heads"
+    (2, 8, {"llama.rope.freq_base": 0.0}, "llama.rope.freq_base is 0.0; a positive number"),  # was 10000
+    (2, 8, {"llama.block_count": 4_000_000_000}, "block_count says 4000000000 layers, but the file holds layers up"),
 ])
-def test_gguf_metadata_of_the_wrong_value(tmp_path, heads, length, message):
+def test_gguf_metadata_of_the_wrong_value(tmp_path, heads, length, extra, message):
     path = tmp_path / "m.gguf"
-    w = _writer(path)
+    extra = dict(extra)
+    w = _writer(path, blocks=extra.pop("llama.block_count", 1))
     w.add_embedding_length(4)
     w.add_head_count(heads)
     w.add_feed_forward_length(8)
     (w.add_context_length if isinstance(length, int) else lambda v: w.add_string("llama.context_length", v))(length)
+    for key, value in extra.items():
+        (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
     w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
     _finish(w)
     with pytest.raises(ModelFileError, match=message):

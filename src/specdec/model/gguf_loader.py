@@ -8,6 +8,7 @@ package's reader and dequantizers do the byte work.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 import struct
@@ -338,10 +339,9 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
             raise ModelFileError(path, f"metadata key {arch}.{key} is missing")
         return value
 
+    _check_sizes(path, arch, meta, tensors)
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
-    if heads < 1:
-        raise ModelFileError(path, f"{arch}.attention.head_count is {heads}; a model has at least 1 attention head")
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv") or heads)
     head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
     embed = tensors.get("model.embed_tokens.weight")
@@ -387,6 +387,31 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
         mtp_layers_declared=nextn,
         **gemma,
     )
+
+
+_COUNTS = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+           "vocab_size", "block_count", "feed_forward_length", "context_length")
+_POSITIVE = ("rope.freq_base", "attention.layer_norm_rms_epsilon")
+
+
+def _check_sizes(path, arch: str, meta: dict, tensors: dict) -> None:
+    """Sizes that are given must be whole and at least 1, and rates positive: 0 had become a default (head_count_kv
+    0 read as 'all heads', freq_base 0 as 10000) and 64.9 had been cut to 64. block_count may not exceed the
+    layers in the file (4e9 built billions of expected shapes before the first missing tensor was named)."""
+    for key in _COUNTS:
+        value = meta.get(f"{arch}.{key}")
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            raise ModelFileError(path, f"{arch}.{key} is {value!r}; a whole number of at least 1 is expected")
+    for key in _POSITIVE:
+        value = meta.get(f"{arch}.{key}")
+        if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
+            raise ModelFileError(path, f"{arch}.{key} is {value!r}; a positive number is expected")
+    layers = {int(m.group(1)) for n in tensors if (m := re.match(r"model\.layers\.(\d+)\.", n))}
+    blocks = meta.get(f"{arch}.block_count")
+    if blocks is not None and blocks > max(layers, default=-1) + 1:
+        raise ModelFileError(path, f"{arch}.block_count says {blocks} layers, but the file holds layers up to "
+                             f"{max(layers, default=-1)}: tensors for model.layers.{max(layers, default=-1) + 1} "
+                             "and on are missing")
 
 
 def _gemma3_fields(path, meta: dict, hidden: int, heads: int, head_dim: int) -> dict:
