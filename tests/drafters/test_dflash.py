@@ -386,6 +386,10 @@ def _edit(folder, config=None, drop=(), tensors=None, remove=()):
     (lambda f: _edit(f, remove=("hidden_size",)), r"config.json lacks 'hidden_size'"),
     (lambda f: _edit(f, {"num_hidden_layers": "two"}), r"config.json has a value of the wrong type"),
     (lambda f: _edit(f, {"num_hidden_layers": 0}), r"num_hidden_layers must be at least 1, got 0"),
+    (lambda f: _edit(f, {"block_size": 3.7, "dflash_config": None, "target_layer_ids": [0, 1], "mask_token_id": 3}),
+     r"block_size must be at least 2, got 3.7"),  # read as 3
+    (lambda f: _edit(f, {"target_layer_ids": "01", "dflash_config": None, "block_size": 4, "mask_token_id": 3}),
+     r"target_layer_ids must be a list of layer numbers, got '01'"),  # read as layers 0 and 1
     (lambda f: _edit(f, {"num_attention_heads": 0, "head_dim": None}), r"out of range \(ZeroDivisionError"),
     (lambda f: (f / "config.json").write_text("[]"), r"config.json: holds a JSON list"),
     (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:1000]),

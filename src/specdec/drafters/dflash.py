@@ -181,11 +181,13 @@ class BlockConfig:
         if not ids:
             raise DFlashError(f"{where} names no target_layer_ids (dflash_config.target_layer_ids) and no "
                               "num_target_layers to derive them from: the target layers it reads are unknown")
+        if not isinstance(ids, (list, tuple)) or not all(is_whole(i) for i in ids):  # "13" read as layers 1 and 3
+            raise DFlashError(f"{where}: target_layer_ids must be a list of layer numbers, got {ids!r}")
         mask = extra.get("mask_token_id")
         if mask is not None and (not is_whole(mask) or mask < 0):
             raise DFlashError(f"{where}: mask_token_id must be a token id, got {mask!r}")
         block = extra.get("block_size")
-        if block is None or int(block) < 2:
+        if not is_whole(block) or block < 2:  # 3.7 was read as 3
             raise DFlashError(f"{where}: block_size must be at least 2, got {block!r}")
         rope = raw.get("rope_parameters") or {}
         scaling = raw.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} or None)
