@@ -59,6 +59,9 @@ def test_resume_continues_from_the_saved_step(trained, tmp_path):
     assert main(args + ["--steps", "5"]) == 0
     assert main(args + ["--steps", "8", "--resume"]) == 0
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 8
+    summary = (out / "train_summary.json").read_text()
+    assert main(args + ["--steps", "8", "--resume"]) == 0  # at step 8 already: nothing to do, nothing lost
+    assert (out / "train_summary.json").read_text() == summary
     state = out / "state.pt"
     state.write_bytes(state.read_bytes()[:1000])  # an interrupted save: refused, never trained over
     with pytest.raises(ValueError, match=r"state.pt is not a readable training state \(RuntimeError"):

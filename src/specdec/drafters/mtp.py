@@ -226,8 +226,8 @@ def mtp_head_mismatch(raw: dict, target_config, target_name: str, folder) -> str
     for key, have in (("hidden_size", target_config.hidden_size), ("num_layers", target_config.num_layers),
                       ("vocab_size", target_config.vocab_size)):
         if target.get(key) != have:
-            return (f"the MTP head {folder} was trained for a target with {key} {target.get(key)}; "
-                    f"{target_name} has {have}")
+            return (f"the MTP head {folder} was trained for a target with {key} {target.get(key)!r}; "
+                    f"{target_name} has {have}")  # !r: "6" is no 6
     return None
 
 

@@ -385,8 +385,12 @@ def _train(args, rank: int, world: int, dist_device) -> int:
                       args.save_every, log, rank, world, loss=loss_module)
     if args.resume and trainer.resume():
         log(f"resumed at step {trainer.step}")
+    start = trainer.step
     accs = trainer.run(train, val, device, args.seed, args.max_minutes * 60 if args.max_minutes else None)
-    if rank == 0:
+    if rank == 0 and trainer.step == start and (out / "train_summary.json").is_file():
+        log(f"nothing trained: the head is at step {start} already (--steps {args.steps}); "
+            "train_summary.json is kept")  # a resume past --steps overwrote it with empty numbers
+    elif rank == 0:
         from specdec.train.loop import mean_accept_length
 
         summary = {"kind": args.kind, "model": args.model, "steps": trainer.step, "sequences": len(seqs),
