@@ -69,6 +69,7 @@ def test_unknown_architecture(tmp_path):
     (2, 8, {"llama.attention.head_count_kv": 0}, "head_count_kv is 0"),  # was read as "all heads"
     (2, 8, {"llama.rope.freq_base": 0.0}, "llama.rope.freq_base is 0.0; a positive number"),  # was 10000
     (2, 8, {"llama.block_count": 4_000_000_000}, "block_count says 4000000000 layers, but the file holds layers up"),
+    (2, 8, {"llama.expert_count": 8}, "llama.expert_count is 8: a mixture-of-experts model"),  # said a tensor missing
 ])
 def test_gguf_metadata_of_the_wrong_value(tmp_path, heads, length, extra, message):
     path = tmp_path / "m.gguf"
@@ -146,6 +147,14 @@ def test_a_block_count_below_the_layers_in_the_file_is_refused(tmp_path):
 def test_broken_gguf_tokenizer_metadata_is_one_error(tmp_path, key, value, message):
     bad = _rewritten_gguf(tmp_path, fields=lambda name, v: value(v) if name == key else v)
     with pytest.raises(ModelFileError, match=message):
+        _load(bad)
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused(tmp_path):
+    """The prompt token past the rows failed only at generation ("outside the vocabulary")."""
+    bad = _rewritten_gguf(tmp_path, fields=lambda name, v: v + [f"<extra{i}>" for i in range(5)] if name in (
+        "tokenizer.ggml.tokens",) else v + [1] * 5 if name == "tokenizer.ggml.token_type" else v)
+    with pytest.raises(ModelFileError, match="its tokenizer has 517 tokens but the model 512 token rows"):
         _load(bad)
 
 

@@ -339,6 +339,9 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
             raise ModelFileError(path, f"metadata key {arch}.{key} is missing")
         return value
 
+    if meta.get(f"{arch}.expert_count"):  # Mixtral's llama files: running the dense path would be another model
+        raise ModelFileError(path, f"{arch}.expert_count is {meta[f'{arch}.expert_count']}: a mixture-of-experts "
+                             "model, which specdec cannot run yet")
     _check_sizes(path, arch, meta, tensors)
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
