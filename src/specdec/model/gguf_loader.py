@@ -411,8 +411,10 @@ def _check_sizes(path, arch: str, meta: dict, tensors: dict) -> None:
             raise ModelFileError(path, f"{arch}.{key} is {value!r}; a positive number is expected")
     layers = {int(m.group(1)) for n in tensors if (m := re.match(r"model\.layers\.(\d+)\.", n))}
     blocks = meta.get(f"{arch}.block_count")
-    if blocks is not None and blocks > max(layers, default=-1) + 1:
-        raise ModelFileError(path, f"{arch}.block_count says {blocks} layers, but the file holds layers up to "
+    nextn = meta.get(f"{arch}.nextn_predict_layers")  # MTP layers a conversion may have left out
+    main = blocks - (nextn if isinstance(nextn, int) and 0 < nextn < (blocks or 0) else 0) if blocks else None
+    if main is not None and main > max(layers, default=-1) + 1:
+        raise ModelFileError(path, f"{arch}.block_count says {main} layers, but the file holds layers up to "
                              f"{max(layers, default=-1)}: tensors for model.layers.{max(layers, default=-1) + 1} "
                              "and on are missing")
 
