@@ -211,6 +211,8 @@ def test_a_path_option_that_reads_as_a_number_stays_a_path(tmp_path, monkeypatch
     from specdec.drafters.registry import BuildContext, DrafterSpec, create
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "2024").write_text("1 2 3 1 2 3 4")
-    drafter = create(DrafterSpec.parse("ngram-cache:static_path=2024"), BuildContext(target=None))
-    assert drafter.static_path == "2024"
+    for name in ("2024", "007", "1e3"):  # "007" had opened 7, "1e3" 1000.0
+        (tmp_path / name).write_text("1 2 3 1 2 3 4")
+        drafter = create(DrafterSpec.parse(f"ngram-cache:static_path={name}"), BuildContext(target=None))
+        assert drafter.static_path == name
+    assert DrafterSpec.parse("ngram-map-k:min_hits=007").options == (("min_hits", 7),)  # numbers stay numbers

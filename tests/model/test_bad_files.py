@@ -185,8 +185,9 @@ def _shards(folder, split: dict[str, str]):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda f: _edit_config(f, quantization_config={"quant_method": "fp8"}),
-     r"a quantized checkpoint \(quantization_config: fp8\)"),
+    (lambda f: (_edit_config(f, quantization_config={"quant_method": "fp8"}),
+                _add_tensor(f, "model.layers.0.mlp.up_proj.weight_scale_inv", torch.ones(1))),
+     r"a quantized checkpoint \(a quantization tensor \(.*weight_scale_inv\); quantization_config: fp8\)"),
     (lambda f: _add_tensor(f, "model.layers.0.mlp.up_proj.weight", torch.zeros(128, 64, dtype=torch.int8)),
      r"weights of type I8"),
     (lambda f: _add_tensor(f, "lm_head.weight", torch.zeros(520, 64)), r"lm_head.weight has 520 rows, more than"),
@@ -209,7 +210,6 @@ def test_a_folder_that_would_compute_another_model_is_refused(tmp_path, edit, me
 
 
 @pytest.mark.parametrize("settings, jinja, message", [
-    ({"chat_template": [{"name": "tool_use", "template": "x"}]}, None, r"templates named \['tool_use'\] but none named"),
     ({"chat_template": 5}, None, "chat_template is a int, not a template"),  # failed at the first --chat
     ({"add_bos_token": "false"}, None, "add_bos_token is 'false', not true or false"),  # it was read as true
     ({}, b"\xff{{ messages }}", r"chat_template.jinja: not a readable UTF-8 template"),
@@ -235,6 +235,15 @@ def test_named_chat_templates_use_the_default_one(tmp_path):
                  {"name": "default", "template": "D{{ messages[0]['content'] }}"}]
     tcfg.write_text(json.dumps({**raw, "chat_template": templates}))
     assert _load(folder).tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) == "Dhi"
+    tcfg.write_text(json.dumps({**raw, "chat_template": templates[:1], "add_bos_token": None}))
+    assert _load(folder).tokenizer.chat_template is None  # no default: no template, and the model still loads
+
+
+def test_a_float_folder_with_integer_buffers_or_a_stale_quantization_config_loads(tmp_path):
+    folder = make_hf_model(tmp_path / "m")
+    _edit_config(folder, quantization_config={"quant_method": "bitsandbytes"})  # kept by a float re-save
+    _add_tensor(folder, "model.layers.0.self_attn.rotary_emb.cache", torch.zeros(4, dtype=torch.uint8))
+    assert _load(folder).config.num_layers == 2
 
 
 def _edit_config(folder, **values):

@@ -122,6 +122,9 @@ def test_a_failed_write_keeps_the_previous_file_whole(tmp_path):
     with replaced(target) as tmp:
         tmp.write_bytes(b"the new head")
     assert target.read_bytes() == b"the new head" and len(list(tmp_path.iterdir())) == 1
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"x")
+    assert target.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777  # not mkstemp's 0600
 
 
 def test_sequences_files_and_lengths_that_crashed_mid_training(tmp_path):

@@ -54,7 +54,7 @@ class DrafterSpec:
             key, sep, value = opt.partition("=")
             if not sep or not key:
                 raise ValueError(f"drafter option {opt!r} in {text!r} is not key=value")
-            options[key] = _number(value)
+            options[key] = value if _takes_text(kind, key) else _number(value)  # a path "007" stays "007"
         return DrafterSpec.of(kind, **options)
 
     def label(self) -> str:
@@ -161,8 +161,6 @@ def create(spec: DrafterSpec, ctx: BuildContext) -> Drafter:
             raise ValueError(f"drafter {spec.kind!r} option {name} must be a whole number, got {value!r}")
         if types.get(name) is float and (type(value) not in (int, float) or not math.isfinite(value)):
             raise ValueError(f"drafter {spec.kind!r} option {name} must be a finite number, got {value!r}")
-        if str in (typing.get_args(types.get(name)) or (types.get(name),)) and type(value) in (int, float):
-            options[name] = str(value)  # a path read from text: "2024" was parsed as a number
     return e.build(ctx, **options)
 
 
@@ -179,6 +177,13 @@ def _keyword_args(build: Callable) -> set[str] | None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
     return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _takes_text(kind: str, option: str) -> bool:
+    """Whether a known kind's option is typed as text (a path), so that parse leaves it as written."""
+    build = _entries[kind].build if kind in _entries else None
+    hint = getattr(build, "option_types", {}).get(option)
+    return str in (typing.get_args(hint) or (hint,))
 
 
 def _number(text: str):

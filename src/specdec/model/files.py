@@ -3,31 +3,31 @@
     with replaced(folder / "model.safetensors") as tmp:
         save_file(tensors, str(tmp))
 
-A run killed while it writes leaves the previous file whole (and a *.tmp beside it, removed when the
-write fails in-process).
+A run killed while it writes leaves the previous file whole (and a *.tmp beside it; one the write fails
+in-process is removed). The caller creates the temporary file, so it gets the usual permissions (umask),
+as the file written in place did.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
 
 @contextmanager
 def replaced(path):
-    """Yields a temporary path in path's folder; when the block ends without an error, it becomes path."""
+    """Yields a temporary path (not yet created) in path's folder; when the block ends without an error,
+    what was written there becomes path."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
+    tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        yield Path(tmp)
+        yield tmp
         os.replace(tmp, path)
-        tmp = None
     finally:
-        if tmp is not None:
-            os.unlink(tmp)
+        if tmp.exists():
+            tmp.unlink()
 
 
 def write_text(path, text: str) -> None:

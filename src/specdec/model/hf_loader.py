@@ -52,11 +52,6 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
     if not cfg_file.is_file():
         raise ModelFileError(path, "no config.json in this folder")
     raw = read_json_object(cfg_file)
-    quantized = raw.get("quantization_config")
-    if quantized:  # the weights hold codes and scales: read as plain values they compute garbage
-        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else quantized
-        raise ModelFileError(path, f"a quantized checkpoint (quantization_config: {method}); specdec reads float "
-                             "weights (F32, F16, BF16) from a folder: use the unquantized folder, or a GGUF file")
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
         bins = sorted(path.glob("*.bin")) + sorted(path.glob("*.pt"))
@@ -74,16 +69,16 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
                                  f"({len(absent)} of {len(named)} shards missing)")
         shards = [path / n for n in named]
     files, dtypes = {}, set()
+    weight_dtypes = set()
     for shard in shards:
         for name, (dtype, _) in safetensors_header(shard).items():
+            if name.endswith("weight"):
+                weight_dtypes.add(dtype)
             if name in files:  # a stale file beside the shards: which copy is meant is unknown
                 raise ModelFileError(path, f"tensor {name} is in both {files[name].name} and {shard.name}")
             files[name] = shard
             dtypes.add(dtype)
-    odd = sorted(dtypes - {"F32", "F16", "BF16", "F64", "I64", "I32", "BOOL"})  # integer buffers may ride along
-    if odd:  # FP8, int8 or packed weights hold codes whose scales live elsewhere
-        raise ModelFileError(path, f"weights of type {odd[0]}: specdec reads float weights (F32, F16, BF16) from a "
-                             "folder; use the unquantized folder, or a GGUF file")
+    _refuse_quantized(path, raw, weight_dtypes, files)
     config = config_from_hf(path, raw, files)
     quant = "BF16" if "BF16" in dtypes else "F16" if "F16" in dtypes else "F32"
     model = HFModel(path, config, raw, quant, files)
@@ -91,6 +86,23 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
         if name not in files:
             raise ModelFileError(path, f"tensor {name} is missing")
     return model
+
+
+_QUANT_PARTS = ("qweight", "qzeros", "scales", "weight_scale", "weight_scale_inv", "SCB", "absmax")
+
+
+def _refuse_quantized(path, raw: dict, weight_dtypes: set[str], names) -> None:
+    """Quantized weights (FP8, int8, GPTQ/AWQ codes) hold codes whose scales live elsewhere: read as plain values
+    they compute another model. A float re-save that kept its quantization_config loads."""
+    odd = sorted(weight_dtypes - {"F32", "F16", "BF16", "F64"})
+    parts = next((n for n in names if n.rsplit(".", 1)[-1] in _QUANT_PARTS), None)
+    if not odd and parts is None:
+        return
+    quantized = raw.get("quantization_config")
+    method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else quantized
+    what = f"weights of type {odd[0]}" if odd else f"a quantization tensor ({parts})"
+    raise ModelFileError(path, f"a quantized checkpoint ({what}; quantization_config: {method}): specdec reads "
+                         "float weights (F32, F16, BF16) from a folder; use the unquantized folder, or a GGUF file")
 
 
 def _tied(path, raw: dict, tensor_names, default: bool = False) -> bool:

@@ -299,10 +299,7 @@ def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
     template = tcfg.get("chat_template")
     if isinstance(template, list):  # named templates (Hermes, Command-R): the one named "default", as transformers
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-        if template is None:
-            raise ModelFileError(cfg_file, f"chat_template lists templates named {sorted(map(str, named))} but none "
-                                 "named 'default'")
+        template = named.get("default")  # none: no chat template (--chat says so), the model still runs
     if template is not None and not isinstance(template, str):
         raise ModelFileError(cfg_file, f"chat_template is a {type(template).__name__}, not a template")
     template_file = Path(path) / "chat_template.jinja"
@@ -311,7 +308,7 @@ def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
             template = template_file.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError) as exc:
             raise ModelFileError(template_file, f"not a readable UTF-8 template ({exc})") from None
-    add_bos = tcfg.get("add_bos_token", False)
+    add_bos = tcfg.get("add_bos_token") or False  # null: the default
     if not isinstance(add_bos, bool):  # "false" was true
         raise ModelFileError(cfg_file, f"add_bos_token is {add_bos!r}, not true or false")
     return Tokenizer(backend, bos, eos_ids, add_bos, template, "tokenizer.json")

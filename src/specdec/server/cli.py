@@ -96,8 +96,9 @@ class GracefulServer(uvicorn.Server):
         import asyncio
 
         self.worker.drain()
-        grace = self.config.timeout_graceful_shutdown or 0
-        asyncio.get_running_loop().call_later(max(grace - 1.5, 0), self.worker.end_running)
+        grace = self.config.timeout_graceful_shutdown
+        if grace is not None:  # None: uvicorn waits for them for ever
+            asyncio.get_running_loop().call_later(max(grace - 1.0, 0), self.worker.end_running)
         await super().shutdown(sockets)
 
 

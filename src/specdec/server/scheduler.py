@@ -128,11 +128,15 @@ class Scheduler:
             self._cancelled(job)
 
     def end_running(self) -> None:
-        """Shutdown's grace period is over: running jobs fail with ServerStopping at the next step, so each gets
-        an answer (a stream: its error event and [DONE]) before the server cancels its handler."""
+        """Shutdown's grace period is over: each running job is answered ServerStopping now (a stream: its error
+        event and [DONE]), before the server cancels its handler, even while a long step is under way; the
+        thread drops them at its next step."""
         with self._cv:
             self._end_running = True
+            jobs = [r.job for r in self._running]
             self._cv.notify_all()
+        for job in jobs:
+            job.put(Failed(ServerStopping()))
 
     def submit(self, job: Job) -> None:
         """Queue a job; raises QueueFull when max_queue jobs wait already, ServerStopping after drain()."""

@@ -297,7 +297,8 @@ def _train(args, rank: int, world: int, dist_device) -> int:
 
         args.out = str(sidecar_path(path))
         out_dir(args.out)  # a file there, or a folder that cannot be written: said now, not after generating
-    check_out(Path(args.out), args.resume)
+    if args.steps > 0:  # --steps 0 writes the data only, never a head
+        check_out(Path(args.out), args.resume)
     data_file = Path(args.out) / f"data.rank{rank}.npz"
     generating = not args.sequences and not (args.resume and data_file.is_file())
     if generating:  # the files are read and the counts checked now, not after the target has loaded
