@@ -19,7 +19,9 @@ target's either way, but the draws its generator makes follow how many tokens ea
 Backpressure: at most `max_queue` requests wait beyond the `max_batch` running (a request
 counts as waiting until the thread admits it); beyond that submit() raises QueueFull
 (the app answers 503 with Retry-After). A request whose client went away is dropped at the
-next step (or the next submit, while it waits), freeing its slot or its place in the queue; one older than `request_timeout` seconds fails with TimeoutError.
+next step (or the next submit, while it waits), freeing its slot or its place in the queue;
+one older than `request_timeout` seconds fails with TimeoutError. Shutdown: drain() answers
+the waiting requests at once, end_running() the running ones when the grace period is over.
 
     scheduler = Scheduler(engine, metrics, max_batch=16, max_queue=64)
     scheduler.submit(job)            # job: worker.Job; events arrive on job.events
