@@ -288,11 +288,12 @@ class Trainer:
 
     def checkpoint(self) -> None:
         """Save the head and the training state, each file replaced whole (a kill mid-save keeps the last)."""
-        if self.rank != 0:
-            return
-        if not all(torch.isfinite(p).all() for p in self.head.parameters()):
+        if not all(torch.isfinite(p).all() for p in self.head.parameters()):  # on every rank: DDP's weights agree,
+            # so all ranks stop together instead of the others waiting for rank 0 in the next all-reduce
             raise ValueError(f"training diverged: the head's weights are not finite at step {self.step}; nothing "
                              f"was saved (the last checkpoint in {self.out}, if any, is kept): lower --lr")
+        if self.rank != 0:
+            return
         self.out.mkdir(parents=True, exist_ok=True)
         self.save(self.head, self.out)
         with replaced(self.state_path()) as tmp:
