@@ -58,7 +58,7 @@ from torch import nn
 
 from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.hidden import HeadCache
-from specdec.model.config import llama3_rope_factors
+from specdec.model.config import llama3_rope_factors, size_problem
 from specdec.model.errors import SpecdecError
 from specdec.model.files import replaced, write_text
 from specdec.model.layers import (DecoderLayer, MaskedAttention, RMSNorm, apply_rope, rms_norm, rope_rows, rope_tables,
@@ -144,15 +144,12 @@ class BlockConfig:
         except (TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:  # 0 heads: no head_dim
             raise DFlashError(f"{where}: config.json has a value of the wrong type or out of range "
                               f"({type(exc).__name__}: {exc})") from None
-        sizes = {"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
-                 "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
-                 "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size}
-        bad = next((k for k, v in sizes.items() if v < 1), None)
-        if bad is not None:
-            raise DFlashError(f"{where}: config.json's {bad} must be at least 1, got {sizes[bad]}")
-        if cfg.num_heads % cfg.num_kv_heads:
-            raise DFlashError(f"{where}: num_attention_heads {cfg.num_heads} is not a multiple of "
-                              f"num_key_value_heads {cfg.num_kv_heads}")
+        problem = size_problem({"hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_layers,
+                                "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+                                "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size,
+                                "vocab_size": cfg.vocab_size}, "num_attention_heads", "num_key_value_heads")
+        if problem is not None:
+            raise DFlashError(f"{where}: config.json's {problem}")
         return cfg
 
     @staticmethod

@@ -32,6 +32,7 @@ from torch import nn
 
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
+from specdec.model.config import size_problem
 from specdec.model.errors import SpecdecError
 from specdec.model.files import replaced, write_text
 from specdec.model.layers import DecoderLayer, RMSNorm
@@ -207,15 +208,12 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
     except (TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:  # "yes" as eagle_config; 0 heads
         raise Eagle3Error(f"{cfg_file}: a value of the wrong type or out of range ({type(exc).__name__}: {exc})") \
             from None
-    sizes = {"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_heads, "head_dim": cfg.head_dim,
-             "num_key_value_heads": cfg.num_kv_heads, "intermediate_size": cfg.intermediate_size,
-             "vocab_size": cfg.vocab_size, "draft_vocab_size": cfg.draft_vocab_size}
-    bad = next((k for k, v in sizes.items() if v < 1), None)
-    if bad is not None:
-        raise Eagle3Error(f"{cfg_file}: {bad} must be at least 1, got {sizes[bad]}")
-    if cfg.num_heads % cfg.num_kv_heads:
-        raise Eagle3Error(f"{cfg_file}: num_attention_heads {cfg.num_heads} is not a multiple of num_key_value_heads "
-                          f"{cfg.num_kv_heads}")
+    problem = size_problem({"hidden_size": cfg.hidden_size, "num_attention_heads": cfg.num_heads,
+                            "head_dim": cfg.head_dim, "num_key_value_heads": cfg.num_kv_heads,
+                            "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+                            "draft_vocab_size": cfg.draft_vocab_size}, "num_attention_heads", "num_key_value_heads")
+    if problem is not None:
+        raise Eagle3Error(f"{cfg_file}: {problem}")
     if cfg.vocab_size != c.vocab_size and abs(cfg.vocab_size - c.vocab_size) > 128:
         raise Eagle3Error(f"EAGLE-3 head {path} was trained for a vocabulary of {cfg.vocab_size} tokens; the target "
                           f"{target_name} has {c.vocab_size}: it belongs to another model")

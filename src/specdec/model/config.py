@@ -44,6 +44,18 @@ def unsupported_reason(name: str, runs: str) -> str:
     return f"{why}: specdec cannot run it yet (it runs dense {runs} models)"
 
 
+def size_problem(sizes: dict[str, int], heads: str, kv_heads: str) -> str | None:
+    """What is wrong with a decoder's sizes (name -> value), or None: a size under 1, or query heads (sizes[heads])
+    that are no multiple of the key/value heads (sizes[kv_heads]). ModelConfig and the draft heads' configs
+    (EAGLE-3, DFlash) check theirs with it."""
+    bad = next((name for name, value in sizes.items() if not value >= 1), None)
+    if bad is not None:
+        return f"{bad} must be at least 1, got {sizes[bad]}"
+    if sizes[heads] % sizes[kv_heads]:
+        return f"{heads} {sizes[heads]} is not a multiple of {kv_heads} {sizes[kv_heads]}"
+    return None
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
@@ -83,16 +95,15 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported architecture {self.arch!r}; specdec runs {', '.join(SUPPORTED_ARCHS)}"
             )
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "intermediate_size", "context_length"):
-            if not getattr(self, name) >= 1:
-                raise ValueError(f"{name} is {getattr(self, name)}; it must be at least 1")
+        problem = size_problem({name: getattr(self, name) for name in (
+            "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+            "context_length")}, "num_heads", "num_kv_heads")
+        if problem is not None:
+            raise ValueError(problem)
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
             raise ValueError(f"rope_theta is {self.rope_theta}; it must be a positive number")
         if not (self.rms_norm_eps >= 0 and math.isfinite(self.rms_norm_eps)):
             raise ValueError(f"rms_norm_eps is {self.rms_norm_eps}; it must be a finite number of at least 0")
-        if self.num_heads % self.num_kv_heads != 0:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
             raise ValueError(f"{len(self.rope_freq_factors)} RoPE frequency factors for head_dim {self.head_dim}; "
                              f"expected {self.head_dim // 2}")
