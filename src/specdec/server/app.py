@@ -430,8 +430,6 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         message = f"{exc.detail}: {request.method} {request.url.path}" if exc.status_code in (404, 405) \
             else str(exc.detail)
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
-        if exc.status_code == 413:
-            message = str(exc.detail)
         if exc.status_code == 400:  # FastAPI's own: a body that is not UTF-8 or nests too deep for the parser
             message = ("We could not parse the body of your request as JSON (it is not UTF-8 text, or it nests "
                        "too deep). The API expects a JSON object.")
@@ -452,9 +450,9 @@ class _BodyLimit:
     def __init__(self, app, limit: int, metrics: ServerMetrics):
         self.app, self.limit, self.metrics = app, limit, metrics
 
-    def too_large(self, size: str) -> StarletteHTTPException:
-        return StarletteHTTPException(413, f"the request body has {size} bytes; this server takes at most "
-                                      f"{self.limit} (no prompt that fits the context is longer)")
+    def too_large(self, size: str) -> str:
+        return f"the request body has {size} bytes; this server takes at most {self.limit} (no prompt that fits " \
+               "the context is longer)"
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -462,8 +460,8 @@ class _BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.limit:
             self.metrics.record_error(413, "request_too_large")
-            exc = self.too_large(str(int(declared)))
-            await APIError(413, exc.detail, code="request_too_large").response()(scope, receive, send)
+            error = APIError(413, self.too_large(str(int(declared))), code="request_too_large")
+            await error.response()(scope, receive, send)
             return
         read = 0
 
@@ -472,7 +470,7 @@ class _BodyLimit:
             message = await receive()
             read += len(message.get("body", b""))
             if read > self.limit:  # raised inside the body's parsing: the app's error handler answers it
-                raise self.too_large(f"more than {self.limit}")
+                raise StarletteHTTPException(413, self.too_large(f"more than {self.limit}"))
             return message
 
         await self.app(scope, counted, send)
