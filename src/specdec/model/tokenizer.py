@@ -152,19 +152,20 @@ class StreamDecoder:
 def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     """The tokenizer a GGUF file's metadata describes; ModelFileError for metadata that is missing, of the wrong
     type, or whose per-token arrays do not match the token list (a short score list changed how text split)."""
-    field = reader.fields.get("tokenizer.ggml.tokens")
-    tokens = field.contents() if field is not None else None
-    if not tokens or not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+    from gguf import GGUFValueType
+
+    field = reader.fields.get("tokenizer.ggml.tokens")  # its types and length only: the builders read the arrays
+    if field is None or field.types != [GGUFValueType.ARRAY, GGUFValueType.STRING] or not field.data:
         raise ModelFileError(path, "tokenizer.ggml.tokens is missing, empty, or not a list of strings")
+    n = len(field.data)  # one entry per array element
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
-        if key in reader.fields and len(reader.fields[key].contents()) != len(tokens):
-            raise ModelFileError(path, f"{key} has {len(reader.fields[key].contents())} entries for "
-                                 f"{len(tokens)} tokens")
+        if key in reader.fields and len(reader.fields[key].data) != n:
+            raise ModelFileError(path, f"{key} has {len(reader.fields[key].data)} entries for {n} tokens")
     for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
                 "tokenizer.ggml.unknown_token_id"):
         value = metadata.get(key)
-        if value is not None and not (isinstance(value, int) and 0 <= value < len(tokens)):
-            raise ModelFileError(path, f"{key} is {value!r}, not a token id (0..{len(tokens) - 1})")
+        if value is not None and not (isinstance(value, int) and 0 <= value < n):
+            raise ModelFileError(path, f"{key} is {value!r}, not a token id (0..{n - 1})")
     try:
         return _tokenizer_from_gguf(path, reader, metadata)
     except ModelFileError:
