@@ -220,6 +220,8 @@ def target_info(model_name: str, path, checkpoint) -> dict:
             "num_layers": c.num_layers, "vocab_size": c.vocab_size}
 
 
+MIN_SEQUENCE_TOKENS = 8  # a shorter training sequence (generated or read) is too short to teach anything
+
 # the least each count may be (flags left at None keep their meaning: "the default")
 # (seq_len: sequences of fewer than 8-9 tokens are dropped as too short to teach anything)
 _LEAST = {"generate": 0, "gen_tokens": 1, "corpus_seqs": 0, "seq_len": 9, "steps": 0, "batch": 1, "ttt": 1,
@@ -325,9 +327,9 @@ def _train(args, rank: int, world: int, dist_device) -> int:
         source = Path(args.sequences) if args.sequences else data_file
         loaded = load_sequences(source, target.config.vocab_size)
         limit = min(args.seq_len, context)  # as generated data is cut; a longer one ran past the RoPE tables
-        seqs = [s[:limit] for s in loaded if len(s) >= 8]
+        seqs = [s[:limit] for s in loaded if len(s) >= MIN_SEQUENCE_TOKENS]
         if len(seqs) < len(loaded):
-            log(f"data: {len(loaded) - len(seqs)} sequences of fewer than 8 tokens left out")
+            log(f"data: {len(loaded) - len(seqs)} sequences of fewer than {MIN_SEQUENCE_TOKENS} tokens left out")
         if args.sequences and world > 1:
             seqs = seqs[: args.val] + seqs[args.val :][rank::world] if rank == 0 else seqs[args.val :][rank::world]
         log(f"data: {len(seqs)} sequences from {source}")
@@ -340,7 +342,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
                                args.corpus_seqs // world, args.seed + rank, progress=bar.update,
                                held_out=args.val if rank == 0 else 0)
         bar.close()
-        seqs = [s for s in seqs if len(s) >= 8]
+        seqs = [s for s in seqs if len(s) >= MIN_SEQUENCE_TOKENS]
         out.mkdir(parents=True, exist_ok=True)
         save_sequences(seqs, data_file)
         log(f"data: {len(seqs)} sequences, {sum(map(len, seqs))} tokens ({time.perf_counter() - t0:.0f}s)")
