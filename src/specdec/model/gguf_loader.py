@@ -399,8 +399,9 @@ _POSITIVE = ("rope.freq_base", "attention.layer_norm_rms_epsilon")
 
 def _check_sizes(path, arch: str, meta: dict, tensors: dict) -> None:
     """Sizes that are given must be whole and at least 1, and rates positive: 0 had become a default (head_count_kv
-    0 read as 'all heads', freq_base 0 as 10000) and 64.9 had been cut to 64. block_count may not exceed the
-    layers in the file (4e9 built billions of expected shapes before the first missing tensor was named)."""
+    0 read as 'all heads', freq_base 0 as 10000) and 64.9 had been cut to 64. block_count (with the nextn layers)
+    must match the layers in the file: fewer ran the model without its last layers, more (4e9) built billions of
+    expected shapes before the first missing tensor was named."""
     for key in _COUNTS:
         value = meta.get(f"{arch}.{key}")
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
@@ -409,14 +410,20 @@ def _check_sizes(path, arch: str, meta: dict, tensors: dict) -> None:
         value = meta.get(f"{arch}.{key}")
         if value is not None and not (isinstance(value, (int, float)) and 0 < value < math.inf):
             raise ModelFileError(path, f"{arch}.{key} is {value!r}; a positive number is expected")
-    layers = {int(m.group(1)) for n in tensors if (m := re.match(r"model\.layers\.(\d+)\.", n))}
     blocks = meta.get(f"{arch}.block_count")
+    if blocks is None:
+        return  # said where the config is read
+    layers = sorted({int(m.group(1)) for n in tensors if (m := re.match(r"model\.layers\.(\d+)\.", n))})
+    beyond = [i for i in layers if i >= blocks]
+    if beyond:  # llama.cpp refuses such a file too: the model would run without those layers
+        raise ModelFileError(path, f"the file holds layer {beyond[0]}, but its block_count says {blocks} layers "
+                             f"(0..{blocks - 1})")
     nextn = meta.get(f"{arch}.nextn_predict_layers")  # MTP layers a conversion may have left out
-    main = blocks - (nextn if isinstance(nextn, int) and 0 < nextn < (blocks or 0) else 0) if blocks else None
-    if main is not None and main > max(layers, default=-1) + 1:
-        raise ModelFileError(path, f"{arch}.block_count says {main} layers, but the file holds layers up to "
-                             f"{max(layers, default=-1)}: tensors for model.layers.{max(layers, default=-1) + 1} "
-                             "and on are missing")
+    main = blocks - (nextn if isinstance(nextn, int) and 0 < nextn < blocks else 0)
+    if main > (layers[-1] if layers else -1) + 1:
+        top = layers[-1] if layers else -1
+        raise ModelFileError(path, f"{arch}.block_count says {main} layers, but the file holds layers up to {top}: "
+                             f"tensors for model.layers.{top + 1} and on are missing")
 
 
 def _gemma3_fields(path, meta: dict, hidden: int, heads: int, head_dim: int) -> dict:
@@ -471,16 +478,7 @@ def _check_shapes(model: GGUFModel) -> None:
             expected[p + "self_attn.q_proj.bias"] = (c.q_size,)
             expected[p + "self_attn.k_proj.bias"] = (c.kv_size,)
             expected[p + "self_attn.v_proj.bias"] = (c.kv_size,)
-    for i in range(c.num_layers, c.num_layers + c.mtp_layers_declared):  # MTP layers: checked where they are read
-        expected.update({n: None for n in model._tensors if n.startswith(f"model.layers.{i}.")})
-    beyond = sorted({int(m.group(1)) for n in model._tensors if (m := re.match(r"model\.layers\.(\d+)\.", n))
-                     and n not in expected and int(m.group(1)) >= c.num_layers})
-    if beyond:  # llama.cpp refuses such a file too: the model would run without those layers
-        raise ModelFileError(model.path, f"the file holds layer {beyond[0]}, but its block_count says "
-                             f"{c.num_layers} layers (0..{c.num_layers - 1})")
     for name, shape in expected.items():
-        if shape is None:
-            continue
         t = model._tensors.get(name)
         if t is None:
             raise ModelFileError(model.path, f"tensor for {name} is missing")
