@@ -167,3 +167,21 @@ def test_the_first_draft_is_the_heads_last_row_over_the_whole_prompt(tiny_model,
         logits, *_ = head.step(0, feats, torch.tensor([context[1:]]), torch.arange(n)[None], None, None,
                                torch.ones(1, n, n, dtype=torch.bool).tril())
     assert logits.shape[1] == n and int(logits[0, -1].argmax()) == first
+
+
+def test_positions_past_the_heads_rope_table_get_their_own_rows(tiny_model):
+    """The head's table grows to a position past it (it used to clamp: every far position read the
+    last row) with the rows a table computed whole holds."""
+    head = random_head(tiny_model)
+    c = tiny_model.config
+    head.init_rope(c.head_dim, c.rope_theta, 16)
+    H = c.hidden_size
+    feats = torch.randn(1, 3, H, generator=torch.Generator().manual_seed(2))
+    tokens, positions = torch.tensor([[11, 12, 13]]), torch.tensor([[40, 41, 42]])
+    mask = torch.ones(1, 3, 3, dtype=torch.bool).tril()
+    with torch.no_grad():
+        grown = head.step(0, feats, tokens, positions, None, None, mask)[0]
+        assert head.rope_cos.shape[0] == 43
+        head.init_rope(c.head_dim, c.rope_theta, 64)
+        whole = head.step(0, feats, tokens, positions, None, None, mask)[0]
+    assert torch.equal(grown, whole)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers.tiny import make_hf_model
-from specdec.model.layers import MaskedAttention, rms_norm, rope_rows
+from specdec.model.layers import ROPE_INITIAL_ROWS, MaskedAttention, RopeTable, rms_norm, rope_rows, rope_tables
 from specdec.model.load import load_model, open_checkpoint
 from specdec.train.target import DenseTarget
 
@@ -32,7 +32,7 @@ def test_module_layer_equals_the_inference_layer(arch_dir, target):
     out = tr.forward(torch.tensor([PROMPT]), tr.new_cache(64), [0], hidden_layers=(0, 1, 2), exact=True)
     layers = target.layers
     T = len(PROMPT)
-    cos, sin = rope_rows(tr.cos, tr.sin, torch.arange(T)[None])
+    cos, sin = rope_rows(*tr.rope.tables, torch.arange(T)[None])
     for i in (0, 1):
         causal = MaskedAttention(1, None, None, torch.ones(1, T, T, dtype=torch.bool).tril())
         x = layers[i](out.hidden[i][0], causal, cos, sin)
@@ -114,3 +114,41 @@ def test_training_target_computes_gemma3_as_the_runtime(tmp_path):
     for prompt, row in zip([PROMPT, PROMPT[:7]], generated):
         expected = [t for t in engine.generate(prompt, max_tokens=12).token_ids if t not in eos]
         assert row[len(prompt):] == expected
+
+
+# -- RoPE tables sized on demand ----------------------------------------------------------------
+@pytest.mark.parametrize("theta, factors", [(10000.0, None), (1e6, None), (500000.0, tuple(1.0 + i for i in range(8)))])
+def test_rope_table_grown_in_steps_is_bitwise_the_whole_table(theta, factors):
+    table = RopeTable(16, theta, 5000, factors, initial=7)
+    for n in (3, 8, 15, 100, 1000, 4133, 5000):  # within, just past, far past, up to the limit
+        table.cover(n)
+        assert len(table) >= n
+    whole = rope_tables(16, theta, 5000, factors)
+    assert len(table) == 5000
+    assert torch.equal(table.tables[0], whole[0]) and torch.equal(table.tables[1], whole[1])
+
+
+def test_rope_table_refuses_positions_past_its_limit():
+    table = RopeTable(16, 10000.0, 64, initial=8)
+    cos, sin = table.rows(torch.tensor([[63]]))  # the last position is fine
+    assert len(table) == 64 and cos.shape == (1, 1, 16)
+    with pytest.raises(ValueError, match="position 64 is beyond the context length 64"):
+        table.rows(torch.tensor([[10, 64]]))
+
+
+def test_a_long_context_model_starts_small_and_grows_without_changing_a_logit(tmp_path):
+    """A 1M-position model holds ROPE_INITIAL_ROWS rows at start (not 1 GB of table); a forward past them
+    gives bitwise the logits of the same model over tables computed whole."""
+    folder = make_hf_model(tmp_path / "long", extra_config={"max_position_embeddings": 1 << 20})
+    grown, whole = (load_model(str(folder), "fp32", progress=False).transformer for _ in range(2))
+    assert len(grown.rope) == ROPE_INITIAL_ROWS and grown.rope.nbytes() == 2 * 4 * ROPE_INITIAL_ROWS * 16
+    c = whole.config
+    whole.rope.tables = rope_tables(c.head_dim, c.rope_theta, 2 * ROPE_INITIAL_ROWS, c.rope_freq_factors)
+    T = ROPE_INITIAL_ROWS + 50
+    tokens = torch.tensor([[(7 * i + 3) % 500 for i in range(T)]])
+    logits = []
+    for tr in (grown, whole):
+        cache = tr.new_cache(T)
+        logits.append(tr.forward(tokens, cache, [cache.allocate()], exact=True).logits[0, -60:])
+    assert len(grown.rope) == 2 * ROPE_INITIAL_ROWS
+    assert torch.equal(logits[0], logits[1])

@@ -19,6 +19,7 @@ from collections import deque
 import torch
 
 from specdec.model.config import ModelConfig
+from specdec.model.layers import ROPE_INITIAL_ROWS
 
 INT4_GROUP = 32
 KV_VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # by what the KV cache holds (ModelInfo.kv_cache)
@@ -33,7 +34,7 @@ def transformer_bytes(tr) -> int:
     if hasattr(tr, "device_bytes"):
         return tr.device_bytes()
     total = _tensor_bytes(tr.embed) + _tensor_bytes(tr.norm) + tr.lm_head.nbytes()
-    total += _tensor_bytes(tr.cos) + _tensor_bytes(tr.sin)
+    total += tr.rope.nbytes() + (tr.local_rope.nbytes() if tr.local_rope is not None else 0)
     for layer in tr.layers:
         total += sum(m.nbytes() for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
         total += sum(_tensor_bytes(t) for t in (layer.attn_norm, layer.mlp_norm, layer.q_norm, layer.k_norm))
@@ -62,7 +63,7 @@ def estimate_weight_bytes(c: ModelConfig, fmt: str, gguf_bytes: int | None = Non
     """What `transformer_bytes` will be once the model is built in format `fmt`. The gguf format holds the
     file's tensors as stored: pass `gguf_tensor_bytes(checkpoint)`; None when that is None."""
     if fmt == "gguf":
-        return None if gguf_bytes is None else gguf_bytes + 2 * 4 * c.context_length * c.head_dim
+        return None if gguf_bytes is None else gguf_bytes + _rope_bytes(c)
     h = c.hidden_size
     per_layer = (
         linear_bytes(c.q_size + 2 * c.kv_size, h, fmt, bias=c.qkv_bias)
@@ -73,8 +74,13 @@ def estimate_weight_bytes(c: ModelConfig, fmt: str, gguf_bytes: int | None = Non
         + (2 * 4 * c.head_dim if c.qk_norm else 0)
     )
     embed = c.vocab_size * h * (4 if fmt == "fp32" else 2)
-    rope = 2 * 4 * c.context_length * c.head_dim
-    return c.num_layers * per_layer + embed + linear_bytes(c.vocab_size, h, fmt) + 4 * h + rope
+    return c.num_layers * per_layer + embed + linear_bytes(c.vocab_size, h, fmt) + 4 * h + _rope_bytes(c)
+
+
+def _rope_bytes(c: ModelConfig) -> int:
+    """The RoPE tables at start (layers.RopeTable: they grow as positions reach further)."""
+    tables = 2 if c.sliding_layers and c.rope_local_theta is not None else 1
+    return tables * 2 * 4 * min(ROPE_INITIAL_ROWS, c.context_length) * c.head_dim
 
 
 def kv_bytes_per_token(c: ModelConfig, kv_cache: str) -> int:

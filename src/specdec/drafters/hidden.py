@@ -47,9 +47,22 @@ class HiddenHead(nn.Module):
     num_modules: int = 1
 
     def init_rope(self, head_dim: int, theta: float, max_len: int, freq_factors=None) -> None:
+        """RoPE rows for positions below max_len; run_layer adds rows when a position goes past them."""
+        self.rope_args = (head_dim, theta, freq_factors)
         cos, sin = rope_tables(head_dim, theta, max_len, freq_factors)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def cover_rope(self, n: int) -> None:
+        """Make the rows of positions below n ready, at least doubling the table (the same bits as a
+        table computed whole: layers.rope_tables), in the buffers' device and dtype."""
+        have = self.rope_cos.shape[0]
+        if n <= have:
+            return
+        head_dim, theta, freq_factors = self.rope_args
+        cos, sin = rope_tables(head_dim, theta, max(n, 2 * have), freq_factors, start=have)
+        self.rope_cos = torch.cat([self.rope_cos, cos.to(self.rope_cos)])
+        self.rope_sin = torch.cat([self.rope_sin, sin.to(self.rope_sin)])
 
     def run_layer(self, layer: DecoderLayer, attn_in: torch.Tensor, x: torch.Tensor, positions: torch.Tensor,
                   past_k, past_v, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -59,7 +72,9 @@ class HiddenHead(nn.Module):
         past_k/v: (B, nkv, P, hd) or None; mask: (B or 1, T, P + T) bool, True = may attend.
         Returns (out (B, T, H), k, v (B, nkv, T, hd) of the new rows)."""
         B, T, H = x.shape
-        cos, sin = rope_rows(self.rope_cos, self.rope_sin, positions.clamp(max=self.rope_cos.shape[0] - 1))
+        if positions.numel():
+            self.cover_rope(int(positions.max()) + 1)
+        cos, sin = rope_rows(self.rope_cos, self.rope_sin, positions)
         attend = MaskedAttention(B, past_k, past_v, mask)
         out = layer(x.reshape(B * T, H), attend, cos, sin, attn_in.reshape(B * T, -1))
         return out.reshape(B, T, H), attend.k, attend.v

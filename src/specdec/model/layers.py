@@ -91,8 +91,11 @@ class RMSNorm(nn.Module):
 
 
 # -- rotary position embedding ------------------------------------------------------------------
-def rope_tables(head_dim: int, theta: float, max_len: int, freq_factors=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin: (max_len, head_dim), computed as transformers does (rotate-half layout).
+def rope_tables(head_dim: int, theta: float, max_len: int, freq_factors=None,
+                start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin: (max_len - start, head_dim), the rows of positions start..max_len-1, computed as
+    transformers does (rotate-half layout). Every value depends only on its position and frequency,
+    so rows computed in pieces are bitwise the rows of one whole table (RopeTable grows that way).
 
     freq_factors: (head_dim / 2) divisors of the frequencies (Llama 3.x scaling, ModelConfig
     rope_freq_factors), or None for plain RoPE.
@@ -100,9 +103,53 @@ def rope_tables(head_dim: int, theta: float, max_len: int, freq_factors=None) ->
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if freq_factors is not None:
         inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float32)
-    freqs = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    freqs = torch.arange(start, max_len, dtype=torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos(), emb.sin()
+
+
+ROPE_INITIAL_ROWS = 4096  # the rows a RopeTable computes at start
+
+
+class RopeTable:
+    """The cos / sin rows of positions 0..limit-1, computed when a forward first reaches them.
+
+    A model's context_length can be 128k or 1M positions: a whole table costs 128 MB to 1 GB and
+    0.4 to 3 s at every start, for rows a short conversation never reads. The table starts at
+    `initial` rows and at least doubles when a position past its end is asked for; its rows are
+    bitwise those of rope_tables over the whole length (see there), so growing never changes a
+    logit. Grows under the caller's forward: one model's forwards run on one thread at a time.
+    """
+
+    def __init__(self, head_dim: int, theta: float, limit: int, freq_factors=None,
+                 initial: int = ROPE_INITIAL_ROWS):
+        self.head_dim, self.theta, self.limit, self.freq_factors = head_dim, theta, limit, freq_factors
+        empty = torch.empty(0, head_dim)
+        self.tables = (empty, empty)  # (cos, sin), replaced together when the table grows
+        self.cover(min(initial, limit))
+
+    def __len__(self) -> int:
+        return self.tables[0].shape[0]
+
+    def cover(self, n: int) -> None:
+        """Make the rows of positions below n ready (n <= limit)."""
+        have = len(self)
+        if n <= have:
+            return
+        if n > self.limit:
+            raise ValueError(f"position {n - 1} is beyond the context length {self.limit}")
+        size = min(self.limit, max(n, 2 * have))
+        cos, sin = rope_tables(self.head_dim, self.theta, size, self.freq_factors, start=have)
+        self.tables = (torch.cat([self.tables[0], cos]), torch.cat([self.tables[1], sin]))
+
+    def rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (B, T) -> cos, sin (B * T, 1, hd), as rope_rows."""
+        if positions.numel():
+            self.cover(int(positions.max()) + 1)
+        return rope_rows(*self.tables, positions)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tables)
 
 
 def rope_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,7 +38,7 @@ from specdec.cache.kv import KVCache
 from specdec.model import kernels
 from specdec.model.config import MLP_ACTIVATIONS, ModelConfig
 from specdec.model.errors import CacheOverflowError
-from specdec.model.layers import decoder_layer, rms_norm, rope_rows, rope_tables, softcap
+from specdec.model.layers import RopeTable, decoder_layer, rms_norm, softcap
 from specdec.model.linear import QLinear
 
 # What the KV cache holds (--cache-type): float16, as llama.cpp keeps it by default, or float32. A step reads
@@ -205,11 +205,11 @@ class Transformer:
         self.weights_format = weights_format
         self.kv_dtype = default_kv_dtype(weights_format)  # load_model's cache_type may change it
         self.max_positions = config.context_length
-        self.cos, self.sin = rope_tables(config.head_dim, config.rope_theta, self.max_positions,
-                                           config.rope_freq_factors)
-        self.local_cos = self.local_sin = None  # the local layers' tables, when their RoPE differs
+        # rows computed as positions reach them, not max_positions of them at every start (RopeTable)
+        self.rope = RopeTable(config.head_dim, config.rope_theta, self.max_positions, config.rope_freq_factors)
+        self.local_rope = None  # the local layers' table, when their RoPE differs
         if config.sliding_layers and config.rope_local_theta is not None:
-            self.local_cos, self.local_sin = rope_tables(config.head_dim, config.rope_local_theta, self.max_positions)
+            self.local_rope = RopeTable(config.head_dim, config.rope_local_theta, self.max_positions)
         self.attn_scale = config.attention_scale  # query_pre_attn_scalar ** -0.5 for Gemma
         # exact attention rows through attend.c when it builds here (AVX2, a C compiler) and fits the heads
         self._attend_kernel = (config.head_dim % 8 == 0 and config.head_dim <= kernels.ATTEND_MAX_HEAD_DIM
@@ -285,8 +285,8 @@ class Transformer:
             spans.append((slice(row, row + size), seg.exact))
             row += size
         positions = torch.cat(positions)
-        rope = rope_rows(self.cos, self.sin, positions)  # cos, sin: (N, 1, hd)
-        local_rope = rope if self.local_cos is None else rope_rows(self.local_cos, self.local_sin, positions)
+        rope = self.rope.rows(positions)  # cos, sin: (N, 1, hd)
+        local_rope = rope if self.local_rope is None else self.local_rope.rows(positions)
 
         tokens = torch.cat([torch.as_tensor(seg.tokens).reshape(-1) for seg in segments])
         x = self.embed_rows(tokens)  # (N, H)
