@@ -292,11 +292,17 @@ def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
     bos = token_id(tcfg.get("bos_token"))
     if bos is None and isinstance(raw_config.get("bos_token_id"), int):
         bos = raw_config["bos_token_id"]
-    eos = raw_config.get("eos_token_id")
-    eos_ids = eos if isinstance(eos, list) else ([eos] if isinstance(eos, int) else [])
+    # generation stops at config.json's eos_token_id, tokenizer_config's eos_token and generation_config's
+    # eos_token_id, as transformers stops: many chat models name their end-of-turn token only in the last
+    # (Llama 3 Instruct's <|eot_id|>, Phi-3's <|end|>)
+    eos_ids = _token_ids(raw_config.get("eos_token_id"), Path(path) / "config.json")
     tok_eos = token_id(tcfg.get("eos_token"))
     if tok_eos is not None and tok_eos not in eos_ids:
         eos_ids = [tok_eos] + eos_ids
+    gen_file = Path(path) / "generation_config.json"
+    if gen_file.is_file():
+        eos_ids += _token_ids(read_json_object(gen_file).get("eos_token_id"), gen_file)
+    eos_ids = list(dict.fromkeys(eos_ids))
     template = tcfg.get("chat_template")
     if isinstance(template, list):  # named templates (Hermes, Command-R): the one named "default", as transformers
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
@@ -313,6 +319,14 @@ def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
     if not isinstance(add_bos, bool):  # "false" was true
         raise ModelFileError(cfg_file, f"add_bos_token is {add_bos!r}, not true or false")
     return Tokenizer(backend, bos, eos_ids, add_bos, template, "tokenizer.json")
+
+
+def _token_ids(value, file: Path) -> list[int]:
+    """An eos_token_id setting (an id, a list of ids or null) as a list of ids; a ModelFileError otherwise."""
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ModelFileError(file, f"eos_token_id is {value!r}, not a token id or a list of token ids")
+    return ids
 
 
 class TextStream:
