@@ -146,3 +146,56 @@ def test_adaptive_mode_pauses_a_drafter_that_never_pays_and_probes_it(tiny_model
     probes = [n for n, k in asked[-3:]]
     assert [k for _, k in asked[-3:]] == [1, 1, 1]
     assert probes[2] - probes[1] == 2 * (probes[1] - probes[0]) == 4 * PROBE_EVERY  # waits of 16, then 32 steps
+
+
+def test_draft_length_respects_the_minimum():
+    steep = [0, 1.0, 1.3, 2.6, 3.9, 5.2, 6.5]
+    assert best_draft_length(0.8, steep, 0.0, 5) == 1
+    assert best_draft_length(0.8, steep, 0.0, 5, n_min=2) == 0  # 2.44 tokens for 2.6 s: plain pays more
+    assert best_draft_length(0.95, [0, 1.0, 1.0, 1.1, 1.5], 0.0, 3, n_min=3) == 3
+
+
+def test_adaptive_mode_never_asks_for_drafts_shorter_than_the_minimum(tiny_model, monkeypatch):
+    """With --spec-draft-n-min 2, adaptive mode picks 0 or 2..n_max and probes with 2-token drafts: a
+    1-token length was thrown away unverified at every step, so drafting stopped for good."""
+    from specdec.drafters.base import Draft, DrafterBase
+    from specdec.engine.config import SpecConfig
+    from specdec.engine.engine import Engine
+    from specdec.sampling import SamplingParams
+
+    prompt = [5, 6, 7, 8]
+    plain = Engine(tiny_model, max_len=160).generate(prompt, SamplingParams(), max_tokens=100).token_ids
+    asked = []  # draft lengths asked for
+
+    class HalfRight(DrafterBase):
+        """The model's next token, then a wrong one: accepts 1 of 2."""
+        name = "half-right"
+
+        def propose(self, context, draft_length):
+            asked.append(draft_length)
+            done = len(context) - len(prompt)
+            return Draft.chain([plain[done], (plain[done + 1] + 1) % 7][:draft_length])
+
+    spec = SpecConfig(drafters=("ngram-simple",), draft_n_max=3, draft_n_min=2, adaptive=True)
+    engine = Engine(tiny_model, spec, max_len=160, drafter_factory=lambda kind, spec: HalfRight())
+    monkeypatch.setattr(engine, "forward_cost", lambda t: [0, 1.0, 1.3, 1.6, 1.9, 2.2])  # 1 token pays best
+    out = engine.generate(prompt, SamplingParams(), max_tokens=98)
+    assert out.token_ids == plain[:98]
+    assert asked and min(asked) >= 2
+    assert out.stats.steps >= 4  # drafting went on (2 drafts for 1.6 s: 1.5 tokens at 0.5 acceptance pays)
+
+
+@pytest.mark.parametrize("max_len", [2, 3, 5])
+def test_adaptive_mode_in_a_context_too_short_to_draft(tiny_model, max_len):
+    """A context with no room for a draft (--ctx-size 2 under auto) decodes plainly; its cost curve is
+    measured once, not at every request (it was an IndexError, and a new measurement per request)."""
+    from specdec.engine.config import SpecConfig
+    from specdec.engine.engine import Engine
+    from specdec.sampling import SamplingParams
+
+    engine = Engine(tiny_model, SpecConfig(drafters=("suffix",), draft_n_max=5, adaptive=True), max_len=max_len)
+    plain = Engine(tiny_model, max_len=max_len).generate([5], SamplingParams(), max_tokens=8)
+    assert engine.generate([5], SamplingParams(), max_tokens=8).token_ids == plain.token_ids
+    measured = engine._forward_cost
+    engine.generate([6], SamplingParams(), max_tokens=8)
+    assert engine._forward_cost is measured

@@ -21,7 +21,7 @@ def measure_forward_cost(transformer, cache, max_tokens: int, context: int = 128
     between widths are what the draft length is chosen from. Uses a free slot of `cache` and gives it
     back; cost[0] = 0.
     """
-    max_tokens = min(max_tokens, cache.max_len - 2)  # a context too short for longer drafts never runs them
+    max_tokens = max(1, min(max_tokens, cache.max_len - 2))  # a context too short for longer drafts never runs them
     slot = cache.allocate()
     try:
         ctx = max(1, min(context, cache.max_len - max_tokens - 1))
@@ -55,8 +55,9 @@ DRAFT_MARGIN = 0.05
 
 
 def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_per_token: float, n_max: int,
-                      draft_cost_per_pass: float = 0.0, margin: float = DRAFT_MARGIN) -> int:
-    """The k in 0..n_max with the most expected tokens per second: a step of k drafts costs the
+                      draft_cost_per_pass: float = 0.0, margin: float = DRAFT_MARGIN, n_min: int = 1) -> int:
+    """The k in 0 and n_min..n_max (shorter drafts are not verified: --spec-draft-n-min) with the most
+    expected tokens per second: a step of k drafts costs the
     verify forward of k + 1 tokens, k * draft_cost_per_token and draft_cost_per_pass; k = 0 is plain
     decoding (one token for forward_cost[1]), which a draft must beat by `margin` (a fraction), so 0
     means that no draft length pays at this acceptance.
@@ -67,10 +68,12 @@ def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_p
     0
     >>> best_draft_length(0.2, [0, 1.0, 1.15, 1.5], 0.0, 2)  # 1.2 / 1.15 s is 4% over plain: not enough
     0
+    >>> best_draft_length(0.9, [0, 1.0, 1.0, 1.2, 1.8, 2.4], 0.0, 5, n_min=4)  # 4.1 / 2.4 s: 2 is not allowed
+    4
     """
     n_max = min(n_max, len(forward_cost) - 2)
     best, best_rate = 0, (1.0 + margin) / forward_cost[1]
-    for k in range(1, n_max + 1):
+    for k in range(max(1, n_min), n_max + 1):
         cost = forward_cost[k + 1] + k * draft_cost_per_token + draft_cost_per_pass
         rate = expected_tokens(k, acceptance) / cost
         if rate > best_rate:

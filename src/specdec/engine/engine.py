@@ -121,6 +121,7 @@ class Engine:
 
     def forward_cost(self, max_tokens: int) -> list[float]:
         """Measured seconds of one exact forward of t tokens, t = 0..max_tokens (cached)."""
+        max_tokens = max(1, min(max_tokens, self.cache.max_len - 2))  # what a draft in this context can verify
         if self._forward_cost is None or len(self._forward_cost) < max_tokens + 1:
             # a cache of its own: every slot of the engine's may be running a sequence
             scratch = self.model.transformer.new_cache(self.cache.max_len)
@@ -191,7 +192,7 @@ class Engine:
         draft_length = spec.draft_n_max
         if spec.adaptive and spec.enabled:  # the first draft as long as the prior acceptance pays for
             draft_length = best_draft_length(PRIOR_ACCEPTANCE, self.forward_cost(spec.draft_n_max + 1), 0.0,
-                                             spec.draft_n_max)
+                                             spec.draft_n_max, n_min=spec.draft_n_min)
         generator = sampling.generator()
         slot = self.cache.allocate()
         try:
@@ -308,15 +309,16 @@ class Engine:
     @staticmethod
     def _draft_cap(req: Request) -> int:
         """The draft length of this step: req.draft_length, except while adaptive mode has paused drafting
-        (no length paid at the recent acceptance): then a 1-token probe after req.probe_every steps, so
-        that drafting comes back when the text turns predictable (its acceptance lifts the estimate)."""
+        (no length paid at the recent acceptance): then a probe of the shortest draft verified (1 token, or
+        --spec-draft-n-min) after req.probe_every steps, so that drafting comes back when the text turns
+        predictable (its acceptance lifts the estimate)."""
         if req.draft_length > 0 or not req.spec.adaptive:
             return req.draft_length
         req.paused_steps += 1
         if req.paused_steps < req.probe_every:
             return 0
         req.paused_steps = 0
-        return 1
+        return max(1, req.spec.draft_n_min)
 
     def _plan_step(self, req: Request, cap: int) -> _Plan:
         t0 = time.perf_counter()
@@ -413,7 +415,7 @@ class Engine:
         else:
             per_token = spent / max(tokens, 1)
         req.draft_length = best_draft_length(req.acceptance_ema, self.forward_cost(req.spec.draft_n_max + 1),
-                                             per_token, req.spec.draft_n_max, per_pass)
+                                             per_token, req.spec.draft_n_max, per_pass, n_min=req.spec.draft_n_min)
 
     def _emit(self, req: Request, tokens: Sequence[int]) -> list[int]:
         """Append tokens one at a time, stopping exactly where plain decoding would."""
