@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specdec.bench import prompts as prompt_sets
-from specdec.bench.memory import estimate_weight_bytes, kv_bytes_per_token, object_bytes, transformer_bytes
+from specdec.bench.memory import (estimate_weight_bytes, gguf_tensor_bytes, kv_bytes_per_token, object_bytes,
+                                  transformer_bytes)
 from specdec.bench.methods import BenchEngine, parse_methods
 from specdec.bench.runner import interleaved_rounds
 from specdec.drafters.registry import DrafterSpec
@@ -148,6 +149,22 @@ def test_weight_estimate_equals_the_built_model(tiny_hf_dir, fmt):
 
     model = load_model(str(tiny_hf_dir), fmt, progress=False)
     assert estimate_weight_bytes(model.config, fmt) == transformer_bytes(model.transformer)
+
+
+@pytest.mark.parametrize("family, tensor_type", [("llama", "Q8_0"), ("llama", "F32"), ("gemma3", "Q8_0"),
+                                                 ("gemma3", "F32"), ("gemma3", "Q4_0")])
+def test_gguf_weight_estimate_equals_the_built_model(tmp_path, family, tensor_type):
+    """The gguf format's estimate (what inspect prints) is the built model's size; a tied embedding's
+    blocks, which the embedding and the head share, count once (they were counted twice: 42% over)."""
+    from helpers.tiny import make_gemma3_gguf_model, make_gguf_model
+    from specdec.model.load import load_model, open_checkpoint
+
+    maker = make_gemma3_gguf_model if family == "gemma3" else make_gguf_model
+    path = maker(tmp_path / "m.gguf", tensor_type=tensor_type)
+    model = load_model(str(path), "gguf", progress=False)
+    assert model.config.tie_embeddings == (family == "gemma3")
+    gguf_bytes = gguf_tensor_bytes(open_checkpoint(str(path))[0])
+    assert estimate_weight_bytes(model.config, "gguf", gguf_bytes) == transformer_bytes(model.transformer)
 
 
 def test_kv_and_object_sizes(tiny_model):

@@ -33,11 +33,16 @@ def transformer_bytes(tr) -> int:
     """Bytes of every tensor a built Transformer holds (a DeviceTransformer: those on its device)."""
     if hasattr(tr, "device_bytes"):
         return tr.device_bytes()
-    total = _tensor_bytes(tr.embed) + _tensor_bytes(tr.norm) + tr.lm_head.nbytes()
+    total = _tensor_bytes(tr.norm) + tr.lm_head.nbytes()
+    # a tied gguf embedding reads the head's blocks (model/build.py): those bytes are held once
+    embed_data = getattr(tr.embed, "blocks", tr.embed)
+    if not any(part.data_ptr() == embed_data.data_ptr() for _, part in getattr(tr.lm_head, "parts", ())):
+        total += _tensor_bytes(tr.embed)
     total += tr.rope.nbytes() + (tr.local_rope.nbytes() if tr.local_rope is not None else 0)
     for layer in tr.layers:
         total += sum(m.nbytes() for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
-        total += sum(_tensor_bytes(t) for t in (layer.attn_norm, layer.mlp_norm, layer.q_norm, layer.k_norm))
+        total += sum(_tensor_bytes(t) for t in (layer.attn_norm, layer.mlp_norm, layer.q_norm, layer.k_norm,
+                                                layer.attn_out_norm, layer.mlp_out_norm))
     return total
 
 
@@ -72,6 +77,7 @@ def estimate_weight_bytes(c: ModelConfig, fmt: str, gguf_bytes: int | None = Non
         + linear_bytes(h, c.intermediate_size, fmt)
         + 2 * 4 * h
         + (2 * 4 * c.head_dim if c.qk_norm else 0)
+        + (2 * 4 * h if c.sandwich_norms else 0)
     )
     embed = c.vocab_size * h * (4 if fmt == "fp32" else 2)
     return c.num_layers * per_layer + embed + linear_bytes(c.vocab_size, h, fmt) + 4 * h + _rope_bytes(c)

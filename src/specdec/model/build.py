@@ -81,7 +81,7 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         kind, blocks = source.blocks("model.embed_tokens.weight")
         lm_head = QLinear.from_gguf([(kind, blocks)] if c.tie_embeddings else [source.blocks("lm_head.weight")], None)
         if kind == "F32":
-            embed = blocks
+            embed = lm_head.parts[0][1] if c.tie_embeddings else blocks  # tied: the head's copy, held once
         elif c.tie_embeddings and lm_head.in_features % 32 == 0:  # the head's blocks, held once
             embed = BlockRows(kind, lm_head.parts[0][1], interleaved=True)
         else:
