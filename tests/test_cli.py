@@ -229,3 +229,66 @@ def test_seed_minus_one_is_random_as_in_llama_cpp_and_a_capped_context_is_noted(
     rc, _, err = run(capsys, ["generate", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "100000", "-n", "2",
                               "--spec-type", "none", "hi"])
     assert rc == 0 and "note: --ctx-size 100000 is more than" in err and "its context is 512 tokens" in err
+
+
+def test_chat_without_a_chat_template_is_refused_at_start(capsys, monkeypatch, tmp_path, tiny_hf_dir):
+    """It refused every line with advice about a --chat flag chat does not have, and exited 0."""
+    import shutil
+
+    folder = tmp_path / "no-template"
+    shutil.copytree(tiny_hf_dir, folder)
+    cfg_file = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_file.read_text())
+    del cfg["chat_template"]
+    cfg_file.write_text(json.dumps(cfg))
+    typed = iter(["hello", ""])
+    monkeypatch.setattr(builtins, "input", lambda prompt="": next(typed))
+    rc, out, err = run(capsys, ["chat", "--model", str(folder), "--weights", "fp32", "--spec-type", "none"])
+    assert rc == 2 and "has no chat template" in err and "specdec generate" in err
+    assert next(typed) == "hello"  # no line was read
+
+
+def test_ctrl_c_in_a_chat_prefill_drops_that_line_and_chat_goes_on(capsys, monkeypatch, tiny_hf_dir):
+    """Ctrl-C before the answer began (a long prompt's prefill) ended the program; now the line is not
+    answered, not kept in the history, and the next one is."""
+    from specdec.engine.engine import Engine
+
+    real_start, starts, prompts = Engine.start, {"n": 0}, []
+
+    def start(self, prompt, *args, **kwargs):
+        starts["n"] += 1
+        prompts.append(self.model.tokenizer.decode(prompt))
+        if starts["n"] == 1:
+            raise KeyboardInterrupt
+        return real_start(self, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "start", start)
+    rc, out, err = run_chat(capsys, monkeypatch, ["first line", "second line", ""],
+                            ["--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "256", "-n", "3",
+                             "--spec-type", "none"])
+    assert rc == 0 and "(interrupted before the answer began; the line was not answered)" in err
+    assert err.count("speculation: off") == 1 and "first line" not in prompts[1] and "second line" in prompts[1]
+
+
+def test_a_closed_pipe_ends_quietly(capsys, monkeypatch, tiny_hf_dir):
+    """`specdec generate ... | head -c 5`: the reader went away; a BrokenPipeError traceback before."""
+    import sys
+
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    rc, _, err = run(capsys, ["generate", "--model", str(tiny_hf_dir), "--weights", "fp32", "-n", "3",
+                              "--spec-type", "none", "hi"])
+    assert rc == 141 and "Error" not in err
+
+
+def test_the_default_context_is_not_noted_as_asked_for(capsys, tiny_hf_dir):
+    """Without --ctx-size nothing says "--ctx-size 4096 is more than ..." (the model's 512 is used)."""
+    rc, _, err = run(capsys, ["generate", "--model", str(tiny_hf_dir), "--weights", "fp32", "-n", "2",
+                              "--spec-type", "none", "hi"])
+    assert rc == 0 and "--ctx-size" not in err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from specdec.model.errors import SpecdecError
@@ -55,13 +56,15 @@ def cmd_generate(args) -> int:
 def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop, interruptible: bool = False):
     """Generate, writing the answer to stdout as it is committed: never a stop string or what follows it
     (the last characters that could start one wait for the next step). Returns the GenerationResult.
-    interruptible: Ctrl-C ends the answer where it is (finish_reason "interrupted") instead of the program."""
+    interruptible: Ctrl-C ends the answer where it is (finish_reason "interrupted") instead of the program;
+    None when it came in the prefill, before the answer began."""
     from specdec.model.tokenizer import TextStream
 
     stream = TextStream(engine.model.tokenizer, tuple(stop or ()))
-    req = engine.start(prompt_ids, sampling, max_tokens, stop)
+    req = None
     interrupted = False
     try:
+        req = engine.start(prompt_ids, sampling, max_tokens, stop)  # the prefill, which Ctrl-C may cut too
         while not req.finished:
             engine.step(req)
             if not req.finished:  # a finishing step's text may hold the stop string: finish() cuts it
@@ -72,7 +75,10 @@ def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop, interrupti
             raise
         interrupted = True
     finally:
-        engine.finish(req)
+        if req is not None:
+            engine.finish(req)
+    if req is None:  # interrupted in the prefill: no answer began (start gave its slot back)
+        return None
     result = engine.result(req)
     if interrupted:
         result.finish_reason = "interrupted"
@@ -105,6 +111,9 @@ def result_json(engine, result) -> dict:
 def cmd_chat(args) -> int:
     engine, sampling = build_engine(args)
     tok = engine.model.tokenizer
+    if not tok.chat_template:
+        raise ValueError(f"{engine.model.info.name} has no chat template, so chat cannot lay out a conversation; "
+                         "give it plain text with `specdec generate`")
     system = [{"role": "system", "content": args.system}] if args.system else []
     history: list[dict] = []  # user and assistant turns, oldest first
     context = engine.cache.max_len
@@ -130,6 +139,9 @@ def cmd_chat(args) -> int:
             result = print_answer(engine, ids, sampling, args.max_tokens, args.stop, interruptible=True)
         except (SpecdecError, ValueError) as exc:  # this turn failed (e.g. a float16 cache overflow): it is
             print(f"\nspecdec: error: {exc}; the line was not answered", file=sys.stderr)  # dropped, chat goes on
+            continue
+        if result is None:
+            print("\n(interrupted before the answer began; the line was not answered)", file=sys.stderr)
             continue
         if result.finish_reason == "interrupted":
             print("(interrupted)", file=sys.stderr)
@@ -202,6 +214,12 @@ def main(argv=None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`specdec generate ... | head`): stop quietly, as cat does
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail
+        except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor
+            pass
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the signal
 
 
 def _add_optional(sub, name: str) -> None:

@@ -23,6 +23,7 @@ from specdec.model.transformer import CACHE_TYPES
 from specdec.sampling import SamplingParams
 
 DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_CTX_SIZE = 4096  # tokens per sequence unless --ctx-size says (the model's context length where shorter)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -30,7 +31,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weights", default=None, choices=list(WEIGHT_FORMATS),
                    help="in-memory weight format (default: gguf for a GGUF file, i.e. the file's own quantized "
                         "blocks computed as stored; int8 for a Hugging Face folder)")
-    p.add_argument("--ctx-size", "-c", type=int, default=4096, help="KV cache length in tokens")
+    p.add_argument("--ctx-size", "-c", type=int, default=None,
+                   help=f"KV cache length in tokens per sequence (default {DEFAULT_CTX_SIZE}, or the model's context "
+                        "length where that is shorter; 0: the model's whole context length)")
     p.add_argument("--cache-type", default=None, choices=list(CACHE_TYPES),
                    help="what the KV cache holds on the CPU (default f16, as llama.cpp's; f32 with --weights fp32): "
                         "f16 reads half the bytes at long contexts; output stays exact either way")
@@ -116,8 +119,9 @@ def build_engine(args: argparse.Namespace):
     spec, notes = decide_spec_for_model(flags, model)
     for note in notes:
         print(note if note.startswith("auto: ") else f"note: {note}", file=sys.stderr)
-    engine = Engine(model, spec, max_len=args.ctx_size, max_sequences=getattr(args, "max_batch", 1))
-    if args.ctx_size > engine.cache.max_len:
+    ctx_size = DEFAULT_CTX_SIZE if args.ctx_size is None else args.ctx_size
+    engine = Engine(model, spec, max_len=ctx_size, max_sequences=getattr(args, "max_batch", 1))
+    if args.ctx_size is not None and args.ctx_size > engine.cache.max_len:  # said only to who asked for more
         print(f"note: --ctx-size {args.ctx_size} is more than {model.info.name} can address; its context is "
               f"{engine.cache.max_len} tokens", file=sys.stderr)
     engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
