@@ -281,3 +281,35 @@ def test_load_section_joins_a_bench_results_file(tmp_path):
     assert merged["schema"] == "specdec-bench/1" and merged["load"]["levels"][0]["errors"] == {"timeout": 1}
     report = (tmp_path / "report.md").read_text()
     assert report.startswith("# specdec bench: tiny") and "## Server load" in report and "1 x timeout: slow" in report
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--methods", "suffix"], "--methods"), (["--repeats", "5"], "--repeats"),
+    (["--draft-lengths", "1,2"], "--draft-lengths"), (["--peers", "hf-plain"], "--peers"),
+    (["--peer-url", "http://127.0.0.1:9"], "--peer-url"), (["--hf-dtype", "fp32"], "--hf-dtype"),
+    (["--keep-drafter-memory"], "--keep-drafter-memory"),
+])
+def test_load_mode_refuses_the_method_bench_s_flags(tmp_path, capsys, extra, named):
+    """They were dropped without a word: the report said "spec type: auto" after --methods suffix."""
+    rc = main(["bench", "--concurrency", "1", "--model", "/nonexistent/m.gguf", "--out", str(tmp_path / "o"), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{named} set the method bench" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["-md", "/tmp/draft", "--methods", "none,suffix"], "--draft-model"),
+    (["--peer-model", "foo"], "--peer-model"), (["--hf-dtype", "fp32"], "--hf-dtype"),
+])
+def test_method_bench_refuses_flags_nothing_uses(tmp_path, capsys, extra, named):
+    rc = main(["bench", "--model", "/nonexistent/m.gguf", "--out", str(tmp_path / "o"), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"{named} would not be used" in err and "Traceback" not in err
+
+
+def test_a_server_that_does_not_start_is_one_error(tmp_path, capsys, short_prompts):
+    rc = main(["bench", "--concurrency", "1", "--requests", "1", "--model", str(tmp_path / "missing"), "-n", "2",
+               "--prompts", str(short_prompts), "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("specdec: error: the specdec server exited with code") and "Traceback (" not in \
+        err.splitlines()[0]

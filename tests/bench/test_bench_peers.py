@@ -148,3 +148,28 @@ def test_assisted_peer_needs_a_draft_model(tiny_model, short_prompts):
         bench(tiny_model, str(short_prompts), "none", peers=["hf-assisted"], progress=False)
     with pytest.raises(ValueError, match="unknown peer"):
         bench(tiny_model, str(short_prompts), "none", peers=["vllm"], progress=False)
+
+
+def test_the_api_key_is_sent_to_peer_urls():
+    """--api-key reached the --url server of the load mode but not a --peer-url (a 401 from llama-server)."""
+    headers = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        headers.append(request.headers.get("authorization"))
+        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": {"completion_tokens": 1}})
+
+    client = httpx.Client(transport=httpx.MockTransport(handle))
+    URLPeer("http://127.0.0.1:8080", client=client, api_key="SECRET").generate([1], "p", 0.0, 1, None)
+    URLPeer("http://127.0.0.1:8080", client=client).generate([1], "p", 0.0, 1, None)
+    assert headers == ["Bearer SECRET", None]
+
+
+def test_a_missing_optional_package_says_what_to_install(monkeypatch):
+    import sys
+
+    from specdec.bench.peers import optional_module
+
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what a plain `pip install specdec` has
+    with pytest.raises(ValueError, match="--peers needs the transformers package.*pip install transformers=="):
+        optional_module("transformers", "--peers")
+    assert optional_module("json", "x") is json

@@ -14,7 +14,7 @@ from specdec.cli import main
 @pytest.fixture(scope="module")
 def tiny_bench(tiny_hf_dir, short_prompts, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-out")
-    rc = main(["bench", "--model", str(tiny_hf_dir), "--weights", "fp32", "--ctx-size", "512",
+    rc = main(["bench", "--model", str(tiny_hf_dir), "--weights", "fp32", "--ctx-size", "100000",
                "--draft-model", str(tiny_hf_dir),
                "--methods", "none,draft-simple,ngram-map-k:min_hits=1000,auto",
                "--prompts", str(short_prompts), "--temperature", "0,0.8", "--max-tokens", "8", "--repeats", "2",
@@ -26,6 +26,7 @@ def tiny_bench(tiny_hf_dir, short_prompts, tmp_path_factory):
 def test_files_and_schema(tiny_bench):
     out, r = tiny_bench
     validate_results(r)
+    assert r["settings"]["ctx_size"] == 512  # the context used (the model's), not the 100000 asked for
     md = (out / "report.md").read_text()
     for heading in ("## Artifact", "## Runtime", "## Settings", "## Results, temperature 0", "## auto",
                     "## Per-position acceptance", "## Speed-up against draft length"):

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
+from specdec.options import DEFAULT_CTX_SIZE
 
 DEFAULT_METHODS = "none,ngram-simple,ngram-map-k,suffix,auto"
 
@@ -105,9 +106,9 @@ def artifact(model) -> dict:
 
 def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, draft_model: str | None = None,
           temperatures=(0.0,), max_tokens: int = 64, repeats: int = 3, draft_n_max: int = DEFAULT_DRAFT_LENGTH,
-          draft_lengths=None, ctx_size: int = 4096, warmup: bool = True, seed: int = 0, per_category=None,
+          draft_lengths=None, ctx_size: int = DEFAULT_CTX_SIZE, warmup: bool = True, seed: int = 0, per_category=None,
           fresh_drafters: bool = True, peers=(), peer_urls=(), peer_model=None, hf_dtype: str = "bf16",
-          progress: bool = True, out_dir=None, url_client=None) -> dict:
+          progress: bool = True, out_dir=None, url_client=None, api_key: str | None = None) -> dict:
     """Run the whole bench on a loaded target Model; writes the report files when out_dir is given."""
     from specdec.bench.prompts import load_prompts, prompts_meta
     from specdec.bench.methods import bench_engine, parse_methods
@@ -116,6 +117,9 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
     prompts = load_prompts(prompts_spec, per_category)
     method_list = parse_methods(methods, draft_model, draft_n_max, model, draft_lengths)
     engine = bench_engine(model, ctx_size, fresh_drafters)
+    if progress and ctx_size > engine.cache.max_len:
+        print(f"note: --ctx-size {ctx_size} is more than {model.info.name} can address; its context is "
+              f"{engine.cache.max_len} tokens", file=sys.stderr)
     for m in method_list:
         engine.drafters_for(m.spec)  # load and check drafters before measuring anything
     peer_objs = []
@@ -133,10 +137,10 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
     for url in peer_urls:
         from specdec.bench.peers import URLPeer
 
-        peer_objs.append(URLPeer(url, peer_model, client=url_client))
+        peer_objs.append(URLPeer(url, peer_model, client=url_client, api_key=api_key))
     settings = {
         "methods": methods, "draft_n_max": draft_n_max, "draft_lengths": list(draft_lengths or []),
-        "ctx_size": ctx_size, "weights": model.info.weights_dtype,
+        "ctx_size": engine.cache.max_len, "weights": model.info.weights_dtype,  # the context used
         "drafter_state": "fresh per run" if fresh_drafters else "kept across runs (drafters learn from earlier ones)",
         "prompt_set": prompts_meta(prompts_spec), "peers": [p.label for p in peer_objs],
         "hf_dtype": hf_dtype if peers else None,
@@ -158,17 +162,27 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
 LOAD_DEFAULTS = {"requests": 32, "endpoint": "completions", "request_timeout": 300.0, "level_timeout": 1800.0,
                  "server_start_timeout": 600.0}
 LOAD_ONLY = ("url", "spec_type", *LOAD_DEFAULTS)  # the flags of the server-load mode alone
+# the method bench's own flags, with their defaults: the server-load mode refuses them set otherwise
+METHOD_ONLY = {"methods": DEFAULT_METHODS, "repeats": 3, "draft_lengths": None, "peers": None, "peer_url": [],
+               "hf_dtype": "bf16", "keep_drafter_memory": False}
 
 
 def cmd_load(args) -> int:
     """`specdec bench --concurrency ...`: the server-load mode."""
     from dataclasses import replace
 
+    from specdec.bench.peers import optional_module
+
+    optional_module("httpx", "the server-load mode (--concurrency)")
     from specdec.bench.load import LoadSettings, LocalServer, base_url, choose_model, run_load
     from specdec.bench.prompts import load_prompts
     from specdec.bench.report import load_table, write_load
     from specdec.options import out_dir
 
+    given = ["--" + name.replace("_", "-") for name, default in METHOD_ONLY.items() if getattr(args, name) != default]
+    if given:
+        raise ValueError(f"{', '.join(given)} set the method bench; the server-load mode (--concurrency) measures the "
+                         "server's own speculation (--spec-type) and would ignore them")
     for name, default in LOAD_DEFAULTS.items():  # None: not given (the method bench refuses them given)
         if getattr(args, name) is None:
             setattr(args, name, default)
@@ -196,8 +210,8 @@ def cmd_load(args) -> int:
             print(f"load: {note}", file=sys.stderr)
         section = run_load(replace(settings, model=model), prompts, progress)
     else:
-        serve_args = ["--model", args.model, "--ctx-size", str(args.ctx_size),
-                      "--spec-draft-n-max", str(args.spec_draft_n_max)]
+        serve_args = ["--model", args.model, "--spec-draft-n-max", str(args.spec_draft_n_max)]
+        serve_args += ["--ctx-size", str(args.ctx_size)] if args.ctx_size is not None else []
         serve_args += ["--weights", args.weights] if args.weights else []
         serve_args += ["--device", args.device] if args.device else []
         serve_args += ["--cache-type", args.cache_type] if args.cache_type else []
@@ -252,8 +266,9 @@ def cmd_bench(args) -> int:
         return cmd_load(args)
     import torch
 
-    from specdec.bench.prompts import load_prompts
     from specdec.bench.methods import parse_methods
+    from specdec.bench.peers import optional_module
+    from specdec.bench.prompts import load_prompts
     from specdec.model.device import pick_device
     from specdec.model.load import load_model
     from specdec.options import out_dir
@@ -277,17 +292,30 @@ def cmd_bench(args) -> int:
                              f"{args.draft_lengths!r}")
     load_prompts(args.prompts, args.per_category)
     out_dir(args.out)
-    parse_methods(",".join(m for m in args.methods.split(",") if m.strip() != "auto"), args.draft_model,
-                  args.spec_draft_n_max)
+    names = [m.strip() for m in args.methods.split(",")]
+    peers = [p.strip() for p in args.peers.split(",") if p.strip()] if args.peers else []
+    fixed = parse_methods(",".join(m for m in names if m != "auto"), args.draft_model, args.spec_draft_n_max)
+    unused = [flag for flag, used in (
+        ("--draft-model", args.draft_model is None or "auto" in names or "hf-assisted" in peers
+         or any(m.spec.draft_model for m in fixed)),
+        ("--peer-model", args.peer_model is None or args.peer_url),
+        ("--hf-dtype", args.hf_dtype == METHOD_ONLY["hf_dtype"] or peers)) if not used]
+    if unused:
+        raise ValueError(f"{', '.join(unused)} would not be used: --draft-model serves draft-simple, auto and "
+                         "hf-assisted, --peer-model the --peer-url servers, --hf-dtype the --peers")
+    if peers:
+        optional_module("transformers", "--peers")
+    if args.peer_url:
+        optional_module("httpx", "--peer-url")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
     results = bench(
         model, args.prompts, args.methods, args.draft_model, temperatures(args.temperature), args.max_tokens,
         args.repeats, args.spec_draft_n_max, _ints(args.draft_lengths) if args.draft_lengths else None,
-        args.ctx_size, not args.no_warmup, args.seed, args.per_category, not args.keep_drafter_memory,
-        [p.strip() for p in args.peers.split(",") if p.strip()] if args.peers else (), args.peer_url,
-        args.peer_model, args.hf_dtype, not args.no_progress, args.out)
+        DEFAULT_CTX_SIZE if args.ctx_size is None else args.ctx_size, not args.no_warmup, args.seed, args.per_category, not args.keep_drafter_memory,
+        peers, args.peer_url,
+        args.peer_model, args.hf_dtype, not args.no_progress, args.out, api_key=args.api_key)
     a = results.get("auto")
     if a:
         print(f"auto chose {'+'.join(a['types']) or 'none'}; no slower than plain in every category: "
@@ -349,7 +377,8 @@ def add_parser(sub) -> None:
                         "/v1/chat/completions")
     g.add_argument("--spec-type", default=None, help="speculation of the started server (default: its auto)")
     g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                   help="sent as 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY)")
+                   help="sent as 'Authorization: Bearer KEY' to the --url server and every --peer-url "
+                        "(default: $SPECDEC_API_KEY)")
     g.add_argument("--request-timeout", type=float, default=None, help="seconds per request (default 300)")
     g.add_argument("--level-timeout", type=float, default=None,
                    help="no new request starts after this many seconds of a level (default 1800)")

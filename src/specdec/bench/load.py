@@ -41,6 +41,8 @@ from pathlib import Path
 
 import httpx
 
+from specdec.model.errors import SpecdecError
+
 SCHEMA = "specdec-bench-load/1"
 ENDPOINTS = ("completions", "chat")
 
@@ -492,6 +494,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ServerStartError(SpecdecError):
+    """The server the bench started exited or never answered /health (its log says why)."""
+
+
 class LocalServer:
     """`specdec serve <serve_args>` in a subprocess on 127.0.0.1 and a free port, until stop().
 
@@ -529,7 +535,7 @@ class LocalServer:
         with httpx.Client(timeout=5.0) as client:
             while True:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"the specdec server exited with code {self.proc.returncode} before "
+                    raise ServerStartError(f"the specdec server exited with code {self.proc.returncode} before "
                                        f"answering /health; last lines of {self.log_path}:\n{self.log_tail()}")
                 try:
                     if client.get(self.url + "/health").status_code == 200:
@@ -538,7 +544,7 @@ class LocalServer:
                     pass
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"the specdec server did not answer /health within {self.start_timeout_s:g} s "
+                    raise ServerStartError(f"the specdec server did not answer /health within {self.start_timeout_s:g} s "
                                        f"(log: {self.log_path})")
                 time.sleep(0.25)
 

@@ -24,11 +24,29 @@ from specdec.model.errors import SpecdecError
 HF_PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 
 
+# packages that only some of the bench needs: in specdec's [test] extra, not its dependencies
+OPTIONAL_PACKAGES = {"httpx": "httpx==0.28.1", "transformers": "transformers==5.24.0 accelerate==1.15.0"}
+
+
+def optional_module(name: str, needed_by: str):
+    """The module `name`, or a ValueError saying what to install for `needed_by` (a flag or a mode)."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        raise ValueError(f"{needed_by} needs the {name} package, which specdec does not install by itself: "
+                         f"pip install {OPTIONAL_PACKAGES[name]}") from None
+
+
 # -- transformers ------------------------------------------------------------------------------
 class HFModels:
     """The target (and draft) loaded with transformers once, shared by the hf-* peers."""
 
     def __init__(self, target_path, draft_path=None, dtype: str = "bf16", specdec_format: str = "int8"):
+        optional_module("transformers", "--peers")
         self.specdec_format = specdec_format
         self.target_path = Path(target_path)
         self.draft_path = Path(draft_path) if draft_path else None
@@ -176,14 +194,16 @@ class HFPeer:
 class URLPeer:
     """POSTs each prompt (as rendered text) to <url>/v1/completions; reads timings and draft counters."""
 
-    def __init__(self, url: str, model: str | None = None, client=None, label: str | None = None, timeout: float = 600):
-        import httpx
+    def __init__(self, url: str, model: str | None = None, client=None, label: str | None = None, timeout: float = 600,
+                 api_key: str | None = None):
+        httpx = optional_module("httpx", "--peer-url")
 
         base = url.rstrip("/")
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
         self.base = base
         self.model = model
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # --api-key
         self.client = client or httpx.Client(timeout=timeout)
         self.label = label or f"url:{httpx.URL(base).host}:{httpx.URL(base).port or ''}".rstrip(":")
         self.baseline = "none"
@@ -205,7 +225,7 @@ class URLPeer:
         where = f"peer {self.base}/v1/completions"
         t0 = time.perf_counter()
         try:
-            response = self.client.post(f"{self.base}/v1/completions", json=body)
+            response = self.client.post(f"{self.base}/v1/completions", json=body, headers=self.headers)
         except httpx.HTTPError as exc:
             raise PeerError(f"{where}: {type(exc).__name__}: {exc}") from None
         wall = time.perf_counter() - t0
