@@ -173,3 +173,18 @@ def test_a_missing_optional_package_says_what_to_install(monkeypatch):
     with pytest.raises(ValueError, match="--peers needs the transformers package.*pip install transformers=="):
         optional_module("transformers", "--peers")
     assert optional_module("json", "x") is json
+
+
+def test_assisted_generation_s_first_tokens_are_not_counted_as_decoded(tiny_hf_dir):
+    """transformers hands over the first step's accepted drafts with the first token, after the time the
+    bench counts as prefill: counted as decoded tokens they inflated hf-assisted's tok/s (+7% at n=16)."""
+    from specdec.bench.peers import HF_PEERS, HFModels, HFPeer
+
+    assert "hf-assisted" in HF_PEERS
+    hf = HFModels(tiny_hf_dir, tiny_hf_dir, "fp32", "fp32")
+    peer = HFPeer("hf-assisted", hf, [], 3)  # no eos: the run goes to max_tokens
+    out = peer.generate([5, 17, 33, 101], "", 0.0, 12, 0)
+    assert out.output_tokens == 12 and out.prefill_tokens >= 2  # the first token with accepted drafts of its own
+    assert out.decode_tokens_per_s == pytest.approx((12 - out.prefill_tokens) / out.decode_s)
+    plain = HFPeer("hf-plain", hf, [], 3).generate([5, 17, 33, 101], "", 0.0, 12, 0)
+    assert plain.prefill_tokens == 1 and plain.token_ids == out.token_ids

@@ -98,16 +98,19 @@ class HFModels:
 
 
 class _Clock:
-    """A generate() streamer that notes when the first new token arrives (the end of prefill)."""
+    """A generate() streamer that notes when the first new tokens arrive (the end of prefill) and how many
+    came then: assisted generation hands over the first step's accepted drafts with the first token."""
 
     def __init__(self):
         self.calls = 0
         self.first_token_at = None
+        self.first_tokens = 1
 
     def put(self, value):
         self.calls += 1
         if self.calls == 2 and self.first_token_at is None:  # call 1 carries the prompt
             self.first_token_at = time.perf_counter()
+            self.first_tokens = max(1, int(value.numel()))
 
     def end(self):
         pass
@@ -187,7 +190,8 @@ class HFPeer:
         first = clock.first_token_at or t1
         return RunOutput(new, None, first - t0, t1 - first, len(new),
                          "no" if self.mode == "hf-plain" else "unknown", None if self.mode != "hf-plain" else 0,
-                         None if self.mode != "hf-plain" else 0, timing_source="streamer (first new token)")
+                         None if self.mode != "hf-plain" else 0, timing_source="streamer (first new token)",
+                         prefill_tokens=clock.first_tokens)
 
 
 # -- an OpenAI-compatible endpoint -------------------------------------------------------------

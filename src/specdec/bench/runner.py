@@ -43,10 +43,11 @@ class RunOutput:
     stats: SpecStats | None = None
     timing_source: str = "engine"
     extra: dict = field(default_factory=dict)
+    prefill_tokens: int = 1  # output tokens that came with the prefill (transformers' assisted generation: several)
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        n = self.output_tokens - 1  # the first token comes from prefill
+        n = self.output_tokens - self.prefill_tokens  # those are timed in prefill_s, not decode_s
         if n < 1 or self.decode_s <= 0:
             return None
         return n / self.decode_s
