@@ -313,3 +313,26 @@ def test_a_server_that_does_not_start_is_one_error(tmp_path, capsys, short_promp
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("specdec: error: the specdec server exited with code") and "Traceback (" not in \
         err.splitlines()[0]
+
+
+def test_a_load_run_of_another_model_is_not_joined_to_a_bench(tmp_path, capsys, short_prompts):
+    """A load run of b.gguf into the --out of a.gguf's bench was appended under a.gguf's title."""
+    from helpers.tiny import make_gguf_model
+    from specdec.bench.report import check_load_joins
+
+    a, b = make_gguf_model(tmp_path / "a.gguf", seed=1), make_gguf_model(tmp_path / "b.gguf", seed=2)
+    out = tmp_path / "out"
+    out.mkdir()
+    results = {"schema": "specdec-bench/1", "summary": [],
+               "artifacts": {"target": {"name": "a.gguf", "path": str(a), "sha256": "aa"}}}
+    (out / "results.json").write_text(json.dumps(results))
+    rc = main(["bench", "--concurrency", "1", "--requests", "1", "--model", str(b), "-n", "2",
+               "--prompts", str(short_prompts), "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "is the bench of a.gguf; a load run of" in err and "choose another --out" in err
+    assert json.loads((out / "results.json").read_text()) == results and not (out / "server.log").exists()
+    check_load_joins(out, {"artifact": str(tmp_path / "elsewhere.gguf"), "sha256": "aa"})  # the same file's hash
+    check_load_joins(out, {"artifact": str(a), "sha256": None})  # the same path
+    check_load_joins(out, {})  # unknown: joined, as asked
+    with pytest.raises(ValueError, match="is the bench of a.gguf"):
+        check_load_joins(out, {"artifact": str(b), "sha256": "bb"})

@@ -176,7 +176,7 @@ def cmd_load(args) -> int:
     optional_module("httpx", "the server-load mode (--concurrency)")
     from specdec.bench.load import LoadSettings, LocalServer, base_url, choose_model, run_load
     from specdec.bench.prompts import load_prompts
-    from specdec.bench.report import load_table, write_load
+    from specdec.bench.report import check_load_joins, load_table, write_load
     from specdec.options import out_dir
 
     given = ["--" + name.replace("_", "-") for name, default in METHOD_ONLY.items() if getattr(args, name) != default]
@@ -210,6 +210,8 @@ def cmd_load(args) -> int:
             print(f"load: {note}", file=sys.stderr)
         section = run_load(replace(settings, model=model), prompts, progress)
     else:
+        served = _artifact_of(args.model)
+        check_load_joins(args.out, served)
         serve_args = ["--model", args.model, "--spec-draft-n-max", str(args.spec_draft_n_max)]
         serve_args += ["--ctx-size", str(args.ctx_size)] if args.ctx_size is not None else []
         serve_args += ["--weights", args.weights] if args.weights else []
@@ -224,7 +226,7 @@ def cmd_load(args) -> int:
         with server:
             info = {"started_by_bench": True, "command_line": shlex.join(server.command),
                     "log": str(server.log_path), "weights": args.weights or "the model's default",
-                    "spec_type": args.spec_type or "auto (the server decides)", **_artifact_of(args.model),
+                    "spec_type": args.spec_type or "auto (the server decides)", **served,
                     "threads": args.threads or "torch default"}
             section = run_load(replace(settings, url=server.url, model=args.model), prompts, progress,
                                server=info)

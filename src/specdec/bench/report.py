@@ -13,6 +13,8 @@ import json
 import time
 from pathlib import Path
 
+from specdec.model.files import write_text
+
 PLOTS = {
     "speedup": "speedup_by_category.png",
     "acceptance": "acceptance_by_position.png",
@@ -25,10 +27,10 @@ def write_all(results: dict, out_dir) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json"}
-    paths["json"].write_text(json.dumps(results, indent=1))
+    write_text(paths["json"], json.dumps(results, indent=1))
     paths.update(write_plots(results, out))
     paths["markdown"] = out / "report.md"
-    paths["markdown"].write_text(markdown(results, {k: v.name for k, v in paths.items() if k in PLOTS}))
+    write_text(paths["markdown"], markdown(results, {k: v.name for k, v in paths.items() if k in PLOTS}))
     return paths
 
 
@@ -193,6 +195,33 @@ def caveats(r: dict) -> list[str]:
 
 
 # -- server load (bench/load.py) ---------------------------------------------------------------
+def _method_results(out_dir) -> dict | None:
+    """The results.json of a method bench in out_dir, or None."""
+    file = Path(out_dir) / "results.json"
+    try:
+        existing = json.loads(file.read_text()) if file.is_file() else None
+    except (ValueError, OSError):
+        return None
+    if isinstance(existing, dict) and existing.get("schema") == "specdec-bench/1" and "summary" in existing:
+        return existing
+    return None
+
+
+def check_load_joins(out_dir, served: dict) -> None:
+    """A ValueError, before a load run starts, when out_dir holds the method bench of another artifact than
+    the one the server will load (`served`: {"artifact": path, "sha256": ...}; empty when unknown): its
+    report would gain a load section about another model under the first one's name."""
+    existing = _method_results(out_dir)
+    target = ((existing or {}).get("artifacts") or {}).get("target") or {}
+    if not target or not served:
+        return
+    same = (served.get("sha256") == target.get("sha256") if served.get("sha256") and target.get("sha256")
+            else Path(str(served.get("artifact"))).resolve() == Path(str(target.get("path"))).resolve())
+    if not same:
+        raise ValueError(f"{Path(out_dir) / 'results.json'} is the bench of {target.get('name') or target.get('path')}; "
+                         f"a load run of {served.get('artifact')} would be joined to it: choose another --out")
+
+
 def write_load(load: dict, out_dir, runtime: dict | None = None) -> dict[str, Path]:
     """Put the load section into out_dir/results.json and report.md; returns their paths.
 
@@ -202,25 +231,20 @@ def write_load(load: dict, out_dir, runtime: dict | None = None) -> dict[str, Pa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "report.md"}
-    existing = None
-    if paths["json"].is_file():
-        try:
-            existing = json.loads(paths["json"].read_text())
-        except ValueError:
-            existing = None
-    if isinstance(existing, dict) and existing.get("schema") == "specdec-bench/1" and "summary" in existing:
+    existing = _method_results(out)
+    if existing is not None:
         existing["load"] = load
-        paths["json"].write_text(json.dumps(existing, indent=1))
+        write_text(paths["json"], json.dumps(existing, indent=1))
         plots = {k: name for k, name in PLOTS.items() if (out / name).is_file()}
-        paths["markdown"].write_text(markdown(existing, plots))
+        write_text(paths["markdown"], markdown(existing, plots))
         return paths
     results = {"schema": load["schema"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runtime": runtime or {},
                "load": load}
-    paths["json"].write_text(json.dumps(results, indent=1))
+    write_text(paths["json"], json.dumps(results, indent=1))
     lines = ["# specdec bench: server load", "", f"Created {results['created']}.", ""]
     if runtime:
         lines += ["## Client runtime", ""] + [f"- {k.replace('_', ' ')}: {v}" for k, v in runtime.items()] + [""]
-    paths["markdown"].write_text("\n".join(lines + load_markdown(load)) + "\n")
+    write_text(paths["markdown"], "\n".join(lines + load_markdown(load)) + "\n")
     return paths
 
 
