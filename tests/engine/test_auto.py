@@ -176,3 +176,9 @@ def test_generate_defaults_to_auto_and_prints_the_choice(tiny_hf_dir, capsys):
 def test_tree_flags_apply_only_when_auto_chose_a_tree_drafter(tiny_model):
     with pytest.raises(ValueError, match="auto chose suffix; name the drafter"):
         decide_spec_for_model(SpecFlags(tree_topk=2), tiny_model)
+
+
+def test_p_min_applies_only_when_auto_chose_a_model_drafter(tiny_model):
+    """--spec-draft-p-min was dropped without a word when auto chose suffix (ngram-simple refuses it)."""
+    with pytest.raises(ValueError, match="auto chose suffix, which drafts without one; name a model drafter"):
+        decide_spec_for_model(SpecFlags(draft_p_min=0.5), tiny_model)

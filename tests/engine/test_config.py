@@ -90,6 +90,9 @@ def test_defaults_and_none():
     (dict(spec_type="none", speculative_config='{"method": "ngram"}'), "so --speculative-config would not be used"),
     (dict(spec_type="none", draft_n_max=5), "so --spec-draft-n-max would not be used"),
     (dict(spec_type="none", adaptive=True), "so --spec-adaptive would not be used"),
+    (dict(spec_type="none", typical=True), "so --spec-typical would not be used"),
+    (dict(spec_type="none", cross_tokenizer=True), "so --spec-cross-tokenizer would not be used"),
+    (dict(spec_type="suffix", cross_tokenizer=True), "suffix has no draft model of that kind, so it would do nothing"),
     (dict(spec_type="ngram-simple", draft_p_min=0.5), "ngram-simple drafts without one, so it would do nothing"),
     (dict(spec_type="draft-mtp", model_draft="qwen2.5-coder-0.5b"), "--spec-type draft-mtp with -md "
      "qwen2.5-coder-0.5b: that is not an MTP head folder"),

@@ -195,6 +195,9 @@ def decide_spec(flags: SpecFlags, checkpoint, tokenizer, model_path, name: str, 
     changes = {"draft_n_min": flags.draft_n_min or 0, "draft_p_min": flags.draft_p_min or 0.0,
                "adaptive": spec.adaptive or flags.adaptive, "cross_tokenizer": flags.cross_tokenizer,
                "acceptance": "typical" if flags.typical else "exact"}
+    if flags.draft_p_min and not any(registry.entry(k).model for k in spec.types):
+        raise ValueError(f"--spec-draft-p-min is where a model drafter stops drafting for want of confidence, but "
+                         f"auto chose {spec.method}, which drafts without one; name a model drafter with --spec-type")
     if flags.tree_topk is not None or flags.tree_budget is not None:
         if not any(registry.entry(k).trees for k in spec.types):
             tree_kinds = " and ".join(e.kind for e in registry.entries() if e.trees)

@@ -210,7 +210,8 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
                             (flags.draft_n_min is not None, "--spec-draft-n-min"),
                             (flags.draft_p_min is not None, "--spec-draft-p-min"), (flags.adaptive, "--spec-adaptive"),
                             (flags.tree_topk is not None, "--spec-tree-topk"),
-                            (flags.tree_budget is not None, "--spec-tree-budget")):
+                            (flags.tree_budget is not None, "--spec-tree-budget"), (flags.typical, "--spec-typical"),
+                            (flags.cross_tokenizer, "--spec-cross-tokenizer")):
             if given:
                 raise ValueError(f"--spec-type none turns speculation off, so {what} would not be used; drop one "
                                  "of them")
@@ -269,6 +270,9 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
     if p_min and types and not any(registry.entry(t).model for t in types):
         raise ValueError(f"--spec-draft-p-min (draft_p_min) is where a model drafter stops drafting for want of "
                          f"confidence; {','.join(types)} drafts without one, so it would do nothing")
+    if flags.cross_tokenizer and types and "draft-simple" not in types:
+        raise ValueError(f"--spec-cross-tokenizer lets draft-simple's draft model have another tokenizer; "
+                         f"{','.join(types)} has no draft model of that kind, so it would do nothing")
     if model_draft and "draft-mtp" in types and head_kind(model_draft) != "draft-mtp":
         raise ValueError(f"--spec-type draft-mtp with -md {model_draft}: that is not an MTP head folder (what "
                          "`specdec train mtp --out` writes). Without -md draft-mtp reads the model's own MTP "
