@@ -54,3 +54,22 @@ def test_blocks_are_a_view_that_cannot_write_the_file(tmp_path):
     blocks.fill_(7)
     assert model.blocks(name)[1].eq(7).all()  # the same pages: no copy was made
     assert path.read_bytes() == before
+
+
+def test_the_quantization_label_is_the_same_at_every_run():
+    """The matrices' most common type named a file without general.file_type; ties went by set order,
+    which PYTHONHASHSEED changes, and inspect of a file specdec cannot run said "None" or "19"."""
+    from specdec.model.gguf_loader import quant_label
+
+    assert quant_label(15, ["Q4_K", "Q6_K"]) == "Q4_K_M"  # llama.cpp's own name
+    for order in (["Q8_0", "Q4_0"], ["Q4_0", "Q8_0"]):
+        assert quant_label(None, order) == "Q4_0"  # a tie: the first by name
+    assert quant_label(19, ["Q6_K", "IQ2_XXS", "IQ2_XXS"]) == "IQ2_XXS"  # a number the table lacks
+    assert quant_label(None, []) == "F32"
+
+
+def test_a_gguf_specdec_cannot_run_is_labelled_by_its_matrices(tmp_path):
+    from specdec.model.facts import raw_checkpoint
+
+    path = make_gguf_model(tmp_path / "m.gguf", tensor_type="Q8_0")
+    assert raw_checkpoint(path).quant == "Q8_0"

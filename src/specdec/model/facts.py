@@ -151,7 +151,7 @@ def raw_checkpoint(path: Path) -> SimpleNamespace:
         files = {name: shard for shard in sorted(path.glob("*.safetensors")) for name in safetensors_names(shard)}
         return SimpleNamespace(raw_config=raw, _files=files, names=lambda: list(files), arch=raw.get("model_type"),
                                quant="safetensors", context_length=raw.get("max_position_embeddings"))
-    from specdec.model.gguf_loader import _FILE_TYPES, _reader_class
+    from specdec.model.gguf_loader import _reader_class, quant_label
 
     try:
         reader = _reader_class()(path)
@@ -169,5 +169,6 @@ def raw_checkpoint(path: Path) -> SimpleNamespace:
     names = [t.name for t in reader.tensors]
     return SimpleNamespace(metadata=meta, gguf_names=names, names=lambda: names, reader=reader,
                            _tensors={t.name: t for t in reader.tensors}, arch=arch,
-                           quant=_FILE_TYPES.get(meta.get("general.file_type"), str(meta.get("general.file_type"))),
+                           quant=quant_label(meta.get("general.file_type"),
+                                             [t.tensor_type.name for t in reader.tensors if len(t.shape) == 2]),
                            context_length=meta.get(f"{arch}.context_length"))

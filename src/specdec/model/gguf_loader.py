@@ -309,15 +309,20 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         config = _config(path, arch, meta, tensors, freqs)
     except (TypeError, ValueError) as exc:  # a metadata value of the wrong type, or sizes that do not fit
         raise ModelFileError(path, f"metadata: {exc}") from None
-    two_d = [types[t.name] for t in reader.tensors if len(t.shape) == 2]
-    ftype = meta.get("general.file_type")
-    quant = _FILE_TYPES.get(ftype) if isinstance(ftype, int) else None  # else: the matrices' most common type
-    if quant is None:
-        quant = max(set(two_d), key=two_d.count) if two_d else "F32"
+    quant = quant_label(meta.get("general.file_type"), [types[t.name] for t in reader.tensors if len(t.shape) == 2])
     model = GGUFModel(path, config, meta, quant, types, gguf_names, tensors)
     model.reader = reader
     _check_shapes(model)
     return model
+
+
+def quant_label(file_type, matrix_types: list[str]) -> str:
+    """The file's quantization as llama.cpp names it (general.file_type: Q4_K_M), or where that is absent or
+    a number this table lacks, the matrices' most common tensor type (the first by name of equally common
+    ones: the same label at every run)."""
+    if isinstance(file_type, int) and file_type in _FILE_TYPES:
+        return _FILE_TYPES[file_type]
+    return max(sorted(set(matrix_types)), key=matrix_types.count) if matrix_types else "F32"
 
 
 def _hf_name(gguf_name: str, arch: str = "llama") -> str | None:
