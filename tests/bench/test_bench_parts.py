@@ -116,7 +116,9 @@ def test_prompt_file_round_trip_and_errors(tmp_path):
     ('{"id": "a", "messages": [{"role": "user"}]}', "'messages' must be a list of"),
     ('{"id": "a", "text": 3}', "'text' must be a string, got 3"),
     ('{"id": null, "text": "x"}', "'id' must be a string, got None"),
-    ('{"id": "a", "category": ["code"], "text": "x"}', "'category' must be a string"),
+    ('{"id": "a", "category": ["code"], "text": "x"}', "'category' must be a non-empty string"),
+    ('{"id": "a", "category": "", "text": "x"}', "'category' must be a non-empty string"),
+    ('{"id": "a", "category": "all", "text": "x"}', "'category' \"all\" is the reports' name for every category"),
     ('{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}', ":2: prompt id 'a' is used twice"),
 ])
 def test_a_prompt_file_line_of_the_wrong_shape_names_the_line(tmp_path, line, message):

@@ -272,8 +272,10 @@ def _prompt(obj: dict) -> Prompt:
     if not isinstance(obj["id"], (str, int)) or isinstance(obj["id"], bool):
         raise ValueError(f"'id' must be a string, got {obj['id']!r}")
     category = obj.get("category", "other")
-    if not isinstance(category, str):
-        raise ValueError(f"'category' must be a string, got {category!r}")
+    if not isinstance(category, str) or not category.strip():
+        raise ValueError(f"'category' must be a non-empty string, got {category!r}")
+    if category == "all":  # the reports' row over every category
+        raise ValueError("'category' \"all\" is the reports' name for every category together; rename it")
     text = obj.get("text")
     if text is not None and not isinstance(text, str):
         raise ValueError(f"'text' must be a string, got {text!r}")
