@@ -185,3 +185,25 @@ def test_settings_an_engine_has_no_flag_for_are_noted():
     for engine in ("llama.cpp", "sglang"):
         assert any("n-gram sizes of ngram-simple (order_max=5, order_min=2) are not carried over" in n
                    for n in sized[engine]["notes"])
+
+
+def test_draft_mtp_without_any_head_is_refused_as_generate_refuses_it(tiny_hf_dir, capsys):
+    """It printed every engine's MTP flags with a note calling the (missing) head specdec's own."""
+    assert main(["export-config", "--model", str(tiny_hf_dir), "--spec-type", "draft-mtp"]) == 2
+    captured = capsys.readouterr()
+    assert "has no MTP layers, no MTP head beside it and none shipped with specdec" in captured.err
+    assert not captured.out
+
+
+def test_a_registry_name_is_not_downloaded_to_print_flags(tmp_path, capsys, monkeypatch):
+    from specdec.model import registry
+
+    def no_pull(*args, **kwargs):
+        raise AssertionError("export-config pulled a model")
+
+    monkeypatch.setattr(registry, "pull", no_pull)
+    monkeypatch.setattr(registry, "model_path", lambda name: tmp_path / f"{name}.gguf")  # not pulled here
+    assert main(["export-config", "--model", "smollm2-135m", "--spec-type", "suffix", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["llama.cpp"]["args"][:3] == ["llama-server", "-m", str(tmp_path / "smollm2-135m.gguf")]
+    assert "note: smollm2-135m is not pulled yet; `specdec pull smollm2-135m` puts it at" in captured.err

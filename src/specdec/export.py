@@ -225,23 +225,36 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
 def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     """Where draft-mtp's head comes from when it is not MTP layers in the checkpoint (None when they are,
     or when draft-mtp is not used)."""
+    from types import SimpleNamespace
+
+    from specdec.drafters.mtp import shipped_head
     from specdec.model.facts import mtp_info, sidecar_path
-    from specdec.model.load import open_checkpoint
-    from specdec.model.registry import resolve
+    from specdec.model.load import _folder_digest, open_checkpoint
+    from specdec.model.registry import cached_sha256, resolve
 
     if "draft-mtp" not in spec.types:
         return None
     if spec.draft_model:
         return f"a trained head, {spec.draft_model}"
     path = resolve(model)
-    if mtp_info(open_checkpoint(path)[0])["weights_present"]:
+    checkpoint = open_checkpoint(path)[0]
+    if mtp_info(checkpoint)["weights_present"]:
         return None
     side = sidecar_path(path)
-    return f"a head beside the model, {side}" if side.is_dir() else "no MTP layers in the checkpoint"
+    if side.is_dir():
+        return f"a head beside the model, {side}"
+    # where specdec generate finds a head (drafters/mtp.mtp_source), without building the model
+    sha = cached_sha256(path) if path.is_file() else _folder_digest(path)
+    shipped = shipped_head("mtp", SimpleNamespace(config=checkpoint.config, info=SimpleNamespace(name=model, sha256=sha)))
+    if shipped is not None:
+        return f"a head shipped with specdec, {shipped}"
+    raise ValueError(f"{model} has no MTP layers, no MTP head beside it and none shipped with specdec, so draft-mtp "
+                     "has nothing to draft with (specdec generate refuses it too); train a head with `specdec train "
+                     "mtp`, or use another --spec-type")
 
 
 def cmd_export(args) -> int:
-    from specdec.model.registry import MODELS, resolve
+    from specdec.model.registry import MODELS, model_path
     from specdec.options import check_ctx_size
 
     check_ctx_size(args.ctx_size)
@@ -253,10 +266,15 @@ def cmd_export(args) -> int:
             notes.append(f"note: {flag} {value} ({what}) is not carried over; each engine keeps its own setting")
     for note in notes:
         print(note, file=sys.stderr)
-    model = str(resolve(args.model)) if args.model in MODELS else args.model
-    mtp = specdec_mtp_source(spec, args.model)
+    mtp = specdec_mtp_source(spec, args.model)  # reads the checkpoint only for draft-mtp
+    # a registry name becomes the path it is pulled to; printing flags does not download it
+    model = str(model_path(args.model)) if args.model in MODELS else args.model
     if spec.draft_model in MODELS:
-        spec = spec.with_overrides(draft_model=str(resolve(spec.draft_model)))
+        spec = spec.with_overrides(draft_model=str(model_path(spec.draft_model)))
+    for name in (args.model, spec.draft_model):
+        if name in MODELS and not model_path(name).is_file():
+            print(f"note: {name} is not pulled yet; `specdec pull {name}` puts it at {model_path(name)}",
+                  file=sys.stderr)
     out = export(spec, model, args.ctx_size, mtp)
     print(json.dumps(out, indent=2) if args.json else format_export(out))
     return 0
