@@ -519,3 +519,48 @@ def test_a_message_name_reaches_the_chat_template(tiny_model):
     tok = copy.copy(tiny_model.tokenizer)
     tok.chat_template = template
     assert tok.apply_chat_template([named.as_template_dict()]) == "ops: be brief\n"
+
+
+# -- fields of other servers and of OpenAI's API ---------------------------------------------------
+def test_null_is_the_default_as_in_openai_s_api(tiny_server):
+    """Clients that send every field send the unset ones as null; "temperature": null was a 400."""
+    auth = {"Authorization": f"Bearer {tiny_server.api_key}"}
+    nulls = {"top_p": None, "top_k": None, "min_p": None, "n": None, "stream": None, "presence_penalty": None,
+             "frequency_penalty": None, "stop": None, "seed": None}
+    with tiny_server.http(headers=auth) as http:
+        plain = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "temperature": 0})
+        nulled = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 4, "temperature": 0,
+                                                    "echo": None, "logprobs": None, **nulls})
+        assert plain.status_code == nulled.status_code == 200, nulled.text
+        assert nulled.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+        sampled = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2, "temperature": None})
+        assert sampled.status_code == 200, sampled.text  # the default temperature, 1.0
+        chat = http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2, "temperature": 0,
+                                                       "logprobs": None, **nulls})
+        assert chat.status_code == 200, chat.text
+        missing = http.post("/v1/completions", json={"prompt": None, "max_tokens": 2})
+        assert missing.status_code == 400 and missing.json()["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "x", "top_n_sigma": 1.0}, "top_n_sigma"),  # llama-server
+    ("/v1/completions", {"prompt": "x", "min_new_tokens": 3}, "min_new_tokens"),  # SGLang
+    ("/v1/completions", {"prompt": "x", "no_stop_trim": True}, "no_stop_trim"),
+    ("/v1/chat/completions", {"messages": CHAT + [{"role": "assistant", "content": "The", "prefix": True}]},
+     "messages.1.prefix"),  # DeepSeek's assistant prefill
+    ("/v1/chat/completions", {"messages": CHAT + [{"role": "assistant", "content": "The", "partial": True}]},
+     "messages.1.partial"),  # Mistral's / Kimi's
+])
+def test_fields_that_would_change_the_answer_are_refused(tiny_server, path, body, param):
+    """They were served as if not sent."""
+    with tiny_server.http(headers={"Authorization": f"Bearer {tiny_server.api_key}"}) as http:
+        response = http.post(path, json={**body, "max_tokens": 2})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == param and response.json()["error"]["code"] == "unsupported"
+        neutral = {**body, "max_tokens": 2}
+        if path.endswith("chat/completions"):
+            neutral["messages"] = [dict(m, **({param.split(".")[-1]: False} if m["role"] == "assistant" else {}))
+                                   for m in body["messages"]]
+        else:
+            neutral[param] = {"top_n_sigma": -1, "min_new_tokens": 0, "no_stop_trim": False}[param]
+        assert http.post(path, json=neutral).status_code == 200

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible API, and its error object.
 
-Fields are strict (a string where an integer belongs is a 400, never coerced) and
-unknown fields are ignored, as OpenAI clients send fields this server has no use
+Fields are strict (a string where an integer belongs is a 400, never coerced; null is the
+field's default, as in OpenAI's API) and unknown fields are ignored, as OpenAI clients send fields this server has no use
 for (user, metadata, ...). Fields we cannot honour with a non-default value (n > 1,
 penalties, logprobs) are rejected by the handlers, not silently dropped; so are the
 extensions of vLLM, SGLang and llama.cpp's servers that change the answer (ANSWER_CHANGING,
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
 
@@ -47,9 +47,10 @@ class APIError(Exception):
 ANSWER_CHANGING: dict[str, tuple] = {
     # sampling
     "repetition_penalty": (1, 1.0), "repeat_penalty": (1, 1.0), "typical_p": (1, 1.0), "tfs_z": (1, 1.0),
-    "top_a": (0, 0.0), "mirostat": (0,), "dynatemp_range": (0, 0.0), "dry_multiplier": (0, 0.0),
+    "top_a": (0, 0.0), "top_n_sigma": (-1, -1.0), "mirostat": (0,), "dynatemp_range": (0, 0.0), "dry_multiplier": (0, 0.0),
     "xtc_probability": (0, 0.0), "length_penalty": (1, 1.0), "use_beam_search": (False,),
-    "min_tokens": (0,), "ignore_eos": (False,), "stop_token_ids": ([],), "bad_words": ([],),
+    "min_tokens": (0,), "min_new_tokens": (0,), "ignore_eos": (False,), "no_stop_trim": (False,),
+    "stop_regex": ([],), "custom_logit_processor": (), "stop_token_ids": ([],), "bad_words": ([],),
     "allowed_token_ids": (), "logits_processors": ([],), "n_predict": (-1,), "n_probs": (0,),
     "prompt_logprobs": (), "truncate_prompt_tokens": (), "include_stop_str_in_output": (False,),
     "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
@@ -113,6 +114,16 @@ class GenerationRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)  # extras are checked against ANSWER_CHANGING
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data):
+        """OpenAI's API takes null for an optional field and reads it as the default (clients that send every
+        field send the unset ones so): a null where the default is a value is that default, not a 400."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items()
+                    if not (v is None and k in cls.model_fields and cls.model_fields[k].default is not None)}
+        return data
+
     model: str | None = None  # None = the served model
     max_tokens: int | None = None  # None = the server's default, capped by the context
     temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)  # NaN: "should be a finite number"
@@ -159,6 +170,10 @@ class ChatMessage(BaseModel):
     # an assistant turn's tool calls: the chat template would drop them, so they are refused
     tool_calls: list | None = None
     function_call: dict | None = None
+    # an assistant turn the answer continues (DeepSeek's "prefix", Mistral's / Kimi's "partial"): the
+    # template would close it and open another, so it is refused
+    prefix: bool | None = None
+    partial: bool | None = None
 
     def as_template_dict(self) -> dict:
         """{"role", "content": str} (and "name" when given) as chat templates expect ("developer" is rendered
