@@ -60,7 +60,7 @@ def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop, interrupti
     None when it came in the prefill, before the answer began."""
     from specdec.model.tokenizer import TextStream
 
-    stream = TextStream(engine.model.tokenizer, tuple(stop or ()))
+    stream = TextStream(engine.model.tokenizer, tuple(stop or ()), engine.skip_special)
     req = None
     interrupted = False
     try:

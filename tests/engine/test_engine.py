@@ -159,3 +159,38 @@ def test_stepping_a_request_given_back_is_refused_and_leaves_the_others_alone(ti
     while not b.finished:
         engine.step(b)
     assert b.output == alone
+
+
+def _answer_with_a_special_token(engine, prompt):
+    """A seeded sampled answer of the tiny model that holds a special token other than eos (its ids 0 and 1,
+    <|endoftext|> and <|im_start|>, are 2 of 512: a few seeds find one)."""
+    tok = engine.model.tokenizer
+    special = {i for i, t in tok.backend.get_added_tokens_decoder().items() if t.special} - set(tok.eos_ids)
+    for seed in range(300):
+        sampling = SamplingParams(temperature=1.5, seed=seed)
+        result = engine.generate(prompt, sampling, max_tokens=40)
+        if special & set(result.token_ids):
+            return sampling, result
+    raise AssertionError("no seed gave a special token")
+
+
+def test_an_answer_s_text_leaves_special_tokens_out(tiny_model):
+    """As vLLM (skip_special_tokens) and llama-server do: the ids stay in token_ids, their text
+    (<|im_start|>, <|endoftext|>) is not in the answer, streamed or whole, nor matched by a stop string."""
+    from specdec.model.tokenizer import TextStream
+
+    engine = Engine(tiny_model, max_len=256)
+    tok = tiny_model.tokenizer
+    prompt = [5, 17, 33]
+    sampling, result = _answer_with_a_special_token(engine, prompt)
+    assert result.text == tok.decode(result.token_ids, skip_special=True) != tok.decode(result.token_ids)
+    assert "<|endoftext|>" not in result.text and "<|im_start|>" not in result.text
+    stream, streamed = TextStream(tok, (), skip_special=True), ""
+    req = engine.start(prompt, sampling, 40)
+    while not req.finished:
+        engine.step(req)
+        streamed += stream.advance(req.output)
+    engine.finish(req)
+    assert streamed + stream.finish(engine.result(req).text) == result.text
+    for stop in ("<|endoftext|>", "<|im_start|>"):
+        assert engine.generate(prompt, sampling, max_tokens=40, stop=[stop]).text == result.text

@@ -114,6 +114,9 @@ class Engine:
         self.spec = spec
         self.cache = model.transformer.new_cache(max_len, num_slots=max_sequences)
         self.eos = set(model.tokenizer.eos_ids)
+        # an answer's text leaves special tokens out (<|im_start|>, <end_of_turn>; their ids stay in token_ids),
+        # as vLLM's skip_special_tokens and llama-server do by default; stop strings are looked for in that text
+        self.skip_special = True
         self.drafter_factory = drafter_factory or self.build_drafter
         self._pool = DrafterPool(lambda s: [self.drafter_factory(d, s) for d in s.drafters], MAX_CACHED_CONFIGS)
         self._draft_models: dict[str, Model] = {}
@@ -296,7 +299,8 @@ class Engine:
         return self.result(req)
 
     def result(self, req: Request) -> GenerationResult:
-        text = req.stop_text if req.stop_text is not None else self.model.tokenizer.decode(req.output)
+        text = req.stop_text if req.stop_text is not None else self.model.tokenizer.decode(req.output,
+                                                                                             self.skip_special)
         return GenerationResult(req.output, text, req.finish_reason or "length", len(req.prompt), req.stats,
                                 req.prefill_s, req.decode_s)
 
@@ -445,7 +449,7 @@ class Engine:
         found then. The first stop string of req.stop found wins, at its first place, as in the whole text.
         """
         if req.text is None:
-            req.text = StreamDecoder(self.model.tokenizer)
+            req.text = StreamDecoder(self.model.tokenizer, self.skip_special)
         settled = len(req.text.text)
         req.text.push(req.output[len(req.text.ids) :])
         # pending ends in U+FFFD while its last character is incomplete: that placeholder is no text yet

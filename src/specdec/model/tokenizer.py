@@ -109,7 +109,7 @@ class StreamDecoder:
 
         stream = StreamDecoder(tokenizer)
         stream.push([9707, 11])  # -> "Hello," : the text these tokens settled
-        stream.text + stream.pending == tokenizer.decode(stream.ids)  # always
+        stream.text + stream.pending == tokenizer.decode(stream.ids, skip_special)  # always
 
     `text` is settled: it ends on a whole character and never changes; `pending` is the text of the
     tokens after it while they end inside a UTF-8 character (ending in U+FFFD) or with a byte token
@@ -118,8 +118,10 @@ class StreamDecoder:
     not extend its context's (a decoder that does not work piecewise), the whole list is decoded.
     """
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
+        """skip_special: leave special tokens' text out (<|im_start|>, <end_of_turn>), as an answer's text."""
         self.tokenizer = tokenizer
+        self.skip_special = skip_special
         self.ids: list[int] = []
         self.text = ""
         self.pending = ""
@@ -129,7 +131,9 @@ class StreamDecoder:
     def push(self, ids) -> str:
         """Append ids; returns the text they settled ("" while a character is incomplete)."""
         self.ids.extend(ids)
-        decode = self.tokenizer.decode
+        def decode(ids):
+            return self.tokenizer.decode(ids, skip_special=True) if self.skip_special else self.tokenizer.decode(ids)
+
         before = decode(self.ids[self._context : self._settled])
         window = decode(self.ids[self._context :])
         if window.startswith(before):
@@ -338,8 +342,8 @@ class TextStream:
     while the request is unfinished (its text holds no stop string yet), then `finish`.
     """
 
-    def __init__(self, tokenizer, stop: tuple[str, ...]):
-        self.decoder = StreamDecoder(tokenizer)  # the output's text, a window of new tokens decoded a step
+    def __init__(self, tokenizer, stop: tuple[str, ...], skip_special: bool = False):
+        self.decoder = StreamDecoder(tokenizer, skip_special)  # the output's text, a window of tokens a step
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.sent = ""
 

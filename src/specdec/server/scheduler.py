@@ -219,7 +219,8 @@ class Scheduler:
             self.metrics.record_generation(job.endpoint, "error", len(job.prompt), 0, None)
             job.put(Failed(exc))
             return
-        self._running.append(_Running(job, req, TextStream(self.engine.model.tokenizer, job.stop)))
+        stream = TextStream(self.engine.model.tokenizer, job.stop, self.engine.skip_special)
+        self._running.append(_Running(job, req, stream))
 
     def _drop_gone(self) -> None:
         now = time.perf_counter()
