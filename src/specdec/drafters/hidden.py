@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from specdec.drafters.base import Draft, DrafterBase
-from specdec.model.layers import DecoderLayer, MaskedAttention, rope_rows, rope_tables
+from specdec.model.layers import DecoderLayer, MaskedAttention, extend_rope, rope_rows, rope_tables
 from specdec.sampling import SamplingParams, process_logits, sample_token
 
 
@@ -54,15 +54,8 @@ class HiddenHead(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def cover_rope(self, n: int) -> None:
-        """Make the rows of positions below n ready, at least doubling the table (the same bits as a
-        table computed whole: layers.rope_tables), in the buffers' device and dtype."""
-        have = self.rope_cos.shape[0]
-        if n <= have:
-            return
-        head_dim, theta, freq_factors = self.rope_args
-        cos, sin = rope_tables(head_dim, theta, max(n, 2 * have), freq_factors, start=have)
-        self.rope_cos = torch.cat([self.rope_cos, cos.to(self.rope_cos)])
-        self.rope_sin = torch.cat([self.rope_sin, sin.to(self.rope_sin)])
+        """Make the rows of positions below n ready (layers.extend_rope), in the buffers' device and dtype."""
+        self.rope_cos, self.rope_sin = extend_rope(self.rope_cos, self.rope_sin, n, *self.rope_args)
 
     def run_layer(self, layer: DecoderLayer, attn_in: torch.Tensor, x: torch.Tensor, positions: torch.Tensor,
                   past_k, past_v, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

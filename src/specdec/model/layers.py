@@ -108,6 +108,19 @@ def rope_tables(head_dim: int, theta: float, max_len: int, freq_factors=None,
     return emb.cos(), emb.sin()
 
 
+def extend_rope(cos: torch.Tensor, sin: torch.Tensor, n: int, head_dim: int, theta: float, freq_factors=None,
+                limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin with the rows of positions below n added, at least doubling them (at most `limit` rows), in
+    cos's device and dtype; as they are when n rows or fewer are there. The rows added are rope_tables'
+    (see there: bitwise those of a table computed whole)."""
+    have = cos.shape[0]
+    if n <= have:
+        return cos, sin
+    size = max(n, 2 * have) if limit is None else min(limit, max(n, 2 * have))
+    new_cos, new_sin = rope_tables(head_dim, theta, size, freq_factors, start=have)
+    return torch.cat([cos, new_cos.to(cos)]), torch.cat([sin, new_sin.to(sin)])
+
+
 ROPE_INITIAL_ROWS = 4096  # the rows a RopeTable computes at start
 
 
@@ -133,14 +146,9 @@ class RopeTable:
 
     def cover(self, n: int) -> None:
         """Make the rows of positions below n ready (n <= limit)."""
-        have = len(self)
-        if n <= have:
-            return
         if n > self.limit:
             raise ValueError(f"position {n - 1} is beyond the context length {self.limit}")
-        size = min(self.limit, max(n, 2 * have))
-        cos, sin = rope_tables(self.head_dim, self.theta, size, self.freq_factors, start=have)
-        self.tables = (torch.cat([self.tables[0], cos]), torch.cat([self.tables[1], sin]))
+        self.tables = extend_rope(*self.tables, n, self.head_dim, self.theta, self.freq_factors, self.limit)
 
     def rows(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (B, T) -> cos, sin (B * T, 1, hd), as rope_rows."""
