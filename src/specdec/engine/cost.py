@@ -13,6 +13,12 @@ import time
 import torch
 
 
+def widest_forward(max_tokens: int, max_len: int) -> int:
+    """max_tokens, cut to the widest forward a context of max_len verifies (at least 1): a context too
+    short for longer drafts never runs them."""
+    return max(1, min(max_tokens, max_len - 2))
+
+
 def measure_forward_cost(transformer, cache, max_tokens: int, context: int = 128, repeats: int = 3) -> list[float]:
     """cost[t] = median seconds of one exact forward of t new tokens (t = 1..max_tokens) after `context` tokens.
 
@@ -21,7 +27,7 @@ def measure_forward_cost(transformer, cache, max_tokens: int, context: int = 128
     between widths are what the draft length is chosen from. Uses a free slot of `cache` and gives it
     back; cost[0] = 0.
     """
-    max_tokens = max(1, min(max_tokens, cache.max_len - 2))  # a context too short for longer drafts never runs them
+    max_tokens = widest_forward(max_tokens, cache.max_len)
     slot = cache.allocate()
     try:
         ctx = max(1, min(context, cache.max_len - max_tokens - 1))

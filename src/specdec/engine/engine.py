@@ -30,7 +30,7 @@ from specdec.drafters import registry
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.registry import BuildContext, DrafterSpec
 from specdec.engine.config import SpecConfig
-from specdec.engine.cost import best_draft_length, measure_forward_cost
+from specdec.engine.cost import best_draft_length, measure_forward_cost, widest_forward
 from specdec.engine.pool import DrafterPool
 from specdec.engine.stats import SpecStats
 from specdec.model.load import Model, load_model
@@ -124,7 +124,7 @@ class Engine:
 
     def forward_cost(self, max_tokens: int) -> list[float]:
         """Measured seconds of one exact forward of t tokens, t = 0..max_tokens (cached)."""
-        max_tokens = max(1, min(max_tokens, self.cache.max_len - 2))  # what a draft in this context can verify
+        max_tokens = widest_forward(max_tokens, self.cache.max_len)  # so that a short context measures once
         if self._forward_cost is None or len(self._forward_cost) < max_tokens + 1:
             # a cache of its own: every slot of the engine's may be running a sequence
             scratch = self.model.transformer.new_cache(self.cache.max_len)
