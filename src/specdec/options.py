@@ -119,13 +119,22 @@ def build_engine(args: argparse.Namespace):
     spec, notes = decide_spec_for_model(flags, model)
     for note in notes:
         print(note if note.startswith("auto: ") else f"note: {note}", file=sys.stderr)
-    ctx_size = DEFAULT_CTX_SIZE if args.ctx_size is None else args.ctx_size
-    engine = Engine(model, spec, max_len=ctx_size, max_sequences=getattr(args, "max_batch", 1))
-    if args.ctx_size is not None and args.ctx_size > engine.cache.max_len:  # said only to who asked for more
-        print(f"note: --ctx-size {args.ctx_size} is more than {model.info.name} can address; its context is "
-              f"{engine.cache.max_len} tokens", file=sys.stderr)
+    engine = Engine(model, spec, max_len=context_size(args.ctx_size), max_sequences=getattr(args, "max_batch", 1))
+    note_capped_context(args.ctx_size, engine)
     engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
     return engine, sampling
+
+
+def context_size(ctx_size: int | None) -> int:
+    """The context per sequence that --ctx-size asks for (None: not given, DEFAULT_CTX_SIZE; 0: the model's)."""
+    return DEFAULT_CTX_SIZE if ctx_size is None else ctx_size
+
+
+def note_capped_context(ctx_size: int | None, engine) -> None:
+    """Say so when a --ctx-size given was more than the model addresses (the engine holds the model's)."""
+    if ctx_size is not None and ctx_size > engine.cache.max_len:
+        print(f"note: --ctx-size {ctx_size} is more than {engine.model.info.name} can address; its context is "
+              f"{engine.cache.max_len} tokens", file=sys.stderr)
 
 
 def check_ctx_size(ctx_size: int | None) -> None:

@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
-from specdec.options import DEFAULT_CTX_SIZE
 
 DEFAULT_METHODS = "none,ngram-simple,ngram-map-k,suffix,auto"
 
@@ -106,20 +105,21 @@ def artifact(model) -> dict:
 
 def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, draft_model: str | None = None,
           temperatures=(0.0,), max_tokens: int = 64, repeats: int = 3, draft_n_max: int = DEFAULT_DRAFT_LENGTH,
-          draft_lengths=None, ctx_size: int = DEFAULT_CTX_SIZE, warmup: bool = True, seed: int = 0, per_category=None,
+          draft_lengths=None, ctx_size: int | None = None, warmup: bool = True, seed: int = 0, per_category=None,
           fresh_drafters: bool = True, peers=(), peer_urls=(), peer_model=None, hf_dtype: str = "bf16",
           progress: bool = True, out_dir=None, url_client=None, api_key: str | None = None) -> dict:
-    """Run the whole bench on a loaded target Model; writes the report files when out_dir is given."""
+    """Run the whole bench on a loaded target Model; writes the report files when out_dir is given.
+    ctx_size: as --ctx-size (None: not given)."""
     from specdec.bench.prompts import load_prompts, prompts_meta
     from specdec.bench.methods import bench_engine, parse_methods
     from specdec.bench.runner import run_bench
+    from specdec.options import context_size, note_capped_context
 
     prompts = load_prompts(prompts_spec, per_category)
     method_list = parse_methods(methods, draft_model, draft_n_max, model, draft_lengths)
-    engine = bench_engine(model, ctx_size, fresh_drafters)
-    if progress and ctx_size > engine.cache.max_len:
-        print(f"note: --ctx-size {ctx_size} is more than {model.info.name} can address; its context is "
-              f"{engine.cache.max_len} tokens", file=sys.stderr)
+    engine = bench_engine(model, context_size(ctx_size), fresh_drafters)
+    if progress:
+        note_capped_context(ctx_size, engine)
     for m in method_list:
         engine.drafters_for(m.spec)  # load and check drafters before measuring anything
     peer_objs = []
@@ -315,9 +315,8 @@ def cmd_bench(args) -> int:
     results = bench(
         model, args.prompts, args.methods, args.draft_model, temperatures(args.temperature), args.max_tokens,
         args.repeats, args.spec_draft_n_max, _ints(args.draft_lengths) if args.draft_lengths else None,
-        DEFAULT_CTX_SIZE if args.ctx_size is None else args.ctx_size, not args.no_warmup, args.seed, args.per_category, not args.keep_drafter_memory,
-        peers, args.peer_url,
-        args.peer_model, args.hf_dtype, not args.no_progress, args.out, api_key=args.api_key)
+        args.ctx_size, not args.no_warmup, args.seed, args.per_category, not args.keep_drafter_memory, peers,
+        args.peer_url, args.peer_model, args.hf_dtype, not args.no_progress, args.out, api_key=args.api_key)
     a = results.get("auto")
     if a:
         print(f"auto chose {'+'.join(a['types']) or 'none'}; no slower than plain in every category: "
