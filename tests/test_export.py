@@ -205,5 +205,6 @@ def test_a_registry_name_is_not_downloaded_to_print_flags(tmp_path, capsys, monk
     monkeypatch.setattr(registry, "model_path", lambda name: tmp_path / f"{name}.gguf")  # not pulled here
     assert main(["export-config", "--model", "smollm2-135m", "--spec-type", "suffix", "--json"]) == 0
     captured = capsys.readouterr()
-    assert json.loads(captured.out)["llama.cpp"]["args"][:3] == ["llama-server", "-m", str(tmp_path / "smollm2-135m.gguf")]
+    pulled_to = str(tmp_path / "smollm2-135m.gguf")
+    assert json.loads(captured.out)["llama.cpp"]["args"][:3] == ["llama-server", "-m", pulled_to]
     assert "note: smollm2-135m is not pulled yet; `specdec pull smollm2-135m` puts it at" in captured.err

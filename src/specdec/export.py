@@ -245,7 +245,8 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
         return f"a head beside the model, {side}"
     # where specdec generate finds a head (drafters/mtp.mtp_source), without building the model
     sha = cached_sha256(path) if path.is_file() else _folder_digest(path)
-    shipped = shipped_head("mtp", SimpleNamespace(config=checkpoint.config, info=SimpleNamespace(name=model, sha256=sha)))
+    target = SimpleNamespace(config=checkpoint.config, info=SimpleNamespace(name=model, sha256=sha))
+    shipped = shipped_head("mtp", target)
     if shipped is not None:
         return f"a head shipped with specdec, {shipped}"
     raise ValueError(f"{model} has no MTP layers, no MTP head beside it and none shipped with specdec, so draft-mtp "

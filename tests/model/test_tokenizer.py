@@ -1,9 +1,19 @@
 """Tokenizer.encode_at_most: the ids of a text that fits, None for one that does not, and a text far
-past the limit is never tokenized whole (the server refuses a 20 MB prompt without stalling)."""
+past the limit is never tokenized whole (the server refuses a 20 MB prompt without stalling); the eos ids
+a Hugging Face folder names."""
 
 from __future__ import annotations
 
 import copy
+import json
+
+import pytest
+
+from helpers.tiny import make_hf_model
+from specdec.engine.engine import Engine
+from specdec.model.errors import ModelFileError
+from specdec.model.load import load_model
+from specdec.sampling import SamplingParams
 
 
 class Recording:
@@ -36,16 +46,6 @@ def test_a_text_far_past_the_limit_is_refused_from_its_head(tiny_model):
 def test_generation_config_eos_ids_stop_generation(tmp_path):
     """generation_config.json's eos_token_id stops a run as transformers stops (Llama 3 Instruct names
     <|eot_id|> only there): greedy decoding ends at the first such token, finish_reason "stop"."""
-    import json
-
-    import pytest
-
-    from helpers.tiny import make_hf_model
-    from specdec.engine.engine import Engine
-    from specdec.model.errors import ModelFileError
-    from specdec.model.load import load_model
-    from specdec.sampling import SamplingParams
-
     folder = make_hf_model(tmp_path / "m")
     prompt = [5, 17, 33, 101]
     free = Engine(load_model(str(folder), "fp32", progress=False)).generate(prompt, SamplingParams(), max_tokens=12)

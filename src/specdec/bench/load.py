@@ -536,7 +536,7 @@ class LocalServer:
             while True:
                 if self.proc.poll() is not None:
                     raise ServerStartError(f"the specdec server exited with code {self.proc.returncode} before "
-                                       f"answering /health; last lines of {self.log_path}:\n{self.log_tail()}")
+                                           f"answering /health; last lines of {self.log_path}:\n{self.log_tail()}")
                 try:
                     if client.get(self.url + "/health").status_code == 200:
                         return self.url
@@ -544,8 +544,8 @@ class LocalServer:
                     pass
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise ServerStartError(f"the specdec server did not answer /health within {self.start_timeout_s:g} s "
-                                       f"(log: {self.log_path})")
+                    raise ServerStartError(f"the specdec server did not answer /health within "
+                                           f"{self.start_timeout_s:g} s (log: {self.log_path})")
                 time.sleep(0.25)
 
     def stop(self) -> int | None:

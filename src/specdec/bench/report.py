@@ -218,8 +218,9 @@ def check_load_joins(out_dir, served: dict) -> None:
     same = (served.get("sha256") == target.get("sha256") if served.get("sha256") and target.get("sha256")
             else Path(str(served.get("artifact"))).resolve() == Path(str(target.get("path"))).resolve())
     if not same:
-        raise ValueError(f"{Path(out_dir) / 'results.json'} is the bench of {target.get('name') or target.get('path')}; "
-                         f"a load run of {served.get('artifact')} would be joined to it: choose another --out")
+        benched = target.get("name") or target.get("path")
+        raise ValueError(f"{Path(out_dir) / 'results.json'} is the bench of {benched}; a load run of "
+                         f"{served.get('artifact')} would be joined to it: choose another --out")
 
 
 def write_load(load: dict, out_dir, runtime: dict | None = None) -> dict[str, Path]:

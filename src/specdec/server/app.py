@@ -150,8 +150,8 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
             if m.prefix or m.partial:
                 field = "prefix" if m.prefix else "partial"
                 raise APIError(400, f"messages[{i}] asks for its text to be continued ({field}: true), which this "
-                               "server does not do: its chat template closes every message", param=f"messages.{i}.{field}",
-                               code="unsupported")
+                               "server does not do: its chat template closes every message",
+                               param=f"messages.{i}.{field}", code="unsupported")
         messages = [m.as_template_dict() for m in body.messages]
         ids = await run_in_threadpool(_chat_prompt, tok, messages, engine.cache.max_len)
         job = _make_job(engine, body, ids, max_tokens, "chat.completions", "messages", default_max_tokens,

@@ -1,8 +1,8 @@
 """Request bodies of the OpenAI-compatible API, and its error object.
 
 Fields are strict (a string where an integer belongs is a 400, never coerced; null is the
-field's default, as in OpenAI's API) and unknown fields are ignored, as OpenAI clients send fields this server has no use
-for (user, metadata, ...). Fields we cannot honour with a non-default value (n > 1,
+field's default, as in OpenAI's API) and unknown fields are ignored, as OpenAI clients send
+fields this server has no use for (user, metadata, ...). Fields we cannot honour with a non-default value (n > 1,
 penalties, logprobs) are rejected by the handlers, not silently dropped; so are the
 extensions of vLLM, SGLang and llama.cpp's servers that change the answer (ANSWER_CHANGING,
 e.g. guided_json, grammar, ignore_eos, continue_final_message), and assistant messages that
@@ -47,7 +47,8 @@ class APIError(Exception):
 ANSWER_CHANGING: dict[str, tuple] = {
     # sampling
     "repetition_penalty": (1, 1.0), "repeat_penalty": (1, 1.0), "typical_p": (1, 1.0), "tfs_z": (1, 1.0),
-    "top_a": (0, 0.0), "top_n_sigma": (-1, -1.0), "mirostat": (0,), "dynatemp_range": (0, 0.0), "dry_multiplier": (0, 0.0),
+    "top_a": (0, 0.0), "top_n_sigma": (-1, -1.0), "mirostat": (0,), "dynatemp_range": (0, 0.0),
+    "dry_multiplier": (0, 0.0),
     "xtc_probability": (0, 0.0), "length_penalty": (1, 1.0), "use_beam_search": (False,),
     "min_tokens": (0,), "min_new_tokens": (0,), "ignore_eos": (False,), "no_stop_trim": (False,),
     "stop_regex": ([],), "custom_logit_processor": (), "stop_token_ids": ([],), "bad_words": ([],),
