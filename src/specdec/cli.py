@@ -92,7 +92,7 @@ def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop, interrupti
 
 def timing_line(result) -> str:
     return (f"prompt {result.prompt_tokens} tokens, prefill {result.prefill_s:.2f}s; generated "
-            f"{len(result.token_ids)} tokens, decode {result.decode_s:.2f}s ({result.decode_tokens_per_s:.1f} tok/s)")
+            f"{result.completion_tokens} tokens, decode {result.decode_s:.2f}s ({result.decode_tokens_per_s:.1f} tok/s)")
 
 
 def result_json(engine, result) -> dict:
@@ -101,6 +101,7 @@ def result_json(engine, result) -> dict:
         "token_ids": result.token_ids,
         "finish_reason": result.finish_reason,
         "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,  # the EOS that ended it included, as usage counts
         "model": engine.model.info.to_dict(),
         "timing": {"prefill_s": result.prefill_s, "decode_s": result.decode_s,
                    "decode_tokens_per_s": result.decode_tokens_per_s},

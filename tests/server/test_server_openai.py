@@ -92,6 +92,23 @@ def test_chat_stream_speculation_off_equals_engine_with_include_usage(smollm_ser
     assert finish[0].usage is None  # once: a client summing usage over chunks counts it once
 
 
+def test_usage_counts_the_eos_that_ended_the_answer(smollm_server, reference):
+    """As vLLM and llama-server count it: completion_tokens is every token the model generated, the EOS
+    that ended the answer included, though the text and token_ids leave it out."""
+    client = smollm_server.client()
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    expected = reference.generate(reference.chat_ids(messages), 32, spec=NGRAM)
+    assert expected.finish_reason == "stop" and expected.ended_on_eos  # an EOS, not max_tokens, ended it
+    assert expected.completion_tokens == len(expected.token_ids) + 1
+    resp = client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=32, temperature=0)
+    assert resp.choices[0].message.content == expected.text and resp.choices[0].finish_reason == "stop"
+    assert resp.usage.completion_tokens == len(expected.token_ids) + 1
+    assert resp.usage.total_tokens == expected.prompt_tokens + len(expected.token_ids) + 1
+    chunks = list(client.chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=32,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.completion_tokens == len(expected.token_ids) + 1
+
+
 def test_override_draft_length_and_method(smollm_server, reference):
     client = smollm_server.client()
     resp = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=N, temperature=0,

@@ -183,12 +183,13 @@ class HFPeer:
                                  **kwargs)
         t1 = time.perf_counter()
         new = [int(t) for t in out[0, ids.shape[1]:]]
+        generated = len(new)  # the EOS that ended it counted, as specdec and llama-server count it
         for i, t in enumerate(new):
             if t in self.eos_ids:
-                new = new[:i]
+                new, generated = new[:i], i + 1
                 break
         first = clock.first_token_at or t1
-        return RunOutput(new, None, first - t0, t1 - first, len(new),
+        return RunOutput(new, None, first - t0, t1 - first, generated,
                          "no" if self.mode == "hf-plain" else "unknown", None if self.mode != "hf-plain" else 0,
                          None if self.mode != "hf-plain" else 0, timing_source="streamer (first new token)",
                          prefill_tokens=clock.first_tokens)

@@ -77,7 +77,7 @@ def interleaved_rounds(repeats: int, n_prompts: int, temperatures, configs: list
 def run_specdec(engine, method: Method, prompt_ids: list[int], sampling: SamplingParams, max_tokens: int) -> RunOutput:
     result = engine.generate(prompt_ids, sampling, max_tokens, spec=method.spec)
     stats = result.stats
-    return RunOutput(result.token_ids, result.text, result.prefill_s, result.decode_s, len(result.token_ids),
+    return RunOutput(result.token_ids, result.text, result.prefill_s, result.decode_s, result.completion_tokens,
                      "yes" if stats.engaged else "no", stats.drafted, stats.accepted, stats)
 
 

@@ -65,6 +65,7 @@ class Request:
     text: StreamDecoder | None = field(default=None, repr=False)  # the output's text, where stop strings are set
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
+    ended_on_eos: bool = False  # an EOS token ended it (not in output: the answer's text never holds it)
     stats: SpecStats = field(default_factory=SpecStats)
     draft_length: int = 0  # current draft length (adaptive mode moves it)
     acceptance_ema: float = PRIOR_ACCEPTANCE  # recent per-token acceptance of drafted tokens
@@ -90,11 +91,18 @@ class GenerationResult:
     stats: SpecStats
     prefill_s: float
     decode_s: float
+    ended_on_eos: bool = False  # an EOS token ended the answer; token_ids leave it out
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens the model generated, the EOS that ended the answer included, as vLLM's and llama-server's
+        usage count them (token_ids leaves that EOS out, as the text does)."""
+        return len(self.token_ids) + self.ended_on_eos
 
     @property
     def decode_tokens_per_s(self) -> float:
-        # the first token comes from prefill; decode produced the rest
-        n = max(len(self.token_ids) - 1, 0)
+        # the first token comes from prefill; decode produced the rest (an EOS that ended it too)
+        n = max(self.completion_tokens - 1, 0)
         return n / self.decode_s if self.decode_s > 0 else 0.0
 
 
@@ -302,7 +310,7 @@ class Engine:
         text = req.stop_text if req.stop_text is not None else self.model.tokenizer.decode(req.output,
                                                                                              self.skip_special)
         return GenerationResult(req.output, text, req.finish_reason or "length", len(req.prompt), req.stats,
-                                req.prefill_s, req.decode_s)
+                                req.prefill_s, req.decode_s, req.ended_on_eos)
 
     # -- internals ---------------------------------------------------------------------------
     def _plan_prefill(self, req: Request, chunk: int | None) -> _Plan:
@@ -426,7 +434,7 @@ class Engine:
         new = []
         for t in tokens:
             if t in self.eos:
-                req.finished, req.finish_reason = True, "stop"
+                req.finished, req.finish_reason, req.ended_on_eos = True, "stop", True
                 break
             req.output.append(t)
             new.append(t)

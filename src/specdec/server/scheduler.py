@@ -294,7 +294,7 @@ class Scheduler:
             return
         result = self.engine.result(req)
         reason = "cancelled" if cancelled else result.finish_reason
-        n = len(result.token_ids)
+        n = result.completion_tokens  # the EOS that ended it included, as vLLM's and llama-server's usage count
         now = time.perf_counter()
         if n > 1 and r.first_at is not None:
             m.tpot.observe((now - r.first_at) / (n - 1))
