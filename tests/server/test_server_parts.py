@@ -404,6 +404,46 @@ def test_a_request_past_the_timeout_fails_and_frees_its_slot(tiny_model):
     assert engine.cache.free_slots == [0]
 
 
+def test_a_failed_step_is_a_server_error_not_a_bad_request(tiny_model, monkeypatch):
+    """An exception inside a batched step fails the requests that ran in it with a 500 naming the cause
+    (a ValueError from deep in a step used to become a 400 blaming the client), frees their slots, and
+    the server goes on serving the next request."""
+    from specdec.server.app import _worker_error
+
+    engine = Engine(tiny_model, max_len=256)
+    scheduler = Scheduler(engine)
+    real_step = engine.step_batch
+    calls = []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ValueError("shapes do not match")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "step_batch", failing_once)
+
+    async def main():
+        events = []
+        for _ in range(2):
+            job = Job([5, 6, 7], SamplingParams(), 4, (), SpecConfig(), stream=False, endpoint="completions",
+                      loop=asyncio.get_running_loop())
+            scheduler.submit(job)
+            events.append(await asyncio.wait_for(_last_event(job), 60))
+        return events
+
+    try:
+        failed, served = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert isinstance(failed, Failed)
+    error = _worker_error(failed.error)
+    assert error.status == 500 and error.code == "internal_error"
+    assert "ValueError: shapes do not match" in str(error.message)
+    assert isinstance(served, Done) and served.completion_tokens == 4
+    assert engine.cache.free_slots == [0]
+
+
 async def _last_event(job):
     while True:
         event = await job.events.get()

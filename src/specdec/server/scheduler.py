@@ -42,7 +42,7 @@ from specdec.engine.engine import Engine, Request
 from specdec.engine.stats import SpecStats
 from specdec.server.metrics import ServerMetrics
 from specdec.model.tokenizer import TextStream
-from specdec.server.worker import Delta, Done, Failed, Job
+from specdec.server.worker import Delta, Done, Failed, Job, StepFailed
 
 log = logging.getLogger("specdec.server")
 
@@ -188,7 +188,7 @@ class Scheduler:
                 except BaseException as exc:  # never let one step end the server: fail what ran in it
                     log.exception("scheduler: a batched step failed")
                     for r in list(self._running):
-                        self._end(r, error=exc)
+                        self._end(r, error=StepFailed(exc))
             self.metrics.running.set(len(self._running))
         self._shutdown()
 

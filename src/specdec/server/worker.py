@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from specdec.engine.config import SpecConfig
 from specdec.engine.stats import SpecStats
+from specdec.model.errors import SpecdecError
 from specdec.sampling import SamplingParams
 
 
@@ -37,6 +38,15 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     stats: SpecStats
+
+
+class StepFailed(SpecdecError):
+    """A batched step failed: the server's fault, not the request's, whatever the exception's type (a
+    ValueError deep in a step is not a bad request), so it is answered 500 with the cause named."""
+
+    def __init__(self, cause: BaseException):
+        super().__init__(f"generation failed: the batched step this request ran in raised {type(cause).__name__}: "
+                         f"{cause}")
 
 
 @dataclass
