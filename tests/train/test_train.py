@@ -109,6 +109,126 @@ def test_a_trained_head_or_a_model_in_out_is_never_written_over(trained, tmp_pat
         main(["eagle3", "--out", str(copy), "--draft-vocab", "256", "--steps", "5", "--resume"] + args)
 
 
+def test_resume_refuses_other_data_or_settings(tiny_hf_dir, tmp_path):
+    """--resume used to go on silently with other text (another --sequences file, none after a --sequences
+    run: new text was generated, a data file deleted), another --block-size / --target-layers /
+    --mask-token-id, or another --seq-len: a head trained half on one thing, half on another (an EAGLE-3
+    head's draft vocabulary comes from its data: its loss and its saved map disagreed). Each is refused now,
+    before any data is generated, and the state is kept."""
+    from specdec.train.cli import main
+    from specdec.train.data import save_sequences
+
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    save_sequences([[3 + (i * 7 + j) % 190 for j in range(24)] for i in range(12)], a)
+    save_sequences([[300 + (i * 5 + j) % 190 for j in range(24)] for i in range(12)], b)
+    common = ["--model", str(tiny_hf_dir), "--val", "2", "--batch", "2", "--seq-len", "24", "--threads", "1",
+              "--device", "cpu", "--save-every", "2"]
+    eagle = tmp_path / "eagle3"
+    eagle_args = ["eagle3", "--out", str(eagle), "--draft-vocab", "32"] + common
+    assert main(eagle_args + ["--sequences", str(a), "--steps", "2"]) == 0
+    state = (eagle / "state.pt").read_bytes()
+    for flags, message in [
+        (["--sequences", str(b)], "other settings .*data '--sequences sha256 "),
+        ([], "other settings .*data '--sequences sha256 [0-9a-f]{64}' then, 'generated' now"),
+        (["--sequences", str(a), "--seq-len", "20"], "seq_len 24 then, 20 now"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            main(eagle_args + ["--steps", "4", "--resume"] + flags)
+        assert (eagle / "state.pt").read_bytes() == state and not (eagle / "data.rank0.npz").exists()
+    assert main(eagle_args + ["--sequences", str(a), "--steps", "4", "--resume"]) == 0  # the same: it goes on
+
+    block = tmp_path / "dflash"
+    block_args = ["dflash", "--out", str(block), "--sequences", str(a), "--anchors", "2"] + common
+    assert main(block_args + ["--steps", "2", "--block-size", "4", "--target-layers", "1"]) == 0
+    for flags, message in [(["--block-size", "3", "--target-layers", "1"], "block_size 4 then, 3 now"),
+                           (["--target-layers", "0"], r"target_layers \[1\] then, \[0\] now"),
+                           (["--target-layers", "1", "--mask-token-id", "7"], "mask_token_id 511 then, 7 now")]:
+        with pytest.raises(ValueError, match=message):
+            main(block_args + ["--steps", "4", "--resume"] + flags)
+
+    generated = tmp_path / "mtp"  # a run on generated text whose data file is gone
+    mtp_args = ["mtp", "--out", str(generated), "--generate", "4", "--gen-tokens", "16", "--corpus-seqs", "0"]
+    assert main(mtp_args + common + ["--steps", "2"]) == 0
+    (generated / "data.rank0.npz").unlink()
+    with pytest.raises(ValueError, match="data.rank0.npz, the text .*state.pt was trained on, is gone"):
+        main(mtp_args + common + ["--steps", "4", "--resume"])
+    assert not (generated / "data.rank0.npz").exists()
+
+
+def test_steps_0_never_replaces_the_data_of_a_trained_head(tiny_hf_dir, tmp_path):
+    from specdec.train.cli import main
+
+    out = tmp_path / "mtp"
+    args = ["mtp", "--model", str(tiny_hf_dir), "--out", str(out), "--generate", "4", "--gen-tokens", "16",
+            "--corpus-seqs", "0", "--val", "1", "--batch", "2", "--seq-len", "24", "--threads", "1", "--device", "cpu"]
+    assert main(args + ["--steps", "2"]) == 0
+    data = (out / "data.rank0.npz").read_bytes()
+    with pytest.raises(ValueError, match="--steps 0 writes training data, and --out .* holds model.safetensors"):
+        main(args + ["--steps", "0", "--seed", "5"])
+    assert (out / "data.rank0.npz").read_bytes() == data
+
+
+def test_save_every_checkpoints_without_validation(tiny_hf_dir, tmp_path, monkeypatch):
+    """--save-every saved only where validation ran: with --val 0 a long run checkpointed at its end only."""
+    from specdec.train.cli import main
+    from specdec.train.data import save_sequences
+    from specdec.train.loop import Trainer
+
+    seqs = tmp_path / "s.npz"
+    save_sequences([[3 + (i * 7 + j) % 190 for j in range(24)] for i in range(8)], seqs)
+    saved_at = []
+    real = Trainer.checkpoint
+
+    def recording(self):
+        saved_at.append(self.step)
+        real(self)
+
+    monkeypatch.setattr(Trainer, "checkpoint", recording)
+    for val in ("0", "2"):
+        saved_at.clear()
+        assert main(["mtp", "--model", str(tiny_hf_dir), "--out", str(tmp_path / f"v{val}"), "--sequences", str(seqs),
+                     "--steps", "6", "--save-every", "2", "--val", val, "--batch", "2", "--threads", "1",
+                     "--device", "cpu"]) == 0
+        assert saved_at == [2, 4, 6], val
+
+
+def test_corpus_and_prompt_edges(tiny_hf_dir, tiny_model, tmp_path):
+    """A --seq-len past the target's context trained on corpus chunks past its RoPE tables (IndexError); a
+    corpus file without blank lines gave one chunk whatever --corpus-seqs asked; fewer prompts than torchrun
+    processes was a ZeroDivisionError on a rank."""
+    import argparse
+    import random
+
+    from specdec.train.cli import _train, add_arguments, main
+    from specdec.train.data import corpus_chunks, load_sequences
+
+    words = " ".join(f"word{i % 97} and more{i % 13}." for i in range(800))  # one document, no blank line
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text(words)
+    tok = tiny_model.tokenizer
+    n = len(tok.encode(words))
+    assert n > 1100
+    chunks = corpus_chunks(tok, [words, "a short document of a few words only, here"], 6, 200, random.Random(0))
+    assert len(chunks) == 6 and all(9 <= len(c) <= 200 for c in chunks)
+    assert sum(c == tok.encode(words)[200:400] for c in chunks) == 1  # later pieces of the long one follow
+
+    out = tmp_path / "long"
+    assert main(["mtp", "--model", str(tiny_hf_dir), "--out", str(out), "--data", str(corpus), "--generate", "0",
+                 "--corpus-seqs", "4", "--seq-len", "1000", "--val", "1", "--steps", "1", "--batch", "2",
+                 "--threads", "1", "--device", "cpu"]) == 0
+    seqs = load_sequences(out / "data.rank0.npz")
+    assert [len(s) for s in seqs][-4:] == [512] * 4  # 4 corpus chunks of one document, cut to the context
+
+    one = tmp_path / "one.txt"
+    one.write_text("a single prompt\n")
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["mtp", "--model", str(tiny_hf_dir), "--out", str(tmp_path / "ranks"), "--prompts", str(one),
+                         "--device", "cpu"])
+    with pytest.raises(ValueError, match="1 prompts for 2 processes: .*give at least 2"):
+        _train(args, 1, 2, None)
+
+
 def test_a_failed_write_keeps_the_previous_file_whole(tmp_path):
     from specdec.model.files import replaced
 

@@ -249,12 +249,17 @@ def check_train_args(args) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive number, got {value}")
 
 
-def check_out(out: Path, resume: bool) -> None:
+def check_out(out: Path, resume: bool, data_only: bool = False) -> None:
     """A head (or a model) already in --out is replaced only by continuing its training (--resume): a new
-    run wrote over it at its first checkpoint, and --out set to the target's own folder replaced its weights."""
-    held = next((name for name in ("model.safetensors", "config.json") if (out / name).exists()), None)
+    run wrote over it at its first checkpoint, and --out set to the target's own folder replaced its weights.
+    data_only (--steps 0, which writes the data only) is refused there too: it replaced the text a --resume
+    of that head trains on."""
+    held = next((name for name in ("model.safetensors", "config.json", "state.pt") if (out / name).exists()), None)
     if held is None:
         return
+    if data_only:
+        raise ValueError(f"--steps 0 writes training data, and --out {out} holds {held} (a trained head, or a "
+                         "model) whose data it would replace: write the data into another --out")
     if not resume:
         raise ValueError(f"--out {out} holds {held} already (a trained head, or a model): --resume continues the "
                          "training of a head there; else train into another --out, or remove it")
@@ -283,7 +288,9 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
     from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
-    from specdec.train.loop import Trainer
+    from specdec.model.files import replaced
+    from specdec.model.registry import sha256_file
+    from specdec.train.loop import Trainer, check_resume
     from specdec.train.target import DenseTarget
 
     if args.threads:
@@ -299,12 +306,15 @@ def _train(args, rank: int, world: int, dist_device) -> int:
 
         args.out = str(sidecar_path(path))
         out_dir(args.out)  # a file there, or a folder that cannot be written: said now, not after generating
-    if args.steps > 0:  # --steps 0 writes the data only, never a head
-        check_out(Path(args.out), args.resume)
+    check_out(Path(args.out), args.resume, data_only=args.steps == 0)
     data_file = Path(args.out) / f"data.rank{rank}.npz"
     generating = not args.sequences and not (args.resume and data_file.is_file())
     if generating:  # the files are read and the counts checked now, not after the target has loaded
-        prompts = read_prompts(args.prompts)[rank::world]
+        all_prompts = read_prompts(args.prompts)
+        if args.generate and len(all_prompts) < world:  # checked alike on every rank, so that all stop
+            raise ValueError(f"{len(all_prompts)} prompts for {world} processes: each generates from its share of "
+                             f"--prompts, so give at least {world} (or --generate 0)")
+        prompts = all_prompts[rank::world]
         corpus = read_corpus(args.data)[rank::world]
         if args.steps > 0 and args.generate + args.corpus_seqs <= args.val:
             raise ValueError(f"--generate {args.generate} and --corpus-seqs {args.corpus_seqs} make "
@@ -312,13 +322,30 @@ def _train(args, rank: int, world: int, dist_device) -> int:
                              "out: none would be left to train on (raise --generate or lower --val)")
     checkpoint, tokenizer = open_checkpoint(path)
     context = checkpoint.config.context_length
-    if generating and args.seq_len // 2 + args.gen_tokens > context:
-        raise ValueError(f"--gen-tokens {args.gen_tokens} after a prompt of up to --seq-len/2 = {args.seq_len // 2} "
+    seq_len = min(args.seq_len, context)  # a longer sequence runs past the target's RoPE tables
+    if generating and seq_len // 2 + args.gen_tokens > context:
+        raise ValueError(f"--gen-tokens {args.gen_tokens} after a prompt of up to --seq-len/2 = {seq_len // 2} "
                          f"tokens passes the target's context of {context}: lower one of them")
     if args.kind in ("dflash", "dspark"):  # checked against the target's shapes before anything is generated
         layer_ids, mask = block_settings(args, checkpoint.config)
     out = Path(args.out)
     log = (lambda *a: print(*a, file=sys.stderr)) if rank == 0 else (lambda *a: None)
+    sequences = Path(args.sequences) if args.sequences else None
+    settings = {"world": world, "seq_len": seq_len,  # (a missing --sequences file is load_sequences' error)
+                "data": f"--sequences sha256 {sha256_file(sequences) if sequences.is_file() else None}" if sequences
+                else "generated"}
+    if args.kind == "eagle3":
+        settings["draft_vocab"] = args.draft_vocab
+    elif args.kind in ("dflash", "dspark"):
+        settings.update(block_size=args.block_size, draft_layers=args.draft_layers, target_layers=list(layer_ids),
+                        mask_token_id=mask, markov_rank=args.markov_rank if args.kind == "dspark" else 0,
+                        markov_head=args.markov_head if args.kind == "dspark" else None)
+    resumed = check_resume(out / "state.pt", args.kind, settings) if args.resume else None
+    if args.resume and resumed is None:
+        log(f"--resume: {out} holds no state.pt yet: training from the start")
+    elif resumed is not None and generating:  # its data file is gone: new text would be trained on silently
+        raise ValueError(f"--resume: {data_file}, the text {out / 'state.pt'} was trained on, is gone: resume "
+                         "with --sequences FILE of that text, or train into another --out")
     t0 = time.perf_counter()
     target = DenseTarget(checkpoint, device)
     log(f"target {args.model} on {device}: {target.config.num_layers} layers, hidden {target.config.hidden_size}")
@@ -326,8 +353,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     if not generating:
         source = Path(args.sequences) if args.sequences else data_file
         loaded = load_sequences(source, target.config.vocab_size)
-        limit = min(args.seq_len, context)  # as generated data is cut; a longer one ran past the RoPE tables
-        seqs = [s[:limit] for s in loaded if len(s) >= MIN_SEQUENCE_TOKENS]
+        seqs = [s[:seq_len] for s in loaded if len(s) >= MIN_SEQUENCE_TOKENS]  # as generated data is cut
         if len(seqs) < len(loaded):
             log(f"data: {len(loaded) - len(seqs)} sequences of fewer than {MIN_SEQUENCE_TOKENS} tokens left out")
         if args.sequences and world > 1:
@@ -338,13 +364,14 @@ def _train(args, rank: int, world: int, dist_device) -> int:
 
         n_gen = args.generate // world
         bar = tqdm(total=n_gen, desc="generate", unit="seq", file=sys.stderr, disable=rank != 0)
-        seqs = build_sequences(target, tokenizer, prompts, corpus, n_gen, args.gen_tokens, args.seq_len,
+        seqs = build_sequences(target, tokenizer, prompts, corpus, n_gen, args.gen_tokens, seq_len,
                                args.corpus_seqs // world, args.seed + rank, progress=bar.update,
                                held_out=args.val if rank == 0 else 0)
         bar.close()
         seqs = [s for s in seqs if len(s) >= MIN_SEQUENCE_TOKENS]
         out.mkdir(parents=True, exist_ok=True)
-        save_sequences(seqs, data_file)
+        with replaced(data_file) as tmp:
+            save_sequences(seqs, tmp)
         log(f"data: {len(seqs)} sequences, {sum(map(len, seqs))} tokens ({time.perf_counter() - t0:.0f}s)")
     val = seqs[: args.val] if rank == 0 else []
     train = seqs[args.val:] if rank == 0 else seqs
@@ -385,8 +412,11 @@ def _train(args, rank: int, world: int, dist_device) -> int:
         def save(h, folder):
             save_eagle3_head(h, folder, info)
     trainer = Trainer(head, args.kind, target, out, save, args.steps, args.batch, args.lr, args.ttt, draft_ids,
-                      args.save_every, log, rank, world, loss=loss_module)
+                      args.save_every, log, rank, world, loss=loss_module, settings=settings)
     if args.resume and trainer.resume():
+        if draft_ids is not None and not torch.equal(head.draft_to_target(), draft_ids):
+            raise ValueError(f"--resume: the draft vocabulary of {out / 'state.pt'} is not the one its data gives "
+                             "now (the data changed): train into another --out")
         log(f"resumed at step {trainer.step}")
     start = trainer.step
     accs = trainer.run(train, val, device, args.seed, args.max_minutes * 60 if args.max_minutes else None)

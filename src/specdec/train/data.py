@@ -124,13 +124,32 @@ def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], nu
             seqs.append(s[:seq_len])
         if progress is not None:
             progress(len(ids))
+    seqs += corpus_chunks(tokenizer, corpus, num_corpus, seq_len, rng)
+    return seqs
+
+
+def corpus_chunks(tokenizer, corpus: list[str], count: int, seq_len: int, rng: random.Random) -> list[list[int]]:
+    """Up to `count` chunks of at most seq_len tokens (of more than 8): the start of each document in a
+    shuffled order, then, while chunks are wanted, the later pieces of the long ones (a file without blank
+    lines is one document; it gave one chunk, whatever --corpus-seqs asked for)."""
     docs = list(corpus)
     rng.shuffle(docs)
-    for d in docs[:num_corpus]:
-        ids = tokenizer.encode(d)[:seq_len]
+    chunks, longer = [], []
+    for d in docs:
+        if len(chunks) >= count:
+            return chunks
+        ids = tokenizer.encode(d)
         if len(ids) > 8:
-            seqs.append(ids)
-    return seqs
+            chunks.append(ids[:seq_len])
+        if len(ids) > seq_len:
+            longer.append(ids)
+    for ids in longer:
+        for i in range(seq_len, len(ids), seq_len):
+            if len(chunks) >= count:
+                return chunks
+            if len(ids) - i > 8:
+                chunks.append(ids[i : i + seq_len])
+    return chunks
 
 
 def save_sequences(seqs: list[list[int]], path) -> None:
@@ -139,7 +158,8 @@ def save_sequences(seqs: list[list[int]], path) -> None:
 
     flat = [t for s in seqs for t in s]
     dtype = np.uint16 if (max(flat, default=0) < 2**16) else np.int32
-    np.savez_compressed(path, tokens=np.array(flat, dtype=dtype), lengths=np.array([len(s) for s in seqs], np.int64))
+    with open(path, "wb") as f:  # a file, so that numpy adds no ".npz" to a path without it (replaced()'s)
+        np.savez_compressed(f, tokens=np.array(flat, dtype=dtype), lengths=np.array([len(s) for s in seqs], np.int64))
 
 
 def load_sequences(path, vocab_size: int | None = None) -> list[list[int]]:

@@ -231,10 +231,12 @@ class Trainer:
 
     def __init__(self, head, kind: str, target, out: Path, save, steps: int, batch: int, lr: float, ttt: int,
                  draft_ids=None, save_every: int = 200, log=print, rank: int = 0, world: int = 1,
-                 loss: torch.nn.Module | None = None):
+                 loss: torch.nn.Module | None = None, settings: dict | None = None):
         """loss: a module whose forward(tokens, valid) is the training loss and whose measure(tokens, valid)
-        gives (matches, counts) per draft position (default: TTT for MTP / EAGLE-3 heads)."""
+        gives (matches, counts) per draft position (default: TTT for MTP / EAGLE-3 heads). settings: what a
+        resumed run must repeat (check_resume), saved in state.pt."""
         self.head, self.kind, self.target, self.out, self.save = head, kind, target, Path(out), save
+        self.settings = settings or {}
         self.steps, self.batch, self.lr, self.ttt = steps, batch, lr, ttt
         self.draft_ids = draft_ids
         self.save_every, self.log, self.rank, self.world = save_every, log, rank, world
@@ -260,16 +262,10 @@ class Trainer:
 
     def resume(self) -> bool:
         p = self.state_path()
-        if p.exists() and not p.is_file():
-            raise ValueError(f"{p} is not a file: remove it, or train into another --out")
-        if not p.is_file():
+        state = read_state(p)
+        if state is None:
             return False
-        try:
-            state = torch.load(p, map_location="cpu", weights_only=True)
-            head_state, opt_state, step = state["head"], state["opt"], int(state["step"])
-        except Exception as exc:  # truncated, or not torch's format
-            raise ValueError(f"{p} is not a readable training state ({type(exc).__name__}: {exc}); remove it to "
-                             "train from the start") from None
+        head_state, opt_state, step = state["head"], state["opt"], int(state["step"])
         kind = state.get("kind", self.kind)
         params = {k for k, _ in self.head.named_parameters()}
         theirs = set(head_state)
@@ -298,7 +294,7 @@ class Trainer:
         self.save(self.head, self.out)
         with replaced(self.state_path()) as tmp:
             torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                        "kind": self.kind}, tmp)
+                        "kind": self.kind, "settings": self.settings}, tmp)
 
     def _agree(self, value, how):
         """The same decision on every rank (how: min or max over ranks), so that all stop together."""
@@ -368,16 +364,52 @@ class Trainer:
                     self.steps = max(fit, self.step)
                     bar.total = self.steps
             post = {"loss": f"{loss.item():.3f}"}
-            if val and (self.step % self.save_every == 0 or self.step == self.steps):
-                accs = self.validate(val, device)
-                post["val_acc"] = "/".join(f"{a:.2f}" for a in accs)
-                post["accept_len"] = f"{mean_accept_length(accs):.2f}"
+            if self.step % self.save_every == 0 or self.step == self.steps:  # on every rank (checkpoint's check)
+                if val:
+                    accs = self.validate(val, device)
+                    post["val_acc"] = "/".join(f"{a:.2f}" for a in accs)
+                    post["accept_len"] = f"{mean_accept_length(accs):.2f}"
                 self.checkpoint()
             bar.set_postfix(post)
         bar.close()
-        if not val and self.step > start:  # no step taken (--steps 0: the data only): nothing new to save
-            self.checkpoint()
         return accs
+
+
+def read_state(path: Path) -> dict | None:
+    """DIR/state.pt as checkpoint wrote it, None when there is none; a clear error for anything else."""
+    if path.exists() and not path.is_file():
+        raise ValueError(f"{path} is not a file: remove it, or train into another --out")
+    if not path.is_file():
+        return None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        state["head"], state["opt"], int(state["step"])
+    except Exception as exc:  # truncated, or not torch's format
+        raise ValueError(f"{path} is not a readable training state ({type(exc).__name__}: {exc}); remove it to "
+                         "train from the start") from None
+    return state
+
+
+def check_resume(path: Path, kind: str, settings: dict) -> dict | None:
+    """Before any data is generated: the state a --resume continues (None: none yet), refused when it was
+    trained as another kind of head or with other settings (its data, world size, --seq-len, the head's
+    shape and taps), which a resumed run would otherwise change silently half-way (an EAGLE-3 head's
+    draft vocabulary comes from its data). States written before settings were saved are not checked."""
+    state = read_state(path)
+    if state is None:
+        return None
+    theirs = state.get("kind", kind)
+    if theirs != kind:
+        raise ValueError(f"{path} was written by another head ({theirs}): resume it with specdec train {theirs}, "
+                         "or train into another --out")
+    saved = state.get("settings")
+    if saved:
+        differ = [f"{k} {saved.get(k)!r} then, {settings.get(k)!r} now" for k in sorted(set(saved) | set(settings))
+                  if saved.get(k) != settings.get(k)]
+        if differ:
+            raise ValueError(f"{path} was trained with other settings ({'; '.join(differ)}): resume with the "
+                             "settings it was trained with, or train into another --out")
+    return state
 
 
 def init_distributed():
