@@ -142,6 +142,19 @@ def test_greedy_equals_plain_decoding(tiny_model, head_dir, topk, budget):
     assert set(drafted) <= set(DRAFT_IDS.tolist())
 
 
+@pytest.mark.parametrize("topk, budget, max_len", [(4, 4, 64), (2, 3, 13), (2, 3, 8)])
+def test_a_wide_tree_drafts_to_the_end_of_a_short_context(tiny_model, head_dir, topk, budget, max_len):
+    """A greedy tree runs up to topk nodes a depth through the head before it prunes them to the budget:
+    near the end of the context they ran past the head's cache (IndexError) when the budget was smaller."""
+    spec = SpecConfig(drafters=("draft-eagle3",), draft_model=str(head_dir), draft_n_max=8, tree_topk=topk,
+                      tree_budget=budget)
+    prompt = list(range(5, 5 + max_len // 2))
+    plain = Engine(tiny_model, SpecConfig(), max_len=max_len).generate(prompt, max_tokens=40)
+    result = Engine(tiny_model, spec, max_len=max_len).generate(prompt, max_tokens=40)
+    assert result.token_ids == plain.token_ids and result.finish_reason == plain.finish_reason == "length"
+    assert result.stats.drafted > 0
+
+
 def test_the_first_draft_is_the_heads_last_row_over_the_whole_prompt(tiny_model, head_dir):
     """The first proposal catches the head up over every pair of the prompt at once (logits of the
     last row only); its token is the argmax of a from-scratch run's last row."""

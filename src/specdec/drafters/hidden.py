@@ -125,8 +125,13 @@ class HiddenStateDrafter(DrafterBase):
     @torch.inference_mode()
     def propose(self, context: Sequence[int], draft_length: int) -> Draft:
         m = len(self.fed)
-        room = m + 1 + max(self.budget, draft_length) < self.max_len
-        if draft_length <= 0 or m == 0 or len(context) != m + 1 or not room:
+        # head cache slots past m, what the draft is cut to near the end of the context: a chain places
+        # draft_length - 1 nodes; a greedy tree runs up to topk nodes a depth through the head before it
+        # prunes them to the budget
+        free = self.max_len - m - 2
+        draft_length = min(draft_length, free, free // max(self.topk, 1) + 1)
+        budget = min(self.budget, free)
+        if draft_length <= 0 or budget <= 0 or m == 0 or len(context) != m + 1:
             return Draft()
         logits, feat = self._catch_up(context)  # (V,), (H,) for the root pair at position m-1
         if self.topk <= 1:
@@ -135,7 +140,7 @@ class HiddenStateDrafter(DrafterBase):
             from specdec.drafters.tree import grow_tree
 
             draft = grow_tree(logits, feat, self._placer(m), max_depth=draft_length, topk=self.topk,
-                              budget=self.budget, sampling=self.sampling, generator=self.generator,
+                              budget=budget, sampling=self.sampling, generator=self.generator,
                               process=self._probs)
         for c in self.caches:
             c.length = min(c.length, m) if c is self.caches[0] else 0
