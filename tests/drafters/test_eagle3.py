@@ -155,6 +155,22 @@ def test_a_wide_tree_drafts_to_the_end_of_a_short_context(tiny_model, head_dir, 
     assert result.stats.drafted > 0
 
 
+def test_p_min_cuts_trees_too(tiny_model, head_dir):
+    """--spec-draft-p-min stopped chains only: a tree (--spec-tree-topk > 1) drafted as if it were 0. A
+    random head is never that sure, so at 0.99 nothing is drafted, greedy or sampled; at 0 it drafts."""
+    from specdec.sampling import SamplingParams
+
+    prompt = list(range(5, 40))
+    for sampling in (SamplingParams(), SamplingParams(temperature=1.0, seed=3)):
+        drafted = {}
+        for p_min in (0.0, 0.99):
+            spec = SpecConfig(drafters=("draft-eagle3",), draft_model=str(head_dir), draft_n_max=3, tree_topk=3,
+                              tree_budget=8, draft_p_min=p_min)
+            result = Engine(tiny_model, spec, max_len=256).generate(prompt, sampling, max_tokens=20)
+            drafted[p_min] = result.stats.drafted
+        assert drafted[0.0] > 0 and drafted[0.99] == 0, (sampling, drafted)
+
+
 def test_the_first_draft_is_the_heads_last_row_over_the_whole_prompt(tiny_model, head_dir):
     """The first proposal catches the head up over every pair of the prompt at once (logits of the
     last row only); its token is the argmax of a from-scratch run's last row."""

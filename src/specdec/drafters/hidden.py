@@ -141,7 +141,7 @@ class HiddenStateDrafter(DrafterBase):
 
             draft = grow_tree(logits, feat, self._placer(m), max_depth=draft_length, topk=self.topk,
                               budget=budget, sampling=self.sampling, generator=self.generator,
-                              process=self._probs)
+                              process=self._probs, p_min=self.p_min)
         for c in self.caches:
             c.length = min(c.length, m) if c is self.caches[0] else 0
         return draft

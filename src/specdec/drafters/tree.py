@@ -31,11 +31,14 @@ from specdec.sampling import SamplingParams, sample_tokens
 
 def grow_tree(root_logits: torch.Tensor, root_feat: torch.Tensor, expand: Callable, max_depth: int, topk: int,
               budget: int, sampling: SamplingParams, generator: torch.Generator,
-              process: Callable[[torch.Tensor], torch.Tensor]) -> Draft:
+              process: Callable[[torch.Tensor], torch.Tensor], p_min: float = 0.0) -> Draft:
     """A Draft holding a TokenTree of at most `budget` nodes and depth `max_depth`.
 
     root_logits: (V,) the drafter's logits after the last committed token; root_feat: (H,).
     process: logits (..., V) -> processed probabilities (the request's sampling settings).
+    p_min: a node whose distribution's largest probability is below it gets no children (as a chain stops
+    there; greedy: the raw softmax, sampling: the processed row). It depends on the row only, never on
+    a token drawn from it, so the drafts' distribution stays what verification assumes.
     """
     greedy = sampling.greedy
     tokens: list[int] = []
@@ -47,12 +50,16 @@ def grow_tree(root_logits: torch.Tensor, root_feat: torch.Tensor, expand: Callab
     def add_children(parent: int, logits: torch.Tensor, base: float, room: int) -> list[int]:
         if greedy:
             logp = torch.log_softmax(logits.float(), -1)
+            if p_min > 0 and math.exp(float(logp.max())) < p_min:
+                return []
             k = min(topk, room)
             top = torch.topk(logp, k)
             picked = list(zip(top.indices.tolist(), top.values.tolist()))
             row = None
         else:
             row = process(logits)
+            if p_min > 0 and float(row.max()) < p_min:
+                return []
             k = min(topk, room, int((row > 0).sum()))
             if k <= 0:
                 return []
@@ -89,6 +96,8 @@ def grow_tree(root_logits: torch.Tensor, root_feat: torch.Tensor, expand: Callab
         for j, i in enumerate(chosen):
             newest += add_children(i, logits[j], scores[i], budget - len(tokens) if not greedy else topk)
 
+    if not tokens:  # p_min: not even the root was sure enough
+        return Draft()
     keep = list(range(len(tokens)))
     if greedy and len(tokens) > budget:
         # a child never outscores its parent (and comes later), so the best `budget` nodes form a tree
