@@ -391,6 +391,10 @@ def _edit(folder, config=None, drop=(), tensors=None, remove=()):
     (lambda f: _edit(f, {"target_layer_ids": "01", "dflash_config": None, "block_size": 4, "mask_token_id": 3}),
      r"target_layer_ids must be a list of layer numbers, got '01'"),  # read as layers 0 and 1
     (lambda f: _edit(f, {"num_attention_heads": 0, "head_dim": None}), r"out of range \(ZeroDivisionError"),
+    (lambda f: _edit(f, {"markov_rank": -4}), r"markov_rank must be a whole number of at least 0, got -4"),  # torch's
+    (lambda f: _edit(f, {"markov_rank": 8.7}), r"markov_rank must be a whole number of at least 0, got 8.7"),  # 8
+    (lambda f: _edit(f, {"rope_scaling": {"rope_type": "llama3"}}),  # a bare ValueError naming no folder
+     r"d: config.json has a value of the wrong type or out of range \(ValueError: llama3 rope_scaling lacks 'factor'"),
     (lambda f: (f / "config.json").write_text("[]"), r"config.json: holds a JSON list"),
     (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:1000]),
      r"model.safetensors: not a readable safetensors file"),

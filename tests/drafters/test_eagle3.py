@@ -15,8 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from helpers.tiny import EAGLE3_DRAFT_IDS as DRAFT_IDS
 from helpers.tiny import random_eagle3_head as random_head
-from specdec.drafters.eagle3 import (Eagle3Config, Eagle3Error, default_taps, load_eagle3_head, make_eagle3_drafter,
-                                     save_eagle3_head)
+from specdec.drafters.eagle3 import (Eagle3Config, Eagle3Error, Eagle3Head, default_taps, load_eagle3_head,
+                                     make_eagle3_drafter, save_eagle3_head)
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 
@@ -105,11 +105,51 @@ def _edit(folder, config=None, drop=(), tensors=None):
     (lambda f: _edit(f, {"num_attention_heads": 0, "head_dim": None}), r"ZeroDivisionError"),  # were tracebacks
     (lambda f: _edit(f, {"eagle_config": "yes"}), r"wrong type or out of range \(AttributeError"),
     (lambda f: _edit(f, {"intermediate_size": -128}), r"intermediate_size must be at least 1, got -128"),
+    # read as other layers: "012" as 0, 1, 2; 1.7 as 1; true as 1
+    (lambda f: _edit(f, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": "012"}}),
+     r"eagle_aux_hidden_state_layer_ids must be a list of layer numbers, got '012'"),
+    (lambda f: _edit(f, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [1.7, 0, 1]}}),
+     r"must be a list of layer numbers, got \[1.7, 0, 1\]"),
+    (lambda f: _edit(f, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [True, 0, 1]}}),
+     r"must be a list of layer numbers"),
+    (lambda f: _edit(f, {"target_hidden_size": "64"}), r"target_hidden_size must be a whole number, got '64'"),
+    # RoPE scaling was ignored: a scaling specdec does not compute is refused, a llama3 one must be whole
+    (lambda f: _edit(f, {"rope_scaling": {"rope_type": "yarn", "factor": 4}}), r"rope scaling 'yarn' is not supported"),
+    (lambda f: _edit(f, {"rope_scaling": {"rope_type": "llama3"}}), r"llama3 rope_scaling lacks 'factor'"),
 ])
 def test_a_bad_head_folder_is_one_clear_error(tiny_model, head_dir, edit, message):
     edit(head_dir)
     with pytest.raises(Eagle3Error, match=message):
         load_eagle3_head(head_dir, tiny_model)
+
+
+def test_llama3_rope_scaling_of_a_head_is_applied(tiny_model, head_dir):
+    from specdec.model.config import llama3_rope_factors
+    from specdec.model.layers import rope_tables
+
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+    _edit(head_dir, {"rope_scaling": scaling})
+    head = load_eagle3_head(head_dir, tiny_model)
+    c = head.cfg
+    factors = llama3_rope_factors(c.head_dim, c.rope_theta, scaling)
+    assert any(f != 1.0 for f in factors)
+    cos, _ = rope_tables(c.head_dim, c.rope_theta, 64, factors)
+    assert torch.equal(head.rope_cos[:64], cos)
+    assert not torch.equal(cos, rope_tables(c.head_dim, c.rope_theta, 64)[0])
+    assert c.to_json()["rope_scaling"] == scaling  # saved as read
+
+
+def test_a_narrower_head_without_its_own_embedding_is_one_clear_error(tiny_model, tmp_path):
+    """hidden_size below target_hidden_size needs the head's own embed_tokens: the target's rows are wider
+    (it loaded, then crashed in the first draft's norm)."""
+    c = tiny_model.config
+    cfg = Eagle3Config(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
+                       vocab_size=c.vocab_size, draft_vocab_size=c.vocab_size, target_hidden_size=c.hidden_size,
+                       taps=(0, 1, 2))
+    folder = save_eagle3_head(Eagle3Head(cfg), tmp_path / "narrow")
+    with pytest.raises(Eagle3Error, match="has hidden size 32, the target .* 64, and no embed_tokens.weight"):
+        load_eagle3_head(folder, tiny_model)
 
 
 def test_no_head_for_this_target_says_what_to_do(tiny_model):

@@ -193,7 +193,9 @@ class BlockConfig:
             scaling = None
         elif rope_type != "llama3":
             raise DFlashError(f"{where} uses {rope_type!r} RoPE scaling; specdec runs plain and llama3 RoPE only")
-        rank = int(extra.get("markov_rank") or 0)
+        rank = extra.get("markov_rank") or 0
+        if not is_whole(rank) or rank < 0:  # -4 was a torch error building the head, 8.7 read as 8
+            raise DFlashError(f"{where}: markov_rank must be a whole number of at least 0, got {rank!r}")
         markov = str(extra.get("markov_head_type") or "vanilla").lower() if rank else None
         if markov is not None and markov not in MARKOV_KINDS:
             raise DFlashError(f"{where}: markov_head_type {markov!r} is not one of {', '.join(MARKOV_KINDS)}")
@@ -203,7 +205,7 @@ class BlockConfig:
             raise DFlashError(f"{where}: confidence_head_with_markov needs a Markov head (markov_rank > 0)")
         H, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
         softcap = extra.get("final_logit_softcapping")
-        return BlockConfig(
+        cfg = BlockConfig(
             layout=layout, hidden_size=H, num_layers=int(raw["num_hidden_layers"]), num_heads=heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or heads), head_dim=int(raw.get("head_dim") or H // heads),
             intermediate_size=int(raw["intermediate_size"]), vocab_size=int(raw["vocab_size"]),
@@ -217,6 +219,8 @@ class BlockConfig:
             final_logit_softcapping=float(softcap) if softcap else None,
             markov_rank=rank, markov_head_type=markov, confidence_head=confidence, confidence_with_markov=with_markov,
             num_anchors=int(extra["num_anchors"]) if extra.get("num_anchors") else None)
+        cfg.rope_factors()  # llama3 scaling's values read now (a missing factor is from_json's ValueError)
+        return cfg
 
     def to_json(self) -> dict:
         """config.json in this layout's published form (from_json reads it back to an equal config)."""

@@ -36,6 +36,7 @@ from specdec.model.config import size_problem
 from specdec.model.errors import SpecdecError
 from specdec.model.files import replaced, write_text
 from specdec.model.layers import DecoderLayer, RMSNorm
+from specdec.sampling.params import is_whole
 
 
 class Eagle3Error(SpecdecError):
@@ -62,6 +63,7 @@ class Eagle3Config:
     max_positions: int = 4096
     target_hidden_size: int | None = None
     taps: tuple[int, ...] = ()
+    rope_scaling: dict | None = None  # config.json's (plain, linear or llama3; check_eagle3_folder checks it)
     extra: dict = field(default_factory=dict, compare=False)
 
     @staticmethod
@@ -69,15 +71,33 @@ class Eagle3Config:
         H = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
         taps = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+        if taps is not None and (not isinstance(taps, (list, tuple)) or not all(is_whole(t) for t in taps)):
+            raise ValueError(f"eagle_aux_hidden_state_layer_ids must be a list of layer numbers, got {taps!r}")
+        target_hidden = raw.get("target_hidden_size")
+        if target_hidden is not None and not is_whole(target_hidden):
+            raise ValueError(f"target_hidden_size must be a whole number, got {target_hidden!r}")
+        rope = raw.get("rope_parameters") or {}
+        scaling = raw.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} or None)
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ValueError(f"rope_scaling must be an object, got {scaling!r}")
+        if (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")) == "default":
+            scaling = None
         return Eagle3Config(
             hidden_size=H, num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or H // heads), intermediate_size=int(raw["intermediate_size"]),
             vocab_size=int(raw["vocab_size"]), draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)), rope_theta=float(raw.get("rope_theta") or 10000.0),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0),
             max_positions=int(raw.get("max_position_embeddings") or 4096),
-            target_hidden_size=raw.get("target_hidden_size"),
+            target_hidden_size=target_hidden,
             taps=tuple(int(t) for t in taps) if taps else default_taps(target_layers),
+            rope_scaling=scaling,
         )
+
+    def rope_factors(self, where="EAGLE-3 head") -> tuple[float, ...] | None:
+        from specdec.model.hf_loader import rope_scaling_factors
+
+        return rope_scaling_factors(where, self.rope_scaling or {}, self.head_dim, self.rope_theta)
 
     def to_json(self) -> dict:
         return {
@@ -89,6 +109,7 @@ class Eagle3Config:
             "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size, "tie_word_embeddings": False,
             "torch_dtype": "bfloat16", "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.taps)},
             **({"target_hidden_size": self.target_hidden_size} if self.target_hidden_size else {}),
+            **({"rope_scaling": dict(self.rope_scaling)} if self.rope_scaling else {}),
         }
 
 
@@ -111,7 +132,7 @@ class Eagle3Head(HiddenHead):
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.embed = embed
-        self.init_rope(cfg.head_dim, cfg.rope_theta, max(cfg.max_positions, 8192))
+        self.init_rope(cfg.head_dim, cfg.rope_theta, max(cfg.max_positions, 8192), cfg.rope_factors())
 
     def set_vocab_map(self, draft_ids_in_target: torch.Tensor) -> None:
         """draft_ids_in_target: (draft_vocab,) target ids, ascending; sets d2t (offsets) and t2d."""
@@ -223,6 +244,10 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
                           f"has {c.hidden_size}: it belongs to another model")
     if any(not 0 <= t <= c.num_layers for t in cfg.taps):
         raise Eagle3Error(f"EAGLE-3 head {path} taps layers {cfg.taps}, beyond the target's {c.num_layers} layers")
+    try:
+        cfg.rope_factors(cfg_file)
+    except ModelFileError as exc:  # a scaling type specdec does not compute, or values it cannot read
+        raise Eagle3Error(str(exc)) from None
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise Eagle3Error(f"{path}: no .safetensors weights (pickled .bin files are never loaded; convert them)")
@@ -249,6 +274,10 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
                      f"every token of the target)")
     if wrong:
         raise Eagle3Error(f"EAGLE-3 head {path}: tensors of the wrong shape: {', '.join(wrong[:3])}")
+    if embed is None and cfg.hidden_size != c.hidden_size:  # the target's embedding rows are c.hidden_size wide
+        raise Eagle3Error(f"EAGLE-3 head {path} has hidden size {cfg.hidden_size}, the target {target_name} "
+                          f"{c.hidden_size}, and no embed_tokens.weight of its own: the target's embedding does not "
+                          "fit it")
     if d2t is None and cfg.draft_vocab_size != c.vocab_size:
         raise Eagle3Error(f"EAGLE-3 head {path} has a reduced vocabulary but no d2t tensor")
     missing = [k for k in own if k not in shapes and not k.startswith("rope_") and k not in ("d2t", "t2d")]

@@ -245,7 +245,7 @@ def _gemma3_config(path, raw: dict, tensor_names) -> ModelConfig:
         head_dim=head_dim,
         intermediate_size=int(raw["intermediate_size"]),
         rope_theta=theta,
-        rope_freq_factors=_scaling_factors(path, full, head_dim, theta),
+        rope_freq_factors=rope_scaling_factors(path, full, head_dim, theta),
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         context_length=int(raw.get("max_position_embeddings", 131_072)),
         qkv_bias=bool(raw.get("attention_bias", False)),
@@ -266,10 +266,12 @@ def _rope_factors(path, raw: dict, head_dim: int, theta: float) -> tuple[float, 
     """RoPE frequency divisors from rope_scaling (or transformers 5's rope_parameters); a clear error
     for anything else in config.json that changes the math and that specdec does not compute."""
     _refuse_unknown_math(path, raw)
-    return _scaling_factors(path, raw.get("rope_scaling") or raw.get("rope_parameters") or {}, head_dim, theta)
+    return rope_scaling_factors(path, raw.get("rope_scaling") or raw.get("rope_parameters") or {}, head_dim, theta)
 
 
-def _scaling_factors(path, scaling: dict, head_dim: int, theta: float) -> tuple[float, ...] | None:
+def rope_scaling_factors(path, scaling: dict, head_dim: int, theta: float) -> tuple[float, ...] | None:
+    """RoPE frequency divisors of config.json's rope_scaling ({} or "default": None); a ModelFileError naming
+    `path` for a type specdec does not compute or values it cannot read (drafter heads use it too)."""
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind == "default":
         return None
