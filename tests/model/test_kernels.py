@@ -83,3 +83,74 @@ def test_without_the_kernel_w8a8_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="--weights w8a8 needs specdec's W8A8 kernel.*no C compiler.*--weights int8"):
         QLinear(torch.randn(8, 64), None, "w8a8")
     assert QLinear(torch.randn(8, 48), None, "w8a8").fmt == "int8"  # rows not in blocks of 32: int8
+
+
+# -- building and finding the libraries -----------------------------------------------------------------
+@pytest.fixture
+def private_build(tmp_path, monkeypatch):
+    """A private SPECDEC_HOME and temporary directory, so that each build here compiles afresh."""
+    import tempfile
+
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.delenv("CC", raising=False)
+    return tmp_path
+
+
+def _built(home):
+    return sorted((home / "kernels").glob("w8a8-*.so"))
+
+
+@pytest.mark.skipif(kernels.w8a8() is None, reason="no compiler or no AVX2 here")
+def test_a_library_that_does_not_load_is_rebuilt(private_build):
+    """An empty or cut .so (a crash after the rename) was loaded as is: OSError 'file too short' at every start."""
+    import os
+    import subprocess
+    import sys
+
+    assert kernels._build(kernels.SOURCE) is not None
+    [lib] = _built(private_build / "home")
+    size = lib.stat().st_size
+    lib.write_bytes(b"")
+    # in another process: this one's dlopen hands back the library it loaded from that path already
+    code = "from specdec.model import kernels; print(kernels._build(kernels.SOURCE) is not None)"
+    env = {**os.environ, "TMPDIR": str(private_build / "tmp")}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.stdout.strip() == "True", run.stderr[-2000:]
+    assert lib.stat().st_size == size
+
+
+@pytest.mark.skipif(kernels.w8a8() is None, reason="no compiler or no AVX2 here")
+def test_an_unwritable_home_builds_in_a_private_temporary_folder(private_build, monkeypatch):
+    """A read-only SPECDEC_HOME turned the GGUF kernel off, and with it the default format, silently."""
+    import os
+
+    blocker = private_build / "file"
+    blocker.write_text("a file where the home's parent folder should be")
+    monkeypatch.setenv("SPECDEC_HOME", str(blocker / "home"))
+    assert kernels._build(kernels.SOURCE) is not None
+    own = private_build / "tmp" / f"specdec-kernels-{os.getuid()}"
+    assert len(list(own.glob("w8a8-*.so"))) == 1 and own.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(kernels.w8a8() is None, reason="no compiler or no AVX2 here")
+def test_cc_may_carry_arguments(private_build, monkeypatch):
+    """CC="ccache gcc" or "gcc -pipe" was run as one program name: no build, int8 instead of gguf."""
+    import shutil
+
+    monkeypatch.setenv("CC", f"{shutil.which('cc') or shutil.which('gcc')} -pipe")
+    assert kernels._build(kernels.SOURCE) is not None
+    monkeypatch.setenv("CC", "no-such-compiler-here -pipe")
+    assert kernels._build(kernels.SOURCE) is None
+    assert "no-such-compiler-here" in kernels.why_unavailable("w8a8")
+
+
+@pytest.mark.parametrize("value, on", [("", False), ("0", False), ("1", True), ("yes", True)])
+def test_switches_read_0_as_off(monkeypatch, value, on):
+    """SPECDEC_NO_FUSED_STEP=0 turned the kernel off as =1 did (SPECDEC_NO_WEIGHT_CACHE=0 meant on)."""
+    monkeypatch.setenv("SPECDEC_NO_ROWS_KERNEL", value)
+    assert kernels.env_flag("SPECDEC_NO_ROWS_KERNEL") is on
+    if kernels.w8a8() is not None:
+        lib = kernels._load(kernels.ROWS_SOURCE, {}, off="SPECDEC_NO_ROWS_KERNEL")
+        assert (lib is None) is on

@@ -322,3 +322,53 @@ def test_widths_torchs_int8_kernel_cannot_take_fall_back_to_bf16(fmt):
     x = torch.randn(5, 72, generator=g)
     assert q.fmt == "bf16"
     assert torch.allclose(q(x), x @ w.t(), atol=0.1, rtol=0.02)
+
+
+def test_cache_files_get_the_umask_permissions(tmp_path, home):
+    """mkstemp's 0600: another user of a shared SPECDEC_HOME could not read the file, converted again and
+    replaced it with a copy only they could read."""
+    _load(_source(tmp_path, "gguf"))
+    [cached] = _cache_files(home)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert cached.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_cache_folder_that_cannot_be_searched_converts(tmp_path, home, monkeypatch, capsys):
+    """Path.exists raised PermissionError out of load_model (a converted/ folder of mode 000, not root)."""
+    from pathlib import Path
+
+    src = _source(tmp_path, "gguf")
+    expected = _logits(_load(src, weight_cache=False))
+    real = Path.is_file
+
+    def unsearchable(self):
+        if self.parent.name == "converted":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "is_file", unsearchable)
+    assert torch.equal(_logits(_load(src)), expected)
+    assert "cannot be read (PermissionError" in capsys.readouterr().err
+
+
+def test_tidying_skips_what_vanishes_meanwhile(tmp_path, home):
+    """Another process's temporary file renamed away between the listing and its stat() crashed the start
+    that had just converted (a dangling link stands for it here: listed, then no file to stat)."""
+    folder = home / "converted"
+    folder.mkdir(parents=True)
+    (folder / "gone.safetensors.abc.tmp").symlink_to(folder / "nothing")
+    _load(_source(tmp_path, "gguf"))
+    assert len(_cache_files(home)) == 1
+
+
+def test_a_gguf_file_that_cannot_run_its_own_blocks_says_why(tmp_path, monkeypatch, capsys):
+    """Without the GGUF kernel a GGUF file runs in int8 by default: said once at load, with the reason
+    (it was silent, so a read-only home or a bad $CC halved decode speed unnoticed)."""
+    src = _source(tmp_path, "gguf")
+    monkeypatch.setattr(kernels, "gguf", lambda: None)
+    monkeypatch.setattr(kernels, "why_unavailable", lambda kernel="w8a8": "no C compiler (cc) found; install gcc")
+    model = load_model(str(src), progress=True)
+    assert model.info.weights_dtype == "int8"
+    assert "runs in int8, not its own blocks: specdec's GGUF kernel is unavailable here (no C compiler" \
+        in capsys.readouterr().err

@@ -85,7 +85,13 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
         raise ValueError(f"--cache-type {cache_type}: the {device} runtime keeps its KV cache in its compute dtype "
                          "(bf16; fp32 with --weights fp32); the flag is for the CPU runtime")
     path = resolve(name_or_path)
+    asked = weights_format
     weights_format = weights_format_for(path, weights_format)  # checks the name too
+    if asked is None and weights_format != "gguf" and Path(path).is_file() and progress:
+        from specdec.model import kernels
+
+        print(f"note: {Path(path).name} runs in {weights_format}, not its own blocks: specdec's GGUF kernel is "
+              f"unavailable here ({kernels.why_unavailable('gguf')})", file=sys.stderr)
     checkpoint, tokenizer = open_checkpoint(path)
     c = checkpoint.config
     sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(Path(path))

@@ -23,10 +23,8 @@ allows): MKL's fp32 kernels give other bits for a weight that is only 8-byte ali
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
-import tempfile
 import time
 import zlib
 from dataclasses import fields
@@ -36,6 +34,7 @@ import torch
 
 from specdec.model.build import build_transformer, transformer_from_tensors, transformer_tensors
 from specdec.model.config import ModelConfig
+from specdec.model.files import replaced
 from specdec.model.registry import specdec_home
 from specdec.model.transformer import Transformer
 
@@ -60,7 +59,9 @@ def cache_file(sha256: str, weights_format: str) -> Path:
 def worth_caching(params: int, requested: bool = True) -> bool:
     """Whether load_model should go through the cache: asked for, not turned off by SPECDEC_NO_WEIGHT_CACHE=1,
     and a model big enough for conversion to take a while."""
-    return requested and os.environ.get(DISABLE_ENV, "") in ("", "0") and params >= MIN_PARAMS
+    from specdec.model.kernels import env_flag
+
+    return requested and not env_flag(DISABLE_ENV) and params >= MIN_PARAMS
 
 
 def load_or_build(source, sha256: str, weights_format: str, progress=None) -> Transformer:
@@ -68,7 +69,12 @@ def load_or_build(source, sha256: str, weights_format: str, progress=None) -> Tr
     saved to it when not. sha256: the checkpoint's digest (file, or folder digest for HF folders)."""
     path = cache_file(sha256, weights_format)
     manifest = _manifest(sha256, weights_format, source.config)
-    if path.exists():
+    try:
+        present = path.is_file()
+    except OSError as exc:  # a converted/ folder that cannot be searched (Path.is_file raises PermissionError)
+        present, problem = False, f"{type(exc).__name__}: {exc}"
+        print(f"specdec: the converted-weights cache {path} cannot be read ({problem}); converting", file=sys.stderr)
+    if present:
         transformer, problem = _read(path, manifest, source.config, weights_format)
         if transformer is not None:
             return transformer
@@ -83,11 +89,11 @@ def load_or_build(source, sha256: str, weights_format: str, progress=None) -> Tr
 def _tidy(folder: Path, prefix: str, keep: Path) -> None:
     """Remove the same checkpoint and format under other conversion versions, and temporary files that
     a killed writer left (untouched for an hour, so never one being written now)."""
-    stale = [f for f in folder.glob(prefix + "*.safetensors") if f != keep]
-    stale += [f for f in folder.glob("*.tmp") if f.stat().st_mtime < time.time() - 3600]
-    for f in stale:
-        try:
-            f.unlink()
+    hour_ago = time.time() - 3600
+    for f in [*folder.glob(prefix + "*.safetensors"), *folder.glob("*.tmp")]:
+        try:  # another process's temporary file can be renamed away between the listing and here
+            if f != keep and (f.suffix != ".tmp" or f.stat().st_mtime < hour_ago):
+                f.unlink()
         except OSError:
             pass
 
@@ -150,18 +156,16 @@ def _read(path: Path, expected: dict, config: ModelConfig, weights_format: str) 
 def _write(path: Path, tensors: dict[str, torch.Tensor], manifest: dict) -> bool:
     """Save atomically (temporary file, then rename); on failure warn once per process and carry on."""
     global _warned_unwritable
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         needed = sum(_nbytes(t) for t in {id(t): t for t in tensors.values()}.values())
         free = shutil.disk_usage(path.parent).free
         if free < needed + (1 << 30):
             raise OSError(f"{needed / 1e9:.1f} GB needed, {free / 1e9:.1f} GB free: keeping 1 GB spare")
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-        with os.fdopen(fd, "wb") as out:
+        # created by open(), so with the umask's permissions (mkstemp's 0600 kept the other users of a shared
+        # home converting again, each replacing the file with one only it could read)
+        with replaced(path) as tmp, open(tmp, "wb") as out:
             _write_safetensors(out, tensors, manifest)
-        os.replace(tmp, path)
-        tmp = None
         return True
     except OSError as exc:
         if not _warned_unwritable:
@@ -169,12 +173,6 @@ def _write(path: Path, tensors: dict[str, torch.Tensor], manifest: dict) -> bool
             print(f"specdec: cannot write the converted-weights cache in {path.parent} ({exc}); the next start "
                   f"will convert the weights again (set {DISABLE_ENV}=1 to skip the cache)", file=sys.stderr)
         return False
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
 
 
 def _write_safetensors(out, tensors: dict[str, torch.Tensor], manifest: dict) -> None:

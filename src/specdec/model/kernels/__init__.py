@@ -21,9 +21,10 @@ costs ~4x for four; this one reads ~13-15 GB/s per core and costs ~2x for four r
 makes verifying a draft cheap. Every output row is computed in one fixed order whatever the batch,
 so a k-token forward stays bitwise k one-token forwards (model/transformer.py, Numerics).
 
-The library is compiled with the system C compiler (`cc`, or $CC) into $SPECDEC_HOME/kernels/,
-named by a digest of the source and flags, and loaded with ctypes: no torch headers, about a
-second to build. Where the CPU has AVX512-VNNI (with VL), gguf.c and w8a8.c are built with it: their
+The library is compiled with the system C compiler (`cc`, or $CC, which may hold arguments) into
+$SPECDEC_HOME/kernels/ (where that cannot be written, a folder of this user's own in the temporary
+directory), named by a digest of the source, flags and compiler, and loaded with ctypes: no torch
+headers, about a second to build; a file there that does not load is rebuilt once. Where the CPU has AVX512-VNNI (with VL), gguf.c and w8a8.c are built with it: their
 integer dot products then take one vpdpbusd instead of maddubs + madd, the same integers exactly, so
 the same bits as the AVX2 build (SPECDEC_KERNEL_AVX2=1 keeps the AVX2 build). attend.c is built with
 the same flags there and runs its q . k and p . v in zmm registers, each sum the same chain of fmas, so
@@ -36,7 +37,9 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shlex
 import shutil
+import stat
 import subprocess
 import tempfile
 from functools import lru_cache
@@ -74,11 +77,17 @@ def _cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def env_flag(name: str) -> bool:
+    """Whether an on/off environment variable is on: set to anything but "" or "0" (SPECDEC_NO_FUSED_STEP=0
+    turned the kernel off as =1 did)."""
+    return os.environ.get(name, "") not in ("", "0")
+
+
 @lru_cache(maxsize=1)
 def has_vnni() -> bool:
     """Whether the integer-dot kernels are built with AVX512-VNNI here (see the module docstring; the
     environment is read once, at the first kernel call)."""
-    return {"avx512_vnni", "avx512vl"} <= _cpu_flags() and not os.environ.get("SPECDEC_KERNEL_AVX2")
+    return {"avx512_vnni", "avx512vl"} <= _cpu_flags() and not env_flag("SPECDEC_KERNEL_AVX2")
 
 
 PREFILL_PATHS = ("bf16", "fp32", "exact")
@@ -115,29 +124,59 @@ def _build(source: Path, extra: tuple[str, ...] = ()):
     if missing:
         _why[kernel] = f"this CPU lacks {', '.join(sorted(missing))}"
         return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
+    compiler = shlex.split(os.environ.get("CC") or "") or [shutil.which("cc") or shutil.which("gcc")]  # "ccache gcc"
+    if compiler[0] is None:
         _why[kernel] = "no C compiler (cc) found; install gcc"
         return None
+    flags = (*FLAGS, *extra)
+    digest = hashlib.sha256(source.read_bytes() + " ".join((*compiler, *flags)).encode()).hexdigest()[:16]
+    why = None
+    for folder in _kernel_folders():
+        lib, why, fatal = _build_in(folder / f"{kernel}-{digest}.so", [*compiler, *flags, str(source)])
+        if lib is not None:
+            return lib
+        if fatal:  # the compiler's own error: another folder would not help
+            break
+    _why[kernel] = why
+    return None
+
+
+def _kernel_folders():
+    """Where built kernels are kept: $SPECDEC_HOME/kernels, then (when that one cannot be written, a read-only
+    home) a folder in the temporary directory that belongs to this user alone (another user's, or one others
+    can write, could hold a library that is not ours)."""
     from specdec.model.registry import specdec_home
 
-    flags = (*FLAGS, *extra)
-    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    folder = specdec_home() / "kernels"
-    target = folder / f"{kernel}-{digest}.so"
-    if not target.is_file():
+    yield specdec_home() / "kernels"
+    own = Path(tempfile.gettempdir()) / f"specdec-kernels-{os.getuid()}"
+    try:
+        own.mkdir(mode=0o700, exist_ok=True)
+        st = own.lstat()
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022:
+        yield own
+
+
+def _build_in(target: Path, command: list[str]):
+    """(the library at target, None, False), built first where it is missing or does not load (an empty file
+    a crash left: rebuilt once); else (None, why, whether the compiler itself failed)."""
+    why = None
+    for attempt in range(2):
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                built = Path(tmp) / target.name
-                subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], check=True,
-                               capture_output=True, text=True, timeout=120)
-                os.replace(built, target)  # atomic: a concurrent build leaves one whole file
-        except (OSError, subprocess.SubprocessError) as exc:
-            detail = getattr(exc, "stderr", "") or str(exc)
-            _why[kernel] = f"building {source.name} failed: {detail.strip()[:300]}"
-            return None
-    return ctypes.CDLL(str(target))
+            if attempt or not target.is_file():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                    built = Path(tmp) / target.name
+                    subprocess.run([*command, "-o", str(built), "-lm"], check=True, capture_output=True, text=True,
+                                   timeout=120)
+                    os.replace(built, target)  # atomic: a concurrent build leaves one whole file
+            return ctypes.CDLL(str(target)), None, False
+        except subprocess.CalledProcessError as exc:
+            return None, f"building {Path(command[-1]).name} failed: {(exc.stderr or str(exc)).strip()[:300]}", True
+        except (OSError, subprocess.SubprocessError) as exc:  # unwritable, unreadable, or a library that won't load
+            why = f"building {Path(command[-1]).name} in {target.parent} failed: {str(exc).strip()[:300]}"
+    return None, why, False
 
 
 P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -145,8 +184,8 @@ P, I64, I32, F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 def _load(source: Path, signatures: dict[str, list], extra: tuple[str, ...] = (), off: str | None = None):
     """source built with FLAGS + extra (`_build`) and its functions' argument types set (each returns
-    nothing), or None with the reason kept; the environment variable `off`, when set, turns it off."""
-    if off and os.environ.get(off):
+    nothing), or None with the reason kept; the environment variable `off`, when on (env_flag), turns it off."""
+    if off and env_flag(off):
         _why[source.stem] = f"{off} is set"
         return None
     lib = _build(source, extra)
