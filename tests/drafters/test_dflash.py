@@ -408,6 +408,17 @@ def test_a_bad_drafter_folder_is_one_clear_error(tiny_model, tmp_path, edit, mes
         make_block_drafter(tiny_model, folder, "draft-dflash")
 
 
+def test_the_kind_asked_for_must_be_the_folders(tiny_model, tmp_path):
+    """draft-dflash given a DSpark folder ran DSpark (and the reverse), its stats filed under the other name."""
+    dflash = save_block_drafter(random_model(tiny_model, tiny_cfg(tiny_model)), tmp_path / "dflash")
+    dspark = save_block_drafter(random_model(tiny_model, tiny_cfg(tiny_model, "dspark")), tmp_path / "dspark")
+    with pytest.raises(DFlashError, match="is a DSpark drafter: run it with --spec-type draft-dspark"):
+        make_block_drafter(tiny_model, dspark, "draft-dflash")
+    with pytest.raises(DFlashError, match="is a DFlash drafter: run it with --spec-type draft-dflash"):
+        make_block_drafter(tiny_model, dflash, "draft-dspark")
+    assert make_block_drafter(tiny_model, dspark, "draft-dspark").name == "draft-dspark"
+
+
 def test_p_min_needs_a_confidence_head(tiny_model, tmp_path):
     plain = save_block_drafter(random_model(tiny_model, tiny_cfg(tiny_model)), tmp_path / "dflash")
     with pytest.raises(DFlashError, match=r"--spec-draft-p-min 0.5 needs a drafter with a confidence head \(DSpark\); "

@@ -623,9 +623,12 @@ def make_block_drafter(target, path=None, kind: str = "draft-dflash", p_min: flo
             raise DFlashError(f"--spec-type {kind} needs a {what} drafter folder trained for {target.info.name}: "
                               "pass it with -md/--model-draft")
     cfg = read_config(path)
+    layout = "DFlash" if cfg.layout == "dflash" else "DSpark"
+    if cfg.layout != short:  # it ran as the other kind, its stats filed under the name asked for
+        raise DFlashError(f"{path} is a {layout} drafter: run it with --spec-type draft-{cfg.layout} (or give -md "
+                          "alone)")
     model = load_block_drafter(path, TargetParts.of(target), target.config, f"the target {target.info.name}",
                                max_len + cfg.block_size + 1)
-    layout = "DFlash" if cfg.layout == "dflash" else "DSpark"
     return BlockDrafter(model, kind, target.config.vocab_size, p_min, max_len, f"{layout} drafter {path}")
 
 
