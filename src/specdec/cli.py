@@ -160,7 +160,7 @@ def fit_conversation(tok, system: list[dict], history: list[dict], turn: dict, c
     room = min(max_tokens, context // 2)  # an -n as long as the context must not cost every earlier turn
     while True:
         ids = tok.encode(tok.apply_chat_template(system + history[dropped:] + [turn]), add_bos=False)
-        if len(ids) + room + 1 <= context or dropped >= len(history):
+        if len(ids) + room <= context or dropped >= len(history):
             break
         dropped += 2  # a user turn and its answer
     if len(ids) + 1 > context:

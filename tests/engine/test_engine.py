@@ -194,3 +194,16 @@ def test_an_answer_s_text_leaves_special_tokens_out(tiny_model):
     assert streamed + stream.finish(engine.result(req).text) == result.text
     for stop in ("<|endoftext|>", "<|im_start|>"):
         assert engine.generate(prompt, sampling, max_tokens=40, stop=[stop]).text == result.text
+
+
+@pytest.mark.parametrize("drafters", [(), ("ngram-simple",), ("suffix",)])
+def test_prompt_and_answer_fill_the_whole_context(tiny_model, drafters):
+    """-c 20 with a 1-token prompt gave 18 tokens where 19 fit (vLLM's max_model_len counts prompt + output):
+    every slot of the cache is used now, with speculation too, and the output is plain decoding's."""
+    from specdec.engine.config import SpecConfig
+
+    plain = Engine(tiny_model, max_len=20).generate([7], SamplingParams(), max_tokens=100)
+    result = Engine(tiny_model, SpecConfig(drafters=drafters), max_len=20).generate([7], SamplingParams(),
+                                                                                      max_tokens=100)
+    assert result.token_ids == plain.token_ids
+    assert plain.finish_reason == "stop" or (len(plain.token_ids) == 19 and plain.finish_reason == "length")

@@ -467,6 +467,20 @@ def test_draft_budget_shrinks_drafts_when_rows_cost_more_than_they_return(tiny_m
     engine.finish(a), engine.finish(b)
 
 
+def test_prompt_and_completion_may_fill_the_context(tiny_server):
+    """As vLLM's max_model_len: prompt + max_tokens up to the context is served (one token short was a 400
+    that blamed the client), one more is refused."""
+    client = tiny_server.client()
+    prompt = list(range(5, 5 + 200))  # token ids; the context is 256
+    resp = client.completions.create(model="tiny", prompt=prompt, max_tokens=56, temperature=0,
+                                     extra_body={"speculative": {"enabled": False}})
+    assert resp.usage.prompt_tokens == 200
+    assert resp.usage.completion_tokens == 56 or resp.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=57, temperature=0)
+    assert err.value.code == "context_length_exceeded" and "you requested 257 tokens" in err.value.message
+
+
 def test_a_prompt_past_the_context_is_refused_while_others_stream(tiny_server):
     """A too-long prompt sent while a stream runs gets its 400; the running stream is not disturbed."""
     client = tiny_server.client()

@@ -444,8 +444,8 @@ class Engine:
             if len(req.output) >= req.max_tokens:
                 req.finished, req.finish_reason = True, "length"
                 break
-            if len(req.prompt) + len(req.output) + 1 >= self.cache.max_len:
-                req.finished, req.finish_reason = True, "length"
+            if len(req.prompt) + len(req.output) >= self.cache.max_len:  # prompt + answer fill the context, as
+                req.finished, req.finish_reason = True, "length"  # vLLM's max_model_len counts them
                 break
         return new
 

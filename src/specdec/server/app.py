@@ -194,11 +194,11 @@ def _chat_prompt(tok, messages: list[dict], context: int) -> list[int]:
 def _encode(tok, text: str, param: str, context: int, add_bos: bool | None = None) -> list[int]:
     """The prompt's ids; a text that cannot fit the context is refused without being tokenized whole."""
     try:
-        ids = tok.encode_at_most(text, context - 2, add_bos=add_bos)  # _make_job's room: one token at least
+        ids = tok.encode_at_most(text, context - 1, add_bos=add_bos)  # _make_job's room: one token at least
     except ValueError as exc:  # text that is not UTF-8
         raise APIError(400, str(exc), param=param, code="invalid_value") from None
     if ids is None:
-        raise _context_exceeded(context, f"more than {context - 2}", param)
+        raise _context_exceeded(context, f"more than {context - 1}", param)
     return ids
 
 
@@ -235,15 +235,15 @@ def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_to
                        f"{max_tokens}", param=max_tokens_param, code="invalid_value")
     if not prompt:
         raise APIError(400, "the prompt is empty", param=prompt_param, code="invalid_value")
-    room = context - 1 - len(prompt)  # the engine keeps one position free for the token it is about to emit
+    room = context - len(prompt)  # prompt + completion fill at most the context, as vLLM's max_model_len
     if room < 1:
         raise _context_exceeded(context, str(len(prompt)), prompt_param)
     if max_tokens is None:
         max_tokens = min(default_max_tokens, room)
     elif max_tokens > room:
         raise APIError(400, f"This model's maximum context length is {context} tokens. However, you requested "
-                       f"{len(prompt) + max_tokens + 1} tokens ({len(prompt)} in the prompt, {max_tokens} for the "
-                       "completion, 1 reserved). Please reduce the length of the prompt or completion.",
+                       f"{len(prompt) + max_tokens} tokens ({len(prompt)} in the prompt, {max_tokens} in the "
+                       "completion). Please reduce the length of the prompt or completion.",
                        param=prompt_param, code="context_length_exceeded")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(s == "" for s in stop):
