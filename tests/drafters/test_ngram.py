@@ -208,3 +208,21 @@ def test_each_token_is_indexed_once(cls, monkeypatch):
     for end in range(51, 101):
         d.propose(context[:end], 4)
     assert indexed == list(range(100))
+
+
+def test_a_corpus_id_past_the_targets_vocabulary_is_refused_when_built(tiny_model, tmp_path):
+    """A corpus made with another tokenizer drafted ids the target has no row for: IndexError in its
+    embedding mid-request. The drafter is refused when the request builds it, naming the file."""
+    from specdec.drafters.registry import DrafterSpec
+    from specdec.engine.config import SpecConfig
+    from specdec.engine.engine import Engine
+    from specdec.sampling import SamplingParams
+
+    path = tmp_path / "corpus.json"
+    save_corpus(path, [[5, 6, 9999] * 5])
+    spec = SpecConfig(drafters=(DrafterSpec.of("ngram-cache", static_path=str(path)),))
+    with pytest.raises(ValueError, match=r"corpus .*corpus.json holds token id 9999, outside the target's "
+                                         r"vocabulary of 512"):
+        Engine(tiny_model, max_len=64).generate([5, 6, 5, 6], SamplingParams(), 8, spec=spec)
+    save_corpus(path, [[5, 6, 9] * 5])
+    assert Engine(tiny_model, max_len=64).generate([5, 6, 5, 6], SamplingParams(), 8, spec=spec).token_ids

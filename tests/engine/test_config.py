@@ -40,8 +40,20 @@ def test_vllm_prompt_lookup_sizes_reach_the_ngram_drafter(tiny_model):
     assert spec.drafters == (DrafterSpec.of("ngram-simple", order_min=3, order_max=5),)
     (drafter,) = Engine(tiny_model, max_len=64).drafters_for(spec)
     assert (drafter.order_min, drafter.order_max) == (3, 5)
+    # one of them given: the other is the same, as vLLM sets it (max 4 alone ran orders 2..4; min 8 alone was
+    # an error naming a maximum of 6 nobody gave)
     spec, _ = spec_config_from_flags(speculative_config='{"method": "ngram", "prompt_lookup_max": 4}')
-    assert spec.drafters == (DrafterSpec.of("ngram-simple", order_max=4),)
+    assert spec.drafters == (DrafterSpec.of("ngram-simple", order_min=4, order_max=4),)
+    spec, _ = spec_config_from_flags(speculative_config='{"method": "ngram", "prompt_lookup_min": 8}')
+    (drafter,) = Engine(tiny_model, max_len=64).drafters_for(spec)
+    assert (drafter.order_min, drafter.order_max) == (8, 8)
+
+
+def test_a_json_null_tree_setting_keeps_the_flag():
+    """"tree_topk": null replaced --spec-tree-topk 2 with 1 (and a null tree_budget the flag's with 0)."""
+    spec, _ = spec_config_from_flags(tree_topk=2, tree_budget=5,
+                                     speculative_config='{"method": "eagle3", "tree_topk": null, "tree_budget": null}')
+    assert (spec.tree_topk, spec.tree_budget) == (2, 5)
 
 
 def test_draft_model_alone_turns_draft_simple_on_and_says_so():

@@ -68,7 +68,7 @@ class DraftModelDrafter(DrafterBase):
         # target model computes bit-identical states (and is accepted every time).
         self.cache.truncate(self.slot, 0)
         self.fed = []
-        if len(prompt) > 1 and max(prompt) < self.draft_vocab:
+        if 1 < len(prompt) < self.cache.max_len and max(prompt) < self.draft_vocab:
             self._feed(list(prompt), exact=False)
 
     def _feed(self, tokens: list[int], exact: bool = True) -> torch.Tensor:
@@ -79,6 +79,9 @@ class DraftModelDrafter(DrafterBase):
         return out.logits[0, -1]
 
     def propose(self, context: Sequence[int], draft_length: int) -> Draft:
+        # the draft's cache holds the context and all but the last drafted token; it can be shorter than the
+        # target's (a draft model of a shorter context): past it, no draft
+        draft_length = min(draft_length, self.cache.max_len - len(context))
         if draft_length <= 0:
             return Draft()
         context = list(context)
@@ -105,7 +108,8 @@ class DraftModelDrafter(DrafterBase):
                 if self.p_min > 0 and float(row.max()) < self.p_min:
                     break
                 token = sample_token(row, self.generator)
-                probs.append(row)
+                # a draft up to 128 tokens smaller: the target's ids past its rows have draft probability 0
+                probs.append(torch.nn.functional.pad(row, (0, self.target_vocab - row.shape[-1])))
             tokens.append(token)
             if i + 1 < draft_length:
                 logits = self._feed([token])

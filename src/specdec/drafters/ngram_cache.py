@@ -150,11 +150,21 @@ class NgramCache(IncrementalDrafter):
         else:
             docs = self.static_corpus or []
         self._static: NgramCounts = {}
+        self._static_max = -1  # the largest id of the corpus (check_vocab)
         for doc in docs:
             doc = [int(t) for t in doc]
+            self._static_max = max(self._static_max, *doc) if doc else self._static_max
             for i in range(self.static_n, len(doc)):
                 _count_ngrams(self._static, doc, i, self.static_n, self.static_n)
         self._dynamic: NgramCounts = {}
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """A corpus holding an id the target has no row for (made with another tokenizer) is one error when
+        the drafter is built, not an IndexError in the target's embedding when it drafts that id."""
+        if self._static_max >= vocab_size:
+            where = self.static_path if self.static_path is not None else "static_corpus"
+            raise ValueError(f"ngram-cache corpus {where} holds token id {self._static_max}, outside the target's "
+                             f"vocabulary of {vocab_size} (made with another tokenizer?)")
 
     def _reset(self) -> None:
         super()._reset()

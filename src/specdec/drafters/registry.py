@@ -200,7 +200,10 @@ def _model_free(cls) -> Callable[..., Drafter]:
     """build(ctx, **options) for a class whose constructor takes the options (their types: option_types)."""
 
     def build(ctx: BuildContext, **options) -> Drafter:
-        return cls(**options)
+        drafter = cls(**options)
+        if hasattr(drafter, "check_vocab") and ctx.target is not None:  # ids from a file (ngram-cache's corpus)
+            drafter.check_vocab(ctx.target.config.vocab_size)
+        return drafter
 
     build.option_types = typing.get_type_hints(cls)
 

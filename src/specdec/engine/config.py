@@ -243,12 +243,13 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
             if n_max is not None and n_max != k:
                 raise ValueError(f"--spec-draft-n-max {n_max} contradicts num_speculative_tokens {k}")
             n_max = k
-        lookup = {"order_min": _json_int(cfg, "prompt_lookup_min"), "order_max": _json_int(cfg, "prompt_lookup_max")}
-        if any(v is not None for v in lookup.values()):
+        low, high = _json_int(cfg, "prompt_lookup_min"), _json_int(cfg, "prompt_lookup_max")
+        if low is not None or high is not None:
             if kind != "ngram-simple":
                 raise ValueError(f"prompt_lookup_min/prompt_lookup_max set the n-gram sizes of method 'ngram'; "
                                  f"the method is {cfg['method']!r}")
-            options[kind] = {k: v for k, v in lookup.items() if v is not None}
+            # one given: the other is the same, as vLLM's SpeculativeConfig sets it
+            options[kind] = {"order_min": high if low is None else low, "order_max": low if high is None else high}
         given_p_min = _json_typed(cfg, "draft_p_min", (int, float), "a number")
         p_min = p_min if given_p_min is None else given_p_min
         given_adaptive = _json_typed(cfg, "adaptive", bool, "true or false")
@@ -258,8 +259,9 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
             given = _json_int(cfg, key)
             if given is not None and value is not None and value != given:
                 raise ValueError(f"{flag} {value} contradicts {key} {given}")
-        tree_topk = cfg.get("tree_topk", tree_topk)
-        tree_budget = cfg.get("tree_budget", tree_budget)
+        # null is the flag's value (or the default), as for every other key
+        tree_topk = _json_int(cfg, "tree_topk") if _json_int(cfg, "tree_topk") is not None else tree_topk
+        tree_budget = _json_int(cfg, "tree_budget") if _json_int(cfg, "tree_budget") is not None else tree_budget
     if model_draft and not any(registry.entry(t).model for t in types):
         kind = head_kind(model_draft) or "draft-simple"
         types = types + (kind,)
