@@ -43,7 +43,7 @@ def run_chat(capsys, monkeypatch, lines: list[str], argv) -> tuple[int, str, str
     (["generate", "--speculative-config", '{"method": "ngram", "adaptive": "no"}', "hi"],
      'adaptive must be true or false, got "no"'),
     (["generate", "--speculative-config", '{"method": "ngram", "prompt_lookup_max": -1}', "hi"],
-     "ngram-simple: order_max (-1) must be >= order_min (2)"),  # was said after the model loaded
+     "ngram-simple: order_min must be at least 1 (got -1)"),  # was said after the model loaded
     (["serve", "--port", "99999"], "--port must be between 0 and 65535, got 99999"),
     (["serve", "--request-timeout", "nan"], "--request-timeout must be a positive number of seconds, got nan"),
     (["serve", "--api-key", ""], "--api-key is empty, which would let every request in"),
