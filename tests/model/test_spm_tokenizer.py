@@ -296,3 +296,28 @@ def test_gemma3_chat_template_renders_two_turns(gemma_file):
     assert ids[:4] == [2, 105, 2364, 107] and ids[-3:] == [105, 4368, 107]
     with pytest.raises(ValueError, match="alternate"):
         tok.apply_chat_template([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+
+
+def test_a_skipped_special_token_keeps_the_next_words_space_in_a_stream(tmp_path):
+    """With skip_special (an answer's text) a window whose context was only a special token decoded
+    without it, so SentencePiece dropped the space that starts the window: 'helloworld' streamed where the
+    whole text is 'hello world', and TextStream.finish then sent nothing more (not a prefix)."""
+    from specdec.model.tokenizer import TextStream
+
+    tokens, scores, types = tiny_vocab()
+    tok = read_gguf_tokenizer(write_spm_gguf(tmp_path / "p.gguf", tokens, scores, types, add_space_prefix=True))
+    eot = tokens.index("<end_of_turn>")
+    ids = tok.encode("hello", add_bos=False) + [eot] + tok.encode("world the end", add_bos=False)
+    whole = tok.decode(ids, skip_special=True)
+    assert whole == "hello world the end"
+    stream = StreamDecoder(tok, skip_special=True)
+    for i in ids:
+        stream.push([i])
+    assert stream.text + stream.pending == whole
+    text = TextStream(tok, (), skip_special=True)
+    pieces_sent = [text.advance(ids[:k]) for k in range(1, len(ids) + 1)]
+    assert "".join(pieces_sent) + text.finish(whole) == whole
+    empty = StreamDecoder(tok)  # an empty push is a context that decodes to nothing too
+    for chunk in (ids[:1], [], ids[2:3], ids[3:]):
+        empty.push(chunk)
+    assert empty.text + empty.pending == tok.decode(ids[:1] + ids[2:])

@@ -60,3 +60,88 @@ def test_generation_config_eos_ids_stop_generation(tmp_path):
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": "</s>"}))
     with pytest.raises(ModelFileError, match="generation_config.json.*eos_token_id is '</s>', not a token id"):
         load_model(str(folder), "fp32", progress=False)
+
+
+def test_the_earliest_stop_string_wins_when_one_step_ends_two(tiny_model):
+    """stop=("ld", "o w") on "Hello world": a step that completes both (Qwen's " world" token, or a verify
+    that commits several) cut at the first of the list ('Hello wor', which still holds "o w"); the text is
+    cut before the earliest, as llama-server cuts."""
+    import types
+
+    from specdec.engine.engine import Engine
+
+    tok = tiny_model.tokenizer
+    ids = tok.encode("Hello world", add_bos=False)
+    engine = types.SimpleNamespace(model=tiny_model, skip_special=True)
+    req = types.SimpleNamespace(text=None, output=list(ids), stop=("ld", "o w"), stop_text=None)
+    assert Engine._hit_stop(engine, req)  # all the tokens in one step (a verify commits several)
+    assert req.stop_text == "Hell"
+
+
+def test_chat_templates_get_transformers_environment(tiny_model):
+    """{% break %}, {% generation %}, tojson keeping non-ASCII and key order, strftime_now: each failed or
+    rendered otherwise than transformers renders the same template."""
+    import datetime
+
+    tok = tiny_model.tokenizer
+    saved = tok.chat_template
+    try:
+        tok.chat_template = ("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{% generation %}"
+                             "{{ m | tojson }}{% endgeneration %}{% endfor %}|{{ strftime_now('%Y') }}")
+        text = tok.apply_chat_template([{"role": "user", "content": "é <x> & 'q'"}, {"role": "user", "content": "2"}])
+    finally:
+        tok.chat_template = saved
+    assert text == '{"role": "user", "content": "é <x> & \'q\'"}|' + str(datetime.date.today().year)
+
+
+def test_a_folder_whose_post_processor_adds_bos_gets_it(tmp_path):
+    """Llama 3 folders add <|begin_of_text|> in tokenizer.json's post-processor and leave add_bos_token out of
+    tokenizer_config.json: their completion prompts had no BOS (transformers' encode adds it)."""
+    import json
+
+    from helpers.tiny import make_hf_model
+    from specdec.model.load import open_checkpoint
+
+    folder = make_hf_model(tmp_path / "m")
+    raw = json.loads((folder / "tokenizer.json").read_text())
+    cfg = json.loads((folder / "tokenizer_config.json").read_text()) if (folder / "tokenizer_config.json").is_file() \
+        else {}
+    _, tok = open_checkpoint(folder)
+    bos_id = tok.bos_id if tok.bos_id is not None else 1
+    bos = tok.token_text(bos_id)
+    raw["post_processor"] = {"type": "TemplateProcessing",
+                             "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                             "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                             "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}
+    (folder / "tokenizer.json").write_text(json.dumps(raw))
+    cfg.pop("add_bos_token", None)
+    cfg["bos_token"] = bos
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    _, tok = open_checkpoint(folder)
+    assert tok.bos_id == bos_id
+    assert tok.encode("hello")[0] == bos_id and tok.encode("hello", add_bos=False)[0] != bos_id
+    cfg["add_bos_token"] = False  # said: as said
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    _, tok = open_checkpoint(folder)
+    assert tok.encode("hello")[0] != bos_id
+
+
+@pytest.mark.slow
+def test_real_gguf_tokenizers_match_their_models_prompts():
+    """Qwen's GGUF tokenizer skipped the NFC normalization its tokenizer.json (and transformers) applies:
+    "a" + U+0301 was two tokens where the model saw "á". Gemma's chat template writes <bos> and training
+    prompts added another (serving prompts have one)."""
+    from specdec.model.registry import model_path
+    from specdec.model.tokenizer import read_gguf_tokenizer
+    from specdec.train.data import chat_prompt_ids
+
+    for name in ("qwen2.5-coder-0.5b", "gemma3-270m"):
+        if not model_path(name).is_file():
+            pytest.skip(f"{name} is not pulled (specdec pull {name})")
+    qwen = read_gguf_tokenizer(model_path("qwen2.5-coder-0.5b"))
+    assert qwen.encode("a\u0301 e\u0301 combining", add_bos=False) == qwen.encode("\u00e1 \u00e9 combining",
+                                                                                    add_bos=False)
+    gemma = read_gguf_tokenizer(model_path("gemma3-270m"))
+    ids = chat_prompt_ids(gemma, "hi")
+    assert ids[0] == gemma.bos_id and ids[1] != gemma.bos_id
+    assert ids == gemma.encode(gemma.apply_chat_template([{"role": "user", "content": "hi"}]), add_bos=False)

@@ -454,7 +454,8 @@ class Engine:
 
         The text grows by a decoded window of tokens (StreamDecoder), and each stop string is looked for
         only where it could end in text new since the last token: one that lay in the settled text was
-        found then. The first stop string of req.stop found wins, at its first place, as in the whole text.
+        found then. Where several end in the new text, the one that starts first wins (llama-server's rule):
+        the text is cut before the earliest of them, so that it holds none.
         """
         if req.text is None:
             req.text = StreamDecoder(self.model.tokenizer, self.skip_special)
@@ -463,12 +464,10 @@ class Engine:
         # pending ends in U+FFFD while its last character is incomplete: that placeholder is no text yet
         # (a stop string holding U+FFFD matched the first byte of an emoji)
         text = req.text.text + req.text.pending.rstrip("\ufffd")
-        for s in req.stop:
-            at = text.find(s, max(0, settled - len(s) + 1))
-            if at >= 0:
-                req.stop_text = text[:at]
-                return True
-        return False
+        found = [at for s in req.stop if (at := text.find(s, max(0, settled - len(s) + 1))) >= 0]
+        if found:
+            req.stop_text = text[: min(found)]
+        return bool(found)
 
 
 @dataclass

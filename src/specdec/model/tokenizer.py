@@ -75,13 +75,7 @@ class Tokenizer:
         """Render messages with the model's own Jinja template (sandboxed)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use a plain prompt instead of --chat")
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-        def raise_exception(message):
-            raise ValueError(f"chat template: {message}")
-
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = raise_exception
+        env = _template_environment()
         bos = self.token_text(self.bos_id) if self.bos_id is not None else ""
         eos = self.token_text(self.eos_ids[0]) if self.eos_ids else ""
         try:
@@ -96,6 +90,37 @@ class Tokenizer:
 
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback token's text
+
+
+def _template_environment():
+    """The Jinja environment chat templates are written for: transformers' (sandboxed, trim_blocks and
+    lstrip_blocks, {% break %} / {% continue %}, {% generation %} blocks rendered as their body, tojson
+    that keeps non-ASCII and the keys' order, raise_exception and strftime_now)."""
+    import json
+    from datetime import datetime
+
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlock(Extension):  # marks the assistant's text for training masks; here only its text
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    def raise_exception(message):
+        raise ValueError(f"chat template: {message}")
+
+    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationBlock, loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
 
 
 class StreamDecoder:
@@ -136,7 +161,9 @@ class StreamDecoder:
 
         before = decode(self.ids[self._context : self._settled])
         window = decode(self.ids[self._context :])
-        if window.startswith(before):
+        # a context that decodes to nothing (a skipped special token) keeps no SentencePiece space: the
+        # window's text would lose the one that starts it ("hello<end_of_turn> world" -> "helloworld")
+        if window.startswith(before) and (before or not self._settled):
             new = window[len(before) :]
         else:  # not piecewise: decode the whole list
             full = decode(self.ids)
@@ -179,7 +206,7 @@ def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
 
 
 def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
     from tokenizers import Tokenizer as Backend
 
     kind = metadata.get("tokenizer.ggml.model")
@@ -207,6 +234,8 @@ def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
         ])
     else:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if pre in ("qwen2", "deepseek-r1-qwen"):  # Qwen's tokenizer.json (and transformers' Qwen2Tokenizer) first
+        backend.normalizer = normalizers.NFC()  # composes "a" + U+0301 to "á", as the model was trained
     backend.decoder = decoders.ByteLevel()
     special = [AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types) if ty == _CONTROL]
     backend.add_special_tokens(special)
@@ -319,7 +348,11 @@ def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
             template = template_file.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError) as exc:
             raise ModelFileError(template_file, f"not a readable UTF-8 template ({exc})") from None
-    add_bos = tcfg.get("add_bos_token") or False  # null: the default
+    add_bos = tcfg.get("add_bos_token")
+    if add_bos is None:  # not said: what tokenizer.json's post-processor does, as transformers encodes (Llama 3
+        # adds <|begin_of_text|> there only; without it a completion prompt had no BOS)
+        add_bos = bos is not None and backend.encode("a", add_special_tokens=True).ids[:1] == [bos] \
+            and backend.encode("a", add_special_tokens=False).ids[:1] != [bos]
     if not isinstance(add_bos, bool):  # "false" was true
         raise ModelFileError(cfg_file, f"add_bos_token is {add_bos!r}, not true or false")
     return Tokenizer(backend, bos, eos_ids, add_bos, template, "tokenizer.json")

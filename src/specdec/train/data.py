@@ -98,7 +98,7 @@ def chat_prompt_ids(tokenizer, prompt: str, keep: int | None = None) -> list[int
         prompt = prompt[-16 * keep:]
     if tokenizer.chat_template:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        return tokenizer.encode(text)
+        return tokenizer.encode(text, add_bos=False)  # the template writes BOS (Gemma's <bos>) where it wants one
     return tokenizer.encode(prompt)
 
 
