@@ -42,6 +42,8 @@ def expect(probs: torch.Tensor, wanted) -> None:
     (dict(top_k=2.5), r"top_k must be a whole number, got 2.5"),  # failed in torch.topk at the first step
     (dict(seed=1.5), r"seed must be a whole number, got 1.5"),  # failed after the engine took a cache slot
     (dict(seed=True), r"seed must be a whole number, got True"),
+    (dict(temperature=1.0, top_k=None), r"top_k must be a whole number, got None"),  # a comparison TypeError
+    (dict(temperature=10**400), r"temperature must be a finite number >= 0"),  # OverflowError inside torch
 ])
 def test_bad_settings_are_one_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -134,6 +136,13 @@ def test_extreme_temperature_and_top_p_give_the_argmax_not_nan():
     assert torch.equal(cold, torch.tensor([[0.0, 0.5, 0.0, 0.5], [0.0, 0.0, 1.0, 0.0]]))  # ties share, as the limit
     narrow = process_logits(logits, SamplingParams(temperature=1.0, top_p=1e-300))
     assert torch.equal(narrow[1], torch.tensor([0.0, 0.0, 1.0, 0.0])) and narrow[0].sum() == 1.0
+
+
+def test_a_temperature_past_float32s_range_is_its_limit_not_nan():
+    """1e39 is inf in float32, and -inf / inf is NaN: a row with a masked token (EAGLE-3's draft rows always
+    have them) became NaN. The limit: uniform over the tokens not masked."""
+    probs = process_logits(torch.tensor([1.0, 2.0, float("-inf")]), SamplingParams(temperature=1e39))
+    assert torch.equal(probs, torch.tensor([0.5, 0.5, 0.0]))
 
 
 def test_rows_are_processed_independently():

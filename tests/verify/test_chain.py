@@ -93,6 +93,9 @@ def test_inputs_that_are_not_logits_probabilities_or_token_ids_are_refused():
     logits = torch.tensor([[0.0, 9.0], [9.0, 0.0]])
     with pytest.raises(ValueError, match="target_logits hold NaN"):
         verify_greedy(torch.tensor([[0.0, float("nan")], [9.0, 0.0]]), [1])
+    for row in ([float("-inf")] * 2, [0.0, float("inf")]):  # token 0, or the inf, was emitted silently
+        with pytest.raises(ValueError, match="without a finite largest logit"):
+            verify_greedy(torch.tensor([row, [9.0, 0.0]]), [1])
     with pytest.raises(ValueError, match=r"draft_tokens\[0\] = 1.7 is not a token id"):
         verify_greedy(logits, [1.7])
     with pytest.raises(ValueError, match=r"draft_tokens\[0\] = True is not a token id"):

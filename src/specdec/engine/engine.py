@@ -38,6 +38,7 @@ from specdec.model.tokenizer import StreamDecoder
 from specdec.model.transformer import Segment
 from specdec.sampling import SamplingParams, is_whole, process_logits
 from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
+from specdec.verify.common import check_logits
 
 # Drafter sets kept for this many distinct SpecConfigs (per-request overrides make new ones;
 # a drafter may hold a KV cache, so the number kept is bounded).
@@ -389,6 +390,7 @@ class Engine:
         # logits: (1 + len(draft), V); typical acceptance only runs on chains (SpecConfig checks)
         if req.sampling.greedy:
             return verify_tree_greedy(logits, draft.tree)
+        check_logits("the target's logits", logits)  # as the greedy path checks them, before they are processed
         target_probs = process_logits(logits, req.sampling)
         if req.spec.acceptance == "typical" and len(draft) > 0:
             return verify_typical(target_probs, draft.tokens)

@@ -39,9 +39,13 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a number, got {value!r}")
         for name in ("top_k", "seed"):
             value = getattr(self, name)
-            if value is not None and not is_whole(value):
+            if (value is not None or name == "top_k") and not is_whole(value):  # None is seed's "none"
                 raise ValueError(f"{name} must be a whole number, got {value!r}")  # 2.5 failed inside torch
-        if not 0.0 <= self.temperature < math.inf:
+        try:  # 10**400 passed the comparison and overflowed inside torch
+            finite = 0.0 <= float(self.temperature) < math.inf
+        except OverflowError:
+            finite = False
+        if not finite:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
@@ -83,7 +87,8 @@ def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor
     # Shifted to max 0 before dividing, and the temperature kept a float32 number (1e-300 is 0 there): a tiny
     # temperature overflowed the logits to inf, or divided 0 by 0, making every row NaN; this way the row
     # tends to the argmax (ties sharing), as the limit does.
-    temperature = max(params.temperature, torch.finfo(torch.float32).tiny)
+    # and at most float32's largest (1e39 became inf there, and -inf / inf NaN in a row with a masked token)
+    temperature = min(max(float(params.temperature), torch.finfo(torch.float32).tiny), torch.finfo(torch.float32).max)
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -71,9 +70,11 @@ def check_tokens(name: str, tokens: Sequence[int], vocab: int) -> tuple[int, ...
 
 
 def check_logits(name: str, logits: torch.Tensor) -> None:
-    """A ValueError when a row holds NaN (argmax would pick it, as token 0 or wherever it is)."""
-    if math.isnan(float(logits.amax())):  # amax carries NaN: one reduction, ~20 us (isnan().any() ~150-370 us)
-        raise ValueError(f"{name} hold NaN: the model's forward went wrong; no token can be chosen from them.")
+    """A ValueError when a row holds NaN or has no finite largest logit (all -inf, or +inf): argmax would pick
+    token 0 or the inf, and sampling would fail later blaming the probabilities."""
+    if not bool(torch.isfinite(logits.amax(-1)).all()):  # amax carries NaN: one reduction over the rows
+        raise ValueError(f"{name} hold NaN or a row without a finite largest logit (all -inf, or +inf): the "
+                         "model's forward went wrong; no token can be chosen from them.")
 
 
 def check_probs(name: str, probs: torch.Tensor) -> None:
