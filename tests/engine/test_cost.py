@@ -199,3 +199,31 @@ def test_adaptive_mode_in_a_context_too_short_to_draft(tiny_model, max_len):
     measured = engine._forward_cost
     engine.generate([6], SamplingParams(), max_tokens=8)
     assert engine._forward_cost is measured
+
+
+def test_a_draft_below_n_min_lets_the_next_drafter_draft(tiny_model):
+    """Drafters are tried in order; the first one's draft shorter than --spec-draft-n-min was dropped and
+    the step went undrafted, though the next drafter had one (DESIGN: a model drafter runs when the n-gram
+    kinds found nothing)."""
+    from specdec.drafters.base import Draft, DrafterBase
+    from specdec.engine.config import SpecConfig
+    from specdec.engine.engine import Engine
+    from specdec.sampling import SamplingParams
+
+    prompt = [5, 6, 7, 8]
+    plain = Engine(tiny_model, max_len=64).generate(prompt, SamplingParams(), max_tokens=20).token_ids
+
+    class Right(DrafterBase):
+        def __init__(self, name, length):
+            self.name, self.length = name, length
+
+        def propose(self, context, draft_length):
+            done = len(context) - len(prompt)
+            return Draft.chain(plain[done : done + min(self.length, draft_length)])
+
+    spec = SpecConfig(drafters=("ngram-simple", "suffix"), draft_n_max=3, draft_n_min=2)
+    drafters = iter([Right("short", 1), Right("long", 3)])
+    engine = Engine(tiny_model, spec, max_len=64, drafter_factory=lambda kind, spec: next(drafters))
+    out = engine.generate(prompt, SamplingParams(), max_tokens=20)
+    assert out.token_ids == plain
+    assert out.stats.drafted > 0 and out.stats.accepted == out.stats.drafted

@@ -371,16 +371,16 @@ class Engine:
         return self._emit(req, result.tokens)
 
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
-        """The first non-empty draft of the request's drafters (n-gram kinds first), and its drafter."""
+        """The first draft of the request's drafters (n-gram kinds first) at least --spec-draft-n-min long, and
+        its drafter: a shorter one is no draft, and the next drafter is asked (a model drafter then ran
+        only when the n-gram kinds found nothing at all)."""
         if k <= 0 or not req.drafters:
             return None, Draft()
         context = req.prompt + req.output
         for d in req.drafters:
             draft = d.propose(context, k)
-            if len(draft) == 0:
+            if len(draft) == 0 or len(draft) < req.spec.draft_n_min:
                 continue
-            if len(draft) < req.spec.draft_n_min:
-                return d, Draft()
             if max(draft.tree.depths()) > k:
                 raise RuntimeError(f"drafter {d.name} proposed a draft {max(draft.tree.depths())} deep, more than {k}")
             return d, draft
