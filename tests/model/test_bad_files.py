@@ -143,11 +143,23 @@ def test_a_block_count_below_the_layers_in_the_file_is_refused(tmp_path):
     ("tokenizer.ggml.tokens", lambda v: None, r"tokenizer.ggml.tokens is missing"),  # was a KeyError
     ("tokenizer.ggml.eos_token_id", lambda v: 9999, r"eos_token_id is 9999, not a token id \(0..511\)"),
     ("tokenizer.ggml.merges", lambda v: ["ab"] * 3, r"tokenizer metadata is malformed"),  # was a TypeError
+    # was GPT-2's split, silently: every prompt tokenized otherwise than the model's (llama.cpp refuses it)
+    ("tokenizer.ggml.pre", lambda v: "tekken", r"its tokenizer splits text as 'tekken' \(tokenizer.ggml.pre\), "
+                                               r"which specdec does not implement yet"),
 ])
 def test_broken_gguf_tokenizer_metadata_is_one_error(tmp_path, key, value, message):
     bad = _rewritten_gguf(tmp_path, fields=lambda name, v: value(v) if name == key else v)
     with pytest.raises(ModelFileError, match=message):
         _load(bad)
+
+
+def test_a_turns_end_token_stops_a_bpe_gguf_as_a_sentencepiece_one(tmp_path):
+    """A byte-level BPE file naming <|endoftext|> as EOS ran past <|im_end|>, the end of every chat turn
+    (the SentencePiece builder already stopped at such tokens, as llama.cpp does for every vocabulary)."""
+    bad = _rewritten_gguf(tmp_path, fields=lambda name, v: 0 if name == "tokenizer.ggml.eos_token_id" else v)
+    tok = _load(bad).tokenizer
+    assert tok.token_text(0) == "<|endoftext|>" and tok.token_text(2) == "<|im_end|>"
+    assert set(tok.eos_ids) == {0, 2}
 
 
 def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused(tmp_path):

@@ -23,6 +23,7 @@ _LLAMA3_SPLIT = (
 )
 _SPLITS = {"qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
            "llama3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT}
+_GPT2_PRES = (None, "default", "gpt-2", "gpt2")  # GPT-2's own split (ByteLevel's regex)
 _CONTROL, _USER_DEFINED = 3, 4
 
 
@@ -232,8 +233,12 @@ def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
             pre_tokenizers.Digits(individual_digits=True),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
         ])
-    else:
+    elif pre in _GPT2_PRES:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:  # another split of the text into words than the model's: every prompt tokenized otherwise, silently
+        raise ModelFileError(path, f"its tokenizer splits text as {pre!r} (tokenizer.ggml.pre), which specdec does "
+                             f"not implement yet (it does {', '.join(sorted({*_SPLITS, 'smollm', 'gpt-2'}))}); "
+                             "use the model's HF folder (tokenizer.json) instead")
     if pre in ("qwen2", "deepseek-r1-qwen"):  # Qwen's tokenizer.json (and transformers' Qwen2Tokenizer) first
         backend.normalizer = normalizers.NFC()  # composes "a" + U+0301 to "á", as the model was trained
     backend.decoder = decoders.ByteLevel()
@@ -244,6 +249,8 @@ def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     eos_ids = [int(metadata[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
                if metadata.get(k) is not None]
+    # as in _spm_from_gguf: a turn's own end token stops generation though the file names another EOS
+    eos_ids += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == _CONTROL and t in _END_OF_TURN]
     return Tokenizer(backend, None if bos is None else int(bos), list(dict.fromkeys(eos_ids)),
                      bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
                      metadata.get("tokenizer.chat_template"), "gguf")
