@@ -88,6 +88,8 @@ def make_hf_model(folder: Path, arch: str = "llama", seed: int = 0, extra_config
     cfg = tiny_config(arch, **sizes)
     cfg.update(extra_config or {})
     weights = random_weights(cfg, seed)
+    if cfg.get("tie_word_embeddings"):  # the head is the embedding: no head of its own (one that differs is refused)
+        del weights["lm_head.weight"]
     weights.update(extra_tensors or {})
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
@@ -178,7 +180,8 @@ def make_gguf_model(path: Path, seed: int = 0, tensor_type: str | list[str] = "F
                    "post_attention_layernorm.weight": "ffn_norm.weight", "enorm.weight": "nextn.enorm.weight",
                    "hnorm.weight": "nextn.hnorm.weight", "eh_proj.weight": "nextn.eh_proj.weight",
                    "shared_head.norm.weight": "nextn.shared_head_norm.weight", "self_attn.q_proj.bias": "attn_q.bias",
-                   "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias"}
+                   "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+                   "self_attn.o_proj.bias": "attn_output.bias"}
     types = [tensor_type] if isinstance(tensor_type, str) else list(tensor_type)
     matrices = 0
     for name, t in weights.items():

@@ -418,3 +418,68 @@ def test_a_damaged_digest_book_is_a_cache_miss_and_is_rewritten(tmp_path, monkey
     weights.write_bytes(b"specdec" * 100)
     assert cached_sha256(weights) == hashlib.sha256(weights.read_bytes()).hexdigest()
     assert list(json.loads((tmp_path / "sha256.json").read_text()).values()) == [cached_sha256(weights)]
+
+
+def _biases(names="qkv", seed=3):
+    g = torch.Generator().manual_seed(seed)
+    size = {"q": 64, "k": 32, "v": 32, "o": 64}
+    return {f"model.layers.{i}.self_attn.{n}_proj.bias": 0.5 * torch.randn(size[n], generator=g)
+            for i in range(2) for n in names}
+
+
+def _logits(path):
+    tr = load_model(str(path), "fp32", progress=False, weight_cache=False).transformer
+    cache = tr.new_cache(16)
+    return tr.forward(torch.tensor([[5, 9, 77, 100, 3, 250]]), cache, [cache.allocate()]).logits
+
+
+def test_biases_the_layers_do_not_add_are_refused(tmp_path):
+    """attention_bias: true gives o_proj a bias too (transformers): specdec added q/k/v's and dropped o's,
+    every logit off (0.34 on a tiny Llama); a GGUF's blk.N.attn_output.bias vanished the same way."""
+    folder = make_hf_model(tmp_path / "m", extra_config={"attention_bias": True}, extra_tensors=_biases("qkvo"))
+    with pytest.raises(ModelFileError, match=r"tensor model.layers.0.self_attn.o_proj.bias \(and 1 more\): "
+                                             r"specdec's layers have no such bias"):
+        _logits(folder)
+    gguf_path = make_gguf_model(tmp_path / "o.gguf", extra_weights=_biases("o"))
+    with pytest.raises(ModelFileError, match=r"tensor blk.0.attn_output.bias: specdec's layers have no such bias"):
+        _logits(gguf_path)
+
+
+def test_llama_gguf_q_k_biases_are_unpermuted_like_their_weights(tmp_path):
+    """llama.cpp's converter permutes q/k biases as it permutes the weights' rows; only the weights were
+    put back (logits 0.04 off transformers')."""
+    biases = _biases("qkv")
+    folder = make_hf_model(tmp_path / "m", extra_config={"attention_bias": True}, extra_tensors=biases)
+    gguf_path = make_gguf_model(tmp_path / "m.gguf", extra_weights=biases)
+    torch.testing.assert_close(_logits(gguf_path), _logits(folder), rtol=1e-5, atol=1e-5)
+
+
+def test_qwen2_biases_are_read_whatever_attention_bias_says(tmp_path):
+    """transformers' Qwen2 always has q/k/v biases; "attention_bias": false made specdec drop them."""
+    plain = make_hf_model(tmp_path / "a", arch="qwen2")
+    said = make_hf_model(tmp_path / "b", arch="qwen2", extra_config={"attention_bias": False})
+    assert torch.equal(_logits(plain), _logits(said))
+
+
+def test_a_tied_head_that_differs_from_the_embedding_is_refused(tmp_path):
+    """tie_word_embeddings: true beside its own lm_head.weight: transformers 4 ties, 5 keeps the head, and
+    specdec used the embedding (every argmax off on a tiny model); which is meant is not known."""
+    g = torch.Generator().manual_seed(5)
+    folder = make_hf_model(tmp_path / "m", extra_config={"tie_word_embeddings": True},
+                           extra_tensors={"lm_head.weight": torch.randn(512, 64, generator=g)})
+    with pytest.raises(ModelFileError, match="tie_word_embeddings: true, but lm_head.weight differs"):
+        _logits(folder)
+
+
+def test_llama_reads_hidden_act_only(tmp_path):
+    """A Llama config with hidden_activation but no hidden_act runs silu in transformers (it reads only
+    hidden_act); specdec ran the other activation."""
+    import json
+
+    plain = make_hf_model(tmp_path / "a")
+    odd = make_hf_model(tmp_path / "b")
+    raw = json.loads((odd / "config.json").read_text())
+    raw.pop("hidden_act", None)
+    raw["hidden_activation"] = "gelu_pytorch_tanh"
+    (odd / "config.json").write_text(json.dumps(raw))
+    assert torch.equal(_logits(plain), _logits(odd))

@@ -38,6 +38,15 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
     def opt(name, shape=None):
         return get(name, shape) if name in names else None
 
+    # a bias the layers do not add (o_proj's with attention_bias: true, an MLP's) changed every logit unseen
+    layer = tuple(f"model.layers.{i}." for i in range(c.num_layers))
+    added = {f"{p}self_attn.{n}_proj.bias" for p in layer for n in "qkv"} if c.qkv_bias else set()
+    unread = sorted(n for n in names if n.startswith(layer) and n.endswith(".bias") and n not in added)
+    if unread:
+        raise ModelFileError(where, f"tensor {unread[0]}{f' (and {len(unread) - 1} more)' if len(unread) > 1 else ''}: "
+                             "specdec's layers have no such bias (only attention q/k/v biases); running without it "
+                             "would change the model's output")
+
     h, shapes = c.hidden_size, _linear_shapes(c)
 
     def linear(weights: list[str], shape: tuple[int, int], bias: torch.Tensor | None = None) -> QLinear:
@@ -89,6 +98,10 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         return Transformer(c, embed, layers, get("model.norm.weight", (h,)), lm_head, weights_format)
     embed = get("model.embed_tokens.weight")
     head = embed if c.tie_embeddings else get("lm_head.weight")
+    if c.tie_embeddings and "lm_head.weight" in names and not torch.equal(get("lm_head.weight"), embed):
+        # transformers 4 ties them (the embedding), 5 keeps the head: which one the model is, is not known
+        raise ModelFileError(where, "config.json says tie_word_embeddings: true, but lm_head.weight differs from "
+                             "the embedding; set tie_word_embeddings to false if the head is its own")
     for name, t in (("model.embed_tokens.weight", embed), ("lm_head.weight", head)):
         if t.dim() != 2 or t.shape[1] != h:
             raise ModelFileError(where, f"tensor {name} has shape {tuple(t.shape)}; rows of {h} values expected "

@@ -97,7 +97,9 @@ class GGUFModel:
             expected = (expected[0],)
         if tuple(out.shape) != expected:
             out = out.reshape(expected)
-        if self.config.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+        # the converter permutes q/k biases as it permutes their weights' rows
+        if self.config.arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight", "q_proj.bias",
+                                                          "k_proj.bias")):
             heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
             out = _unpermute_rope(out, heads)
         return out
@@ -304,6 +306,9 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         hf = _hf_name(t.name, arch)
         if hf is not None:
             tensors[hf] = t
+        elif t.name.startswith("blk.") and t.name.endswith(".bias"):  # llama.cpp adds it; dropped, it changed
+            raise ModelFileError(path, f"tensor {t.name}: specdec's layers have no such bias (only attention "
+                                 "q/k/v biases); running without it would change the model's output")
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     try:
         config = _config(path, arch, meta, tensors, freqs)

@@ -142,11 +142,12 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
             rope_freq_factors=_rope_factors(path, raw, head_dim, theta),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             context_length=int(raw.get("max_position_embeddings", 4096)),
-            qkv_bias=bool(raw.get("attention_bias", arch == "qwen2")),
+            # Qwen2 (and MiMo) always have q/k/v biases: transformers' Qwen2 ignores attention_bias
+            qkv_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
             qk_norm=arch == "qwen3",
             tie_embeddings=_tied(path, raw, tensor_names),
             mtp_layers_declared=int(raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers") or 0),
-            mlp_act=_ACTIVATIONS[raw.get("hidden_act") or raw.get("hidden_activation")],
+            mlp_act=_ACTIVATIONS[_activation(raw, arch)],
         )
     except KeyError as exc:
         raise ModelFileError(path, f"config.json lacks {exc.args[0]!r}") from None
@@ -286,9 +287,17 @@ def rope_scaling_factors(path, scaling: dict, head_dim: int, theta: float) -> tu
                          "Llama 3.x 'llama3' scaling); running without it would change the model's output")
 
 
+def _activation(raw: dict, arch: str) -> str | None:
+    """The MLP's activation as transformers reads it: Gemma 3 hidden_activation first; Llama / Qwen
+    hidden_act only (silu when absent; a hidden_activation there is not read)."""
+    if arch == "gemma3":
+        return raw.get("hidden_activation") or raw.get("hidden_act")
+    return raw.get("hidden_act", "silu")
+
+
 def _refuse_unknown_math(path, raw: dict) -> None:
     """config.json fields that change what the model computes and that specdec does not implement."""
-    act = raw.get("hidden_act") or raw.get("hidden_activation")
+    act = _activation(raw, _ARCH_BY_MODEL_TYPE.get(raw.get("model_type")))
     if act not in _ACTIVATIONS:
         raise ModelFileError(path, f"hidden_act {act!r} is not supported (specdec's MLP is act(gate) * up with "
                              f"act one of {', '.join(a for a in _ACTIVATIONS if a)})")
