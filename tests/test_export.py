@@ -84,7 +84,10 @@ def test_cli_takes_the_generate_spec_flags(tiny_hf_dir, capsys):
                  "6", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["specdec"]["types"] == ["ngram-map-k"] and out["vllm"]["speculative_config"]["method"] == "ngram"
-    assert _flag(out["llama.cpp"]["args"], "--spec-draft-n-max") == "6"
+    # llama.cpp's n-gram kinds take their own draft length; --spec-draft-n-max sets a draft model's only
+    assert _flag(out["llama.cpp"]["args"], "--spec-ngram-map-k-size-m") == "6"
+    assert "--spec-draft-n-max" not in out["llama.cpp"]["args"]
+    assert any("llama.cpp loads GGUF files only: convert the model folder" in n for n in out["llama.cpp"]["notes"])
     assert main(["export-config", "--model", str(tiny_hf_dir), "--speculative-config",
                  '{"method": "suffix", "num_speculative_tokens": 2}']) == 0
     text = capsys.readouterr().out
@@ -208,3 +211,7 @@ def test_a_registry_name_is_not_downloaded_to_print_flags(tmp_path, capsys, monk
     pulled_to = str(tmp_path / "smollm2-135m.gguf")
     assert json.loads(captured.out)["llama.cpp"]["args"][:3] == ["llama-server", "-m", pulled_to]
     assert "note: smollm2-135m is not pulled yet; `specdec pull smollm2-135m` puts it at" in captured.err
+    # auto reads the model's files: it asks for them, never downloads
+    assert main(["export-config", "--model", "smollm2-135m", "--json"]) == 2
+    assert "is not pulled; run `specdec pull smollm2-135m` (auto reads the model's files to choose), or name a " \
+           "--spec-type" in capsys.readouterr().err

@@ -34,7 +34,7 @@ def export(spec: SpecConfig, model: str = "MODEL", ctx_size: int | None = None, 
                        "draft_p_min": spec.draft_p_min, "draft_model": spec.draft_model, "adaptive": spec.adaptive,
                        "acceptance": spec.acceptance, "tree_topk": spec.tree_topk, "tree_budget": spec.tree_budget,
                        "ctx_size": ctx_size},
-           "llama.cpp": _llama_cpp(spec, _start("llama.cpp", model, ctx_size)),
+           "llama.cpp": _llama_cpp(spec, _start("llama.cpp", model, ctx_size), model),
            "vllm": _vllm(spec, _start("vllm", model, ctx_size), model),
            "sglang": _sglang(spec, _start("sglang", model, ctx_size))}
     if specdec_mtp and "draft-mtp" in spec.types:
@@ -73,12 +73,22 @@ def _common_notes(spec: SpecConfig, engine: str) -> list[str]:
     sizes = next((d.options for d in spec.drafters if d.kind == "ngram-simple" and d.options), None)
     if sizes and engine != "vLLM":  # vLLM takes them as prompt_lookup_min/max
         notes.append(f"the n-gram sizes of ngram-simple ({', '.join(f'{k}={v}' for k, v in sizes)}) are not "
-                     f"carried over to {engine}; it uses its own")
+                     f"carried over to {engine}; it uses its own" + (" (--spec-ngram-simple-size-n: one size)"
+                                                                     if engine == "llama.cpp" else ""))
     return notes
 
 
-def _llama_cpp(spec: SpecConfig, args: list[str]) -> dict:
+# llama.cpp's n-gram kinds draft up to their own m-gram length; --spec-draft-n-max sets a draft model's only
+_LLAMA_CPP_SIZE_M = {"ngram-simple": "--spec-ngram-simple-size-m", "ngram-map-k": "--spec-ngram-map-k-size-m",
+                     "ngram-map-k4v": "--spec-ngram-map-k4v-size-m"}
+
+
+def _llama_cpp(spec: SpecConfig, args: list[str], model: str) -> dict:
     notes = _common_notes(spec, "llama.cpp")
+    for what, path in (("model", model), ("draft", spec.draft_model)):
+        if path and not path.endswith(".gguf") and Path(path).is_dir():
+            notes.append(f"llama.cpp loads GGUF files only: convert the {what} folder {path} first "
+                         "(llama.cpp's convert_hf_to_gguf.py)")
     if spec.enabled:
         types = []
         for t in spec.types:
@@ -90,7 +100,11 @@ def _llama_cpp(spec: SpecConfig, args: list[str]) -> dict:
         args += ["--spec-type", ",".join(types)]
         if spec.draft_model:
             args += ["-md", spec.draft_model]
-        args += ["--spec-draft-n-max", str(spec.draft_n_max)]
+        for t in types:
+            if t in _LLAMA_CPP_SIZE_M:
+                args += [_LLAMA_CPP_SIZE_M[t], str(spec.draft_n_max)]
+        if any(t not in _LLAMA_CPP_SIZE_M for t in types):
+            args += ["--spec-draft-n-max", str(spec.draft_n_max)]
         if spec.draft_n_min:
             args += ["--spec-draft-n-min", str(spec.draft_n_min)]
         if spec.draft_p_min:
@@ -208,6 +222,7 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     """The SpecConfig `generate` would run with these flags; auto reads the model's files (no weights built)."""
     from specdec.engine.auto import decide_spec
     from specdec.engine.config import spec_config_from_flags
+    from specdec.model.errors import SpecdecError
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
     from specdec.options import spec_flags
@@ -215,7 +230,10 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     flags = spec_flags(args)
     if not flags.auto:
         return spec_config_from_flags(flags)
-    path = resolve(args.model)
+    try:  # auto reads the model's files; printing flags never downloads them
+        path = resolve(args.model, auto_pull=False)
+    except SpecdecError as exc:
+        raise SpecdecError(f"{exc} (auto reads the model's files to choose), or name a --spec-type") from None
     checkpoint, tokenizer = open_checkpoint(path)
     from specdec.model.load import weights_format_for
 
@@ -236,7 +254,7 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
         return None
     if spec.draft_model:
         return f"a trained head, {spec.draft_model}"
-    path = resolve(model)
+    path = resolve(model, auto_pull=False)
     checkpoint = open_checkpoint(path)[0]
     if mtp_info(checkpoint)["weights_present"]:
         return None
