@@ -154,3 +154,25 @@ def test_switches_read_0_as_off(monkeypatch, value, on):
     if kernels.w8a8() is not None:
         lib = kernels._load(kernels.ROWS_SOURCE, {}, off="SPECDEC_NO_ROWS_KERNEL")
         assert (lib is None) is on
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "w8a8"])
+def test_an_exact_row_is_the_same_in_any_batch_at_real_widths(fmt):
+    """Greedy speculation and batching rest on it: a verify of k rows gives each row's one-row bits. bf16 ran
+    all rows in one GEMM, whose kernel changes with the row count past 1152 inputs (AVX512-BF16 EPYC:
+    at 4096 from 3 rows), so batched and speculative answers differed from plain ones (tiny models are 64
+    wide: no test saw it)."""
+    if fmt == "w8a8" and kernels.w8a8() is None:
+        pytest.skip("no W8A8 kernel here")
+    g = torch.Generator().manual_seed(2)
+    linear = QLinear(torch.randn(256, 4096, generator=g) * 0.02, torch.randn(256, generator=g), fmt)
+    x = torch.randn(40, 4096, generator=g)
+    alone = torch.cat([linear(x[i : i + 1]) for i in range(40)])
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            for m in (2, 3, 8, 29, 40):
+                assert torch.equal(linear(x[:m]), alone[:m]), (t, m)
+    finally:
+        torch.set_num_threads(threads)

@@ -262,13 +262,14 @@ class QLinear:
             return self.prefill([x])[0]
         if self.fmt == "gguf":
             return self._gguf_matmul(x)
-        if self.fmt == "fp32":
+        if self.fmt in ("fp32", "bf16"):  # torch's dense GEMMs pick kernels by the row count: exact rows go alone
+            # (bf16 rows changed with their neighbours from 1152 inputs wide on an AVX512-BF16 EPYC)
+            x = x.to(self.weight.dtype)
             if exact and x.shape[0] > 1:
                 y = torch.cat([torch.nn.functional.linear(x[i : i + 1], self.weight) for i in range(x.shape[0])])
             else:
                 y = torch.nn.functional.linear(x, self.weight)
-        elif self.fmt == "bf16":
-            y = torch.nn.functional.linear(x.to(torch.bfloat16), self.weight).float()
+            y = y.float()
         elif self.fmt == "int8":
             y = torch._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scale).float()
         elif self.fmt == "w8a8":

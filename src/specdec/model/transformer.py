@@ -114,7 +114,7 @@ def _linear_by_spans(linear: QLinear, x: torch.Tensor, spans: list[tuple[slice, 
     """
     if len(spans) == 1:
         return linear(x, spans[0][1])
-    if linear.fmt == "fp32":
+    if linear.fmt in ("fp32", "bf16"):  # their prefill (inexact) rows depend on the row count too
         return torch.cat([linear(x[rows], exact) for rows, exact in spans])
     if all(exact for _, exact in spans):
         return linear(x, True)
