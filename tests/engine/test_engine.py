@@ -207,3 +207,47 @@ def test_prompt_and_answer_fill_the_whole_context(tiny_model, drafters):
                                                                                       max_tokens=100)
     assert result.token_ids == plain.token_ids
     assert plain.finish_reason == "stop" or (len(plain.token_ids) == 19 and plain.finish_reason == "length")
+
+
+def test_a_failed_step_leaves_the_other_requests_as_they_were(tiny_model):
+    """One request's commit raising (its drafter's on_accept) left the requests after it with the step's rows
+    in their caches but not in their output: stepped on, they answered otherwise than plain decoding."""
+    from specdec.drafters.base import Draft, DrafterBase
+    from specdec.engine.config import SpecConfig
+
+    class Exploding(DrafterBase):
+        name = "exploding"
+
+        def propose(self, context, draft_length):
+            return Draft.chain([5] * draft_length)
+
+        def on_accept(self, num_accepted):
+            raise RuntimeError("a drafter failed")
+
+    engine = Engine(tiny_model, SpecConfig(), max_len=64, max_sequences=2,
+                    drafter_factory=lambda kind, spec: Exploding())
+    prompt = [7, 8, 9, 10, 11, 12]
+    plain = Engine(tiny_model, max_len=64).generate(prompt, SamplingParams(), max_tokens=12).token_ids
+    bad = engine.admit([3, 4, 5], SamplingParams(), 12, spec=SpecConfig(drafters=("ngram-simple",), draft_n_max=3))
+    good = engine.admit(prompt, SamplingParams(), 12)
+    engine.step_batch([bad, good])  # both prefill
+    with pytest.raises(RuntimeError, match="a drafter failed"):
+        engine.step_batch([bad, good])
+    assert engine.cache.lengths[good.slot] == len(prompt) + len(good.output) - 1  # its last token not in yet
+    engine.finish(bad)
+    while not good.finished:
+        engine.step_batch([good])
+    assert good.output == plain
+    engine.finish(good)
+    assert sorted(engine.cache.free_slots) == [0, 1]
+
+
+@pytest.mark.parametrize("chunk", [-1, 0, 2.5])
+def test_a_prefill_chunk_below_one_token_is_refused(tiny_model, chunk):
+    """-1 prefilled all but the last prompt token silently (the answer continued another prompt)."""
+    engine = Engine(tiny_model, max_len=64)
+    req = engine.admit(list(range(5, 15)), SamplingParams(), 4)
+    with pytest.raises(ValueError, match="prefill_chunk must be a whole number of at least 1"):
+        engine.step_batch([req], prefill_chunk=chunk)
+    assert req.prefilled == 0
+    engine.finish(req)

@@ -249,6 +249,9 @@ class Engine:
         """
         t0 = time.perf_counter()
         plans = []
+        if prefill_chunk is not None and (not is_whole(prefill_chunk) or prefill_chunk < 1):  # -1 cut the prompt
+            raise ValueError(f"prefill_chunk must be a whole number of at least 1 (None: the whole prompt), got "
+                             f"{prefill_chunk!r}")
         if any(req.slot < 0 and not req.finished for req in reqs):  # slot -1 would be the last slot: another's
             raise ValueError("a request given to step was already given back with Engine.finish; admit it again")
         for i, req in enumerate(reqs):
@@ -262,9 +265,18 @@ class Engine:
         live = [p for p in plans if p is not None]
         t1 = time.perf_counter()
         layers = tuple(sorted({h for p in live for h in p.req.hidden_layers}))
-        outs = self.model.transformer.forward_batch([p.segment for p in live], self.cache, hidden_layers=layers)
-        for plan, out in zip(live, outs):
-            plan.new = self._commit(plan, out)
+        before = [self.cache.lengths[p.req.slot] for p in live]
+        committed = 0
+        try:
+            outs = self.model.transformer.forward_batch([p.segment for p in live], self.cache, hidden_layers=layers)
+            for plan, out in zip(live, outs):
+                plan.new = self._commit(plan, out)
+                committed += 1
+        except BaseException:  # the forward wrote every request's rows: those not committed are taken out again,
+            # so that a request stepped on after another's failure continues from what it emitted
+            for plan, length in zip(live[committed:], before[committed:]):
+                self.cache.truncate(plan.req.slot, length)
+            raise
         t3 = time.perf_counter()
         for plan in live:  # every request in the step waited for all of it
             if plan.draft is None:
