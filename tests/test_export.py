@@ -167,10 +167,11 @@ def test_dflash_goes_to_sglang_as_one_block_and_the_block_length_is_noted(tmp_pa
     short = export(SpecConfig(drafters=("draft-dflash",), draft_model=str(folder), draft_n_max=3), "t")
     note = "the drafter's block of 16 drafts 15 tokens a step; the draft length 3 uses only part of it"
     assert any(note in n for n in short["vllm"]["notes"]) and any(note in n for n in short["sglang"]["notes"])
+    # both have DSpark (vLLM's method "dspark" since 0.25, SGLang's DSPARK): it ran as DFLASH there, a DSpark
+    # checkpoint loaded as another architecture
     spark = export(SpecConfig(drafters=("draft-dspark",), draft_model="/m/dspark"), "t")
-    assert any("no DSpark method upstream" in n for n in spark["vllm"]["notes"])
-    assert any("SGLang has no draft-dspark; nearest: DFLASH" in n for n in spark["sglang"]["notes"])
-    assert _flag(spark["sglang"]["args"], "--speculative-algorithm") == "DFLASH"
+    assert spark["vllm"]["speculative_config"]["method"] == "dspark" and not spark["vllm"]["notes"]
+    assert _flag(spark["sglang"]["args"], "--speculative-algorithm") == "DSPARK" and not spark["sglang"]["notes"]
 
 
 def test_settings_an_engine_has_no_flag_for_are_noted():

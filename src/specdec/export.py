@@ -129,9 +129,6 @@ def _vllm(spec: SpecConfig, args: list[str], model: str) -> dict:
             config.update(_prompt_lookup(spec))
         if spec.draft_p_min and registry.entry(chosen).model:
             notes.append("vLLM has no draft probability floor (--spec-draft-p-min); dropped")
-        if chosen == "draft-dspark":
-            notes.append("vLLM has no DSpark method upstream (DFlash only: method 'dflash'); this config runs in "
-                         "specdec")
         notes += _block_notes(spec, chosen)
         args += ["--speculative-config", json.dumps(config)]
     return {"args": args, "command": shlex.join(args), "notes": notes, "speculative_config": config}
@@ -177,18 +174,16 @@ def _sglang(spec: SpecConfig, args: list[str]) -> dict:
     if spec.enabled:
         chosen = _one_method(spec, notes, "SGLang runs one algorithm")
         algorithm = registry.entry(chosen).sglang
-        if algorithm is None:
-            notes.append(f"SGLang has no {chosen}; nearest: DFLASH, which runs a DFlash checkpoint (not DSpark's "
-                         "Markov and confidence heads)")
-            algorithm = "DFLASH"
-        if algorithm == "NGRAM":
+        if algorithm is None:  # a kind SGLang has nothing like
+            notes.append(f"SGLang has no {chosen}: this command runs without speculation")
+        elif algorithm == "NGRAM":
             if chosen != "ngram-simple":
                 notes.append(f"SGLang has no {chosen}; nearest: NGRAM")
             notes.append("SGLang's NGRAM runs on CUDA only")
             args += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(spec.draft_n_max + 1)]
-        elif algorithm == "DFLASH":
+        elif algorithm in ("DFLASH", "DSPARK"):
             # one block a step: the verified tokens are the block (the last token + its drafts)
-            args += ["--speculative-algorithm", "DFLASH"]
+            args += ["--speculative-algorithm", algorithm]
             if spec.draft_model:
                 args += ["--speculative-draft-model-path", spec.draft_model]
             args += ["--speculative-num-draft-tokens", str(spec.draft_n_max + 1)]

@@ -267,7 +267,7 @@ for _entry in (
           summary="an EAGLE-3 head on three of the target's hidden layers"),
     Entry("draft-dflash", _block("draft-dflash"), model=True, vllm="dflash", sglang="DFLASH",
           summary="a block drafter conditioned on the target's hidden states"),
-    Entry("draft-dspark", _block("draft-dspark"), model=True, vllm="dspark", sglang=None,
+    Entry("draft-dspark", _block("draft-dspark"), model=True, vllm="dspark", sglang="DSPARK",
           summary="DFlash plus a Markov correction and a confidence head"),
 ):
     register(_entry)
