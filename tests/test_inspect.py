@@ -135,6 +135,7 @@ def test_families_specdec_cannot_run_are_named_and_their_mtp_reported(tmp_path, 
     r = inspect_model(str(folder))
     assert not r["runnable"] and family in r["not_runnable_reason"]
     assert r["mtp"]["declared"] == 1 and r["mtp"]["config_key"] == key
+    assert r["quantization"] == "F32"  # the weights' dtype ("safetensors" named the file format)
 
 
 def test_eagle3_drafter_is_recognised(tmp_path, tiny_hf_dir, tiny_model, monkeypatch):
@@ -307,3 +308,22 @@ def test_dflash_and_dspark_folders_are_recognised_and_checked_against_the_target
     assert r["drafter"]["kind"] == "draft-dspark" and r["drafter"]["compatible"]
     assert "dspark block of 4 (4 drafts a step" in format_report(r)
     assert "Markov rank 8 (vanilla), confidence head (--spec-draft-p-min)" in format_report(r)
+
+
+def test_an_mtp_head_folder_without_weights_is_not_called_compatible(tiny_hf_dir, tmp_path):
+    """inspect said the head runs ("compatible", draft-mtp given) where generate refuses it for want of
+    model.safetensors."""
+    import json
+
+    from specdec.drafters.describe import describe_drafter
+    from specdec.model.load import open_checkpoint
+
+    checkpoint, _ = open_checkpoint(tiny_hf_dir)
+    c = checkpoint.config
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "config.json").write_text(json.dumps({"specdec": {"kind": "mtp", "target": {
+        "hidden_size": c.hidden_size, "num_layers": c.num_layers, "vocab_size": c.vocab_size}}}))
+    facts = describe_drafter(head, checkpoint, None, "tiny")
+    assert facts["kind"] == "draft-mtp" and not facts["compatible"]
+    assert facts["reason"] == f"the MTP head {head} has no model.safetensors"

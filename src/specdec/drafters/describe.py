@@ -73,6 +73,8 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str 
     if kind == "draft-mtp":
         from specdec.drafters.mtp import mtp_head_mismatch
 
+        if path is not None and not (Path(path) / "model.safetensors").is_file():  # as generate refuses it
+            return f"the MTP head {path} has no model.safetensors"
         return mtp_head_mismatch(raw, target_config, target_name, draft_name)
     if kind in BLOCK_KINDS:
         from specdec.drafters.dflash import BlockConfig, DFlashError, fit_problem

@@ -11,6 +11,8 @@ often drop them.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import json
 import math
 import re
@@ -148,9 +150,14 @@ def raw_checkpoint(path: Path) -> SimpleNamespace:
         if not cfg.is_file():
             raise ModelFileError(path, "no config.json in this folder")
         raw = read_json_object(cfg)
-        files = {name: shard for shard in sorted(path.glob("*.safetensors")) for name in safetensors_names(shard)}
+        headers = {shard: safetensors_header(shard) for shard in sorted(path.glob("*.safetensors"))}
+        files = {name: shard for shard, header in headers.items() for name in header}
+        # the matrices' dtype as stored (F8_E4M3, BF16, ...): "safetensors" named the format, not the weights
+        kinds = Counter(dtype for header in headers.values() for name, (dtype, shape) in header.items()
+                        if name.endswith("weight") and len(shape) == 2)
         return SimpleNamespace(raw_config=raw, _files=files, names=lambda: list(files), arch=raw.get("model_type"),
-                               quant="safetensors", context_length=raw.get("max_position_embeddings"))
+                               quant=kinds.most_common(1)[0][0] if kinds else "unknown",
+                               context_length=raw.get("max_position_embeddings"))
     from specdec.model.gguf_loader import _reader_class, quant_label
 
     try:
