@@ -182,3 +182,12 @@ def test_p_min_applies_only_when_auto_chose_a_model_drafter(tiny_model):
     """--spec-draft-p-min was dropped without a word when auto chose suffix (ngram-simple refuses it)."""
     with pytest.raises(ValueError, match="auto chose suffix, which drafts without one; name a model drafter"):
         decide_spec_for_model(SpecFlags(draft_p_min=0.5), tiny_model)
+
+
+def test_a_given_mtp_head_beside_mtp_layers_is_explained_truly():
+    """A trained MTP head given with -md to a checkpoint that carries MTP layers: the reason said the checkpoint
+    lacked their weights (GGUF conversions often drop them)."""
+    spec, reasons = choose_auto(TargetFacts("m", mtp_declared=1, mtp_weights=True), DrafterFacts("head", "draft-mtp"))
+    assert "draft-mtp" in spec.types and spec.draft_model == "head"
+    assert "the checkpoint's MTP layers are not used: the MTP head given with -md drafts instead" in reasons
+    assert not any("lacks their weights" in r for r in reasons)

@@ -134,6 +134,8 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
             model_type = "draft-mtp"
             where = target.mtp_source or "model carries MTP layers"
             reasons.append(f"{where}: draft-mtp, used without being asked ({fact.verdict})")
+    elif target.mtp_weights:  # and the user gave a trained MTP head: that one drafts
+        reasons.append("the checkpoint's MTP layers are not used: the MTP head given with -md drafts instead")
     elif target.mtp_declared:
         reasons.append(f"config declares {target.mtp_declared} MTP layer(s) but the checkpoint lacks their weights "
                        "(GGUF conversions often drop them): no MTP")
