@@ -194,6 +194,18 @@ def test_an_answer_s_text_leaves_special_tokens_out(tiny_model):
     assert streamed + stream.finish(engine.result(req).text) == result.text
     for stop in ("<|endoftext|>", "<|im_start|>"):
         assert engine.generate(prompt, sampling, max_tokens=40, stop=[stop]).text == result.text
+    # a request may keep them (vLLM's skip_special_tokens: false): whole text, and stop strings match them
+    req = engine.admit(prompt, sampling, 40, skip_special=False)
+    while not req.finished:
+        engine.step_batch([req])
+    engine.finish(req)
+    assert engine.result(req).text == tok.decode(result.token_ids)
+    special = next(t for t in ("<|endoftext|>", "<|im_start|>") if t in tok.decode(result.token_ids))
+    req = engine.admit(prompt, sampling, 40, stop=[special], skip_special=False)
+    while not req.finished:
+        engine.step_batch([req])
+    engine.finish(req)
+    assert engine.result(req).text == tok.decode(result.token_ids).split(special)[0]
 
 
 @pytest.mark.parametrize("drafters", [(), ("ngram-simple",), ("suffix",)])

@@ -73,7 +73,7 @@ def test_the_earliest_stop_string_wins_when_one_step_ends_two(tiny_model):
     tok = tiny_model.tokenizer
     ids = tok.encode("Hello world", add_bos=False)
     engine = types.SimpleNamespace(model=tiny_model, skip_special=True)
-    req = types.SimpleNamespace(text=None, output=list(ids), stop=("ld", "o w"), stop_text=None)
+    req = types.SimpleNamespace(text=None, output=list(ids), stop=("ld", "o w"), stop_text=None, skip_special=True)
     assert Engine._hit_stop(engine, req)  # all the tokens in one step (a verify commits several)
     assert req.stop_text == "Hell"
 

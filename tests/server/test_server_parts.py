@@ -467,6 +467,24 @@ def test_draft_budget_shrinks_drafts_when_rows_cost_more_than_they_return(tiny_m
     engine.finish(a), engine.finish(b)
 
 
+def test_skip_special_tokens_false_keeps_their_text(tiny_server):
+    """vLLM's skip_special_tokens: false was refused; the text now holds the special tokens' text, streamed
+    or not, where the default leaves it out."""
+    client = tiny_server.client()
+    for seed in range(40):  # a sampled answer with a special token in it (the tiny model is random)
+        kept = client.completions.create(model="tiny", prompt="hello", max_tokens=30, temperature=1.5, seed=seed,
+                                         extra_body={"skip_special_tokens": False})
+        if "<|" in kept.choices[0].text:
+            break
+    else:
+        raise AssertionError("no seed gave a special token")
+    plain = client.completions.create(model="tiny", prompt="hello", max_tokens=30, temperature=1.5, seed=seed)
+    assert "<|" not in plain.choices[0].text and plain.choices[0].text != kept.choices[0].text
+    streamed = client.completions.create(model="tiny", prompt="hello", max_tokens=30, temperature=1.5, seed=seed,
+                                         stream=True, extra_body={"skip_special_tokens": False})
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == kept.choices[0].text
+
+
 def test_prompt_and_completion_may_fill_the_context(tiny_server):
     """As vLLM's max_model_len: prompt + max_tokens up to the context is served (one token short was a 400
     that blamed the client), one more is refused."""

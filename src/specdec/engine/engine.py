@@ -67,6 +67,7 @@ class Request:
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
     ended_on_eos: bool = False  # an EOS token ended it (not in output: the answer's text never holds it)
+    skip_special: bool = True  # the answer's text leaves special tokens out (Engine.skip_special by default)
     stats: SpecStats = field(default_factory=SpecStats)
     draft_length: int = 0  # current draft length (adaptive mode moves it)
     acceptance_ema: float = PRIOR_ACCEPTANCE  # recent per-token acceptance of drafted tokens
@@ -169,8 +170,9 @@ class Engine:
 
     # -- request lifecycle -------------------------------------------------------------------
     def admit(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
-              stop: Sequence[str] = (), spec: SpecConfig | None = None) -> Request:
-        """Check a request and give it a cache slot and a drafter set; step_batch prefills it.
+              stop: Sequence[str] = (), spec: SpecConfig | None = None, skip_special: bool | None = None) -> Request:
+        """Check a request and give it a cache slot and a drafter set; step_batch prefills it. skip_special:
+        whether its text leaves special tokens out (None: Engine.skip_special), stop strings looked for in it.
 
         Raises ValueError for a bad request and RuntimeError when every cache slot is in use.
         """
@@ -213,6 +215,7 @@ class Engine:
             self.cache.release(slot)
             raise
         req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, generator,
+                      skip_special=self.skip_special if skip_special is None else bool(skip_special),
                       stats=SpecStats(method=spec.method), draft_length=draft_length,
                       hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
         try:
@@ -321,7 +324,7 @@ class Engine:
 
     def result(self, req: Request) -> GenerationResult:
         text = req.stop_text if req.stop_text is not None else self.model.tokenizer.decode(req.output,
-                                                                                             self.skip_special)
+                                                                                             req.skip_special)
         return GenerationResult(req.output, text, req.finish_reason or "length", len(req.prompt), req.stats,
                                 req.prefill_s, req.decode_s, req.ended_on_eos)
 
@@ -472,7 +475,7 @@ class Engine:
         the text is cut before the earliest of them, so that it holds none.
         """
         if req.text is None:
-            req.text = StreamDecoder(self.model.tokenizer, self.skip_special)
+            req.text = StreamDecoder(self.model.tokenizer, req.skip_special)
         settled = len(req.text.text)
         req.text.push(req.output[len(req.text.ids) :])
         # pending ends in U+FFFD while its last character is incomplete: that placeholder is no text yet

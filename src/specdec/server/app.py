@@ -255,7 +255,7 @@ def _make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_to
         raise APIError(400, str(exc), code="invalid_value") from None
     spec = resolve_spec(engine.spec, body.speculative)
     return Job(prompt, sampling, max_tokens, stop, spec, stream=body.stream, endpoint=endpoint,
-               loop=asyncio.get_running_loop())
+               loop=asyncio.get_running_loop(), skip_special=body.skip_special_tokens)
 
 
 # -- Job -> response ---------------------------------------------------------------------------

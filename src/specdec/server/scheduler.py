@@ -214,12 +214,12 @@ class Scheduler:
             return
         self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
         try:
-            req = self.engine.admit(job.prompt, job.sampling, job.max_tokens, job.stop, job.spec)
+            req = self.engine.admit(job.prompt, job.sampling, job.max_tokens, job.stop, job.spec, job.skip_special)
         except Exception as exc:
             self.metrics.record_generation(job.endpoint, "error", len(job.prompt), 0, None)
             job.put(Failed(exc))
             return
-        stream = TextStream(self.engine.model.tokenizer, job.stop, self.engine.skip_special)
+        stream = TextStream(self.engine.model.tokenizer, job.stop, job.skip_special)
         self._running.append(_Running(job, req, stream))
 
     def _drop_gone(self) -> None:

@@ -54,7 +54,7 @@ ANSWER_CHANGING: dict[str, tuple] = {
     "stop_regex": ([],), "custom_logit_processor": (), "stop_token_ids": ([],), "bad_words": ([],),
     "allowed_token_ids": (), "logits_processors": ([],), "n_predict": (-1,), "n_probs": (0,),
     "prompt_logprobs": (), "truncate_prompt_tokens": (), "include_stop_str_in_output": (False,),
-    "skip_special_tokens": (True,), "spaces_between_special_tokens": (True,),
+    "spaces_between_special_tokens": (True,),
     # constrained decoding
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
     "grammar": ("",), "json_schema": (), "regex": (), "ebnf": (), "functions": ([],),
@@ -139,6 +139,7 @@ class GenerationRequest(BaseModel):
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     speculative: SpeculativeOverride | None = None
+    skip_special_tokens: bool = True  # vLLM's: false keeps special tokens' text (<|im_end|>) in the answer
     # Fields that change what the client gets back: read so that a request using them is refused
     # (app._make_job), never served as if they had not been sent.
     logit_bias: dict[str, float] | None = None

@@ -64,6 +64,7 @@ class Job:
     stream: bool
     endpoint: str
     loop: asyncio.AbstractEventLoop
+    skip_special: bool = True  # the answer's text leaves special tokens out (skip_special_tokens)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)
