@@ -636,3 +636,17 @@ def test_fields_that_would_change_the_answer_are_refused(tiny_server, path, body
         else:
             neutral[param] = {"top_n_sigma": -1, "min_new_tokens": 0, "no_stop_trim": False}[param]
         assert http.post(path, json=neutral).status_code == 200
+
+
+def test_text_parts_are_joined_by_newlines_and_a_null_include_usage_is_false(tiny_server):
+    """["hi", "there"] as parts was the prompt "hithere" (vLLM joins them with newlines); stream_options with
+    include_usage: null was a 400 (vLLM reads it as false)."""
+    from specdec.server.schemas import ChatMessage
+
+    parts = ChatMessage(role="user", content=[{"type": "text", "text": "hi"}, {"type": "text", "text": "there"}])
+    assert parts.as_template_dict() == {"role": "user", "content": "hi\nthere"}
+    with tiny_server.http(headers={"Authorization": f"Bearer {tiny_server.api_key}"}) as http:
+        r = http.post("/v1/completions", json={"model": "tiny", "prompt": "abc", "max_tokens": 3, "stream": True,
+                                               "stream_options": {"include_usage": None}})
+        assert r.status_code == 200, r.text
+        assert '"usage"' not in r.text and r.text.rstrip().endswith("data: [DONE]")

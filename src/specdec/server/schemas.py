@@ -103,7 +103,7 @@ class SpeculativeOverride(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    include_usage: bool = False
+    include_usage: bool | None = None  # null: false, as vLLM reads it
 
 
 class GenerationRequest(BaseModel):
@@ -180,8 +180,8 @@ class ChatMessage(BaseModel):
     def as_template_dict(self) -> dict:
         """{"role", "content": str} (and "name" when given) as chat templates expect ("developer" is rendered
         as "system")."""
-        if isinstance(self.content, list):
-            content = "".join(part.text for part in self.content)
+        if isinstance(self.content, list):  # parts joined by newlines, as vLLM joins them for a text template
+            content = "\n".join(part.text for part in self.content)
         else:
             content = self.content or ""
         message = {"role": "system" if self.role == "developer" else self.role, "content": content}
