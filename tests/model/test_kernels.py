@@ -176,3 +176,28 @@ def test_an_exact_row_is_the_same_in_any_batch_at_real_widths(fmt):
                 assert torch.equal(linear(x[:m]), alone[:m]), (t, m)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("fmt, kind", [("gguf", "Q4_1"), ("gguf", "Q8_0"), ("gguf", "Q4_K"), ("w8a8", None)])
+def test_a_nan_activation_gives_nan_as_a_float_matmul_does(fmt, kind, tmp_path):
+    """The activation quantizer's max dropped a NaN and quantized it to -128: finite garbage (4e6 with
+    Q4_1's min term) where fp32 gives NaN, so a broken forward went unnoticed (check_logits looks for NaN).
+    Only the row holding it turns NaN; the others keep their bits."""
+    from helpers.tiny import make_gguf_model
+    from specdec.model.load import load_model
+
+    if fmt == "w8a8":
+        if kernels.w8a8() is None:
+            pytest.skip("no W8A8 kernel here")
+        linear = QLinear(torch.randn(64, 256) * 0.05, None, "w8a8")
+    else:
+        if kernels.gguf() is None:
+            pytest.skip("no GGUF kernel here")
+        path = make_gguf_model(tmp_path / "m.gguf", tensor_type=kind, hidden=256, intermediate=512)
+        linear = load_model(str(path), "gguf", progress=False, weight_cache=False).transformer.layers[0].down
+    x = torch.randn(3, linear.in_features)
+    clean = linear(x)
+    x[1, 5] = float("nan")
+    out = linear(x)
+    assert torch.isnan(out[1]).all()
+    assert torch.equal(out[[0, 2]], clean[[0, 2]])

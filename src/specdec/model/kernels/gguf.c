@@ -58,12 +58,19 @@ void quantize_rows_sums(const float *x, int64_t M, int64_t K, int8_t *xq, float 
     for (int64_t m = 0; m < M; m++) {
         for (int64_t b = 0; b < nb; b++) {
             const float *v = x + m * K + b * BLOCK;
-            __m256 f[4], amax = _mm256_setzero_ps();
-            for (int i = 0; i < 4; i++) f[i] = _mm256_loadu_ps(v + 8 * i), amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, f[i]));
+            __m256 f[4], amax = _mm256_setzero_ps(), nan = _mm256_setzero_ps();
+            for (int i = 0; i < 4; i++) {
+                f[i] = _mm256_loadu_ps(v + 8 * i);
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, f[i]));
+                nan = _mm256_or_ps(nan, _mm256_cmp_ps(f[i], f[i], _CMP_UNORD_Q));  // max drops a NaN
+            }
             __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
             h = _mm_max_ps(h, _mm_movehl_ps(h, h));
             h = _mm_max_ss(h, _mm_movehdup_ps(h));
-            const float d = _mm_cvtss_f32(h) / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+            // a NaN activation makes the block's scale NaN, so that it reaches every output it feeds (it was
+            // quantized to -128, giving finite garbage where a float matmul gives NaN)
+            const float d = _mm256_movemask_ps(nan) ? NAN : _mm_cvtss_f32(h) / 127.0f;
+            const float inv = d > 0.0f ? 1.0f / d : 0.0f;
             __m256i q[4];
             for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(f[i], _mm256_set1_ps(inv)));
             const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));

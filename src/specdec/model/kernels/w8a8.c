@@ -18,8 +18,9 @@ void quantize_rows(const float *x, int64_t M, int64_t K, int8_t *xq, float *xs) 
         for (int64_t b = 0; b < nb; b++) {
             const float *v = x + m * K + b * BLOCK;
             float amax = 0.0f;
-            for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(v[i]));
-            float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+            int nan = 0;
+            for (int i = 0; i < BLOCK; i++) amax = fmaxf(amax, fabsf(v[i])), nan |= isnan(v[i]);
+            float d = nan ? NAN : amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;  // fmaxf drops a NaN
             xs[m * nb + b] = d;
             for (int i = 0; i < BLOCK; i++) xq[m * K + b * BLOCK + i] = (int8_t)lrintf(v[i] * inv);
         }
