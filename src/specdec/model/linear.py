@@ -11,8 +11,10 @@ Formats, and what one decode step reads per weight element:
     bf16  2 bytes   activations rounded to bf16 at the matmul
     int8  1 byte    per-output-channel symmetric, bf16 scales (torch._weight_int8pack_mm)
     int4  0.5 byte  groups of 32, asymmetric, bf16 scale+zero (torch._weight_int4pack_mm_for_cpu);
-                    GGUF 4-bit blocks (Q4_0, Q4_1, Q4_K) are 16-level grids per 32 values,
-                    so they requantize to int4 with only the bf16 rounding of scale and zero.
+                    each group's grid is rebuilt from its own min and max, so a GGUF 4-bit file
+                    is not kept exactly: Q4_1 blocks (their grid spans min..max) lose only the bf16
+                    rounding of scale and zero; Q4_0 and Q4_K grids do not span their values'
+                    range and move by up to half a step (measured 0.53 steps on Q4_K).
     w8a8  1 byte    int8's weights; activations quantized to int8 per block of 32 and integer
                     dot products (model/kernels: a small C kernel, AVX2), ~2x int8's speed
     gguf  as stored a GGUF file's own blocks (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K), kept exactly and unpacked
