@@ -201,3 +201,18 @@ def test_a_nan_activation_gives_nan_as_a_float_matmul_does(fmt, kind, tmp_path):
     out = linear(x)
     assert torch.isnan(out[1]).all()
     assert torch.equal(out[[0, 2]], clean[[0, 2]])
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "gguf"])
+def test_an_input_of_the_wrong_width_is_refused(fmt, tmp_path):
+    """The gguf kernel took K from x: a wider x read past each weight row and returned numbers."""
+    from helpers.tiny import make_gguf_model
+    from specdec.model.load import load_model
+
+    if fmt == "gguf" and kernels.gguf() is None:
+        pytest.skip("no GGUF kernel here")
+    path = make_gguf_model(tmp_path / "m.gguf", tensor_type="Q8_0")
+    linear = load_model(str(path), fmt, progress=False, weight_cache=False).transformer.layers[0].down
+    for width in (linear.in_features * 2, linear.in_features - 32):
+        with pytest.raises(ValueError, match=f"an input {width} wide for a linear of {linear.in_features} inputs"):
+            linear(torch.randn(2, width))

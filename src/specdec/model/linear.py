@@ -260,6 +260,8 @@ class QLinear:
 
     def __call__(self, x: torch.Tensor, exact: bool = True) -> torch.Tensor:
         # x: (M, K) float32
+        if x.shape[-1] != self.in_features:  # the gguf kernel takes K from x: a wider x read past each row
+            raise ValueError(f"an input {x.shape[-1]} wide for a linear of {self.in_features} inputs")
         if not exact and self.fmt in ("int8", "w8a8", "gguf") and x.shape[0] >= DENSE_MIN_ROWS:
             return self.prefill([x])[0]
         if self.fmt == "gguf":
