@@ -216,3 +216,18 @@ def test_a_registry_name_is_not_downloaded_to_print_flags(tmp_path, capsys, monk
     assert main(["export-config", "--model", "smollm2-135m", "--json"]) == 2
     assert "is not pulled; run `specdec pull smollm2-135m` (auto reads the model's files to choose), or name a " \
            "--spec-type" in capsys.readouterr().err
+
+
+def test_a_registered_kind_without_engine_names_exports_without_speculation_there():
+    """A kind added with registry.register and no vLLM / SGLang name: each line says so instead of failing."""
+    from specdec.drafters import registry
+    from specdec.drafters.ngram import NgramSimple
+    from specdec.drafters.registry import Entry
+
+    registry.register(Entry("test-export-kind", lambda ctx: NgramSimple()))
+    try:
+        out = export(SpecConfig(drafters=("test-export-kind",)), "m.gguf")
+    finally:
+        registry._entries.pop("test-export-kind", None)
+    assert "SGLang has no test-export-kind: this command runs without speculation" in out["sglang"]["notes"]
+    assert "--speculative-algorithm" not in out["sglang"]["args"]

@@ -174,7 +174,7 @@ def _sglang(spec: SpecConfig, args: list[str]) -> dict:
     if spec.enabled:
         chosen = _one_method(spec, notes, "SGLang runs one algorithm")
         algorithm = registry.entry(chosen).sglang
-        if algorithm is None:  # a kind SGLang has nothing like
+        if algorithm is None:  # a kind registered without an SGLang name (registry.register)
             notes.append(f"SGLang has no {chosen}: this command runs without speculation")
         elif algorithm == "NGRAM":
             if chosen != "ngram-simple":

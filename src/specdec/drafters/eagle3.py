@@ -63,7 +63,9 @@ class Eagle3Config:
     max_positions: int = 4096
     target_hidden_size: int | None = None
     taps: tuple[int, ...] = ()
-    rope_scaling: dict | None = None  # config.json's (plain, linear or llama3; check_eagle3_folder checks it)
+    # config.json's rope_scaling as (key, value) pairs (hashable, as a frozen config should be); plain, linear or
+    # llama3 (check_eagle3_folder checks it)
+    rope_scaling: tuple[tuple[str, object], ...] | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
     @staticmethod
@@ -91,13 +93,13 @@ class Eagle3Config:
             max_positions=int(raw.get("max_position_embeddings") or 4096),
             target_hidden_size=target_hidden,
             taps=tuple(int(t) for t in taps) if taps else default_taps(target_layers),
-            rope_scaling=scaling,
+            rope_scaling=tuple(sorted(scaling.items())) if scaling else None,
         )
 
     def rope_factors(self, where="EAGLE-3 head") -> tuple[float, ...] | None:
         from specdec.model.hf_loader import rope_scaling_factors
 
-        return rope_scaling_factors(where, self.rope_scaling or {}, self.head_dim, self.rope_theta)
+        return rope_scaling_factors(where, dict(self.rope_scaling or ()), self.head_dim, self.rope_theta)
 
     def to_json(self) -> dict:
         return {

@@ -249,6 +249,10 @@ class Engine:
         the prompt) and emits its first token with the last chunk. The others bring their last token
         plus a draft of at most draft_caps[i] tokens (default: the request's own draft length),
         verified, accepted and rolled back each on its own. Finished requests bring nothing.
+
+        When a request's commit raises, the requests not yet committed get the step's rows taken out of
+        their caches again and may go on; the one that raised must be finished (its drafters have heard of
+        the step). Those committed before it keep their new tokens in req.output.
         """
         t0 = time.perf_counter()
         plans = []
@@ -387,8 +391,7 @@ class Engine:
 
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
         """The first draft of the request's drafters (n-gram kinds first) at least --spec-draft-n-min long, and
-        its drafter: a shorter one is no draft, and the next drafter is asked (a model drafter then ran
-        only when the n-gram kinds found nothing at all)."""
+        its drafter: a shorter one counts as none, and the next drafter is asked."""
         if k <= 0 or not req.drafters:
             return None, Draft()
         context = req.prompt + req.output

@@ -1,10 +1,12 @@
 """Weight storage formats and the matmul that goes with each.
 
-Every format here except fp32 is *row-invariant*: a row of the output is bitwise the
-same whether the input has 1 row or 16 (measured on this project's CPU, see
+Every format here except fp32 and bf16 is *row-invariant*: a row of the output is bitwise
+the same whether the input has 1 row or 16 (measured on this project's CPU, see
 DESIGN.md, Numerics). That is what makes greedy speculative output bit-identical
-to plain decoding. fp32 `linear` is not (MKL picks another kernel for 1 row), so
-the fp32 format computes row by row when `exact=True`.
+to plain decoding. torch's dense fp32 and bf16 GEMMs are not (they pick kernels by the
+row count: fp32 for 1 row, bf16 past 1152 inputs on an AVX512-BF16 EPYC), so those two
+formats compute row by row when `exact=True`: a verify of k rows costs k one-row GEMMs
+(bf16 at 8960x1536: 8.2 ms for 1 row, 40 ms for 5), so speculation pays little in them.
 
 Formats, and what one decode step reads per weight element:
     fp32  4 bytes   reference numerics (parity tests with transformers)

@@ -331,9 +331,10 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     out = Path(args.out)
     log = (lambda *a: print(*a, file=sys.stderr)) if rank == 0 else (lambda *a: None)
     sequences = Path(args.sequences) if args.sequences else None
-    settings = {"world": world, "seq_len": seq_len,  # (a missing --sequences file is load_sequences' error)
-                "data": f"--sequences sha256 {sha256_file(sequences) if sequences.is_file() else None}" if sequences
-                else "generated"}
+    if sequences is not None and not sequences.is_file():
+        raise ValueError(f"--sequences {sequences}: no such file")
+    settings = {"world": world, "seq_len": seq_len, "val": args.val,  # --val moves sequences between the sets
+                "data": f"--sequences sha256 {sha256_file(sequences)}" if sequences else "generated"}
     if args.kind == "eagle3":
         settings["draft_vocab"] = args.draft_vocab
     elif args.kind in ("dflash", "dspark"):
@@ -413,11 +414,12 @@ def _train(args, rank: int, world: int, dist_device) -> int:
             save_eagle3_head(h, folder, info)
     trainer = Trainer(head, args.kind, target, out, save, args.steps, args.batch, args.lr, args.ttt, draft_ids,
                       args.save_every, log, rank, world, loss=loss_module, settings=settings)
-    if args.resume and trainer.resume():
+    if resumed is not None and trainer.resume(resumed):
         if draft_ids is not None and not torch.equal(head.draft_to_target(), draft_ids):
             raise ValueError(f"--resume: the draft vocabulary of {out / 'state.pt'} is not the one its data gives "
                              "now (the data changed): train into another --out")
         log(f"resumed at step {trainer.step}")
+    resumed = None  # the state's tensors are the head's and the optimizer's now
     start = trainer.step
     accs = trainer.run(train, val, device, args.seed, args.max_minutes * 60 if args.max_minutes else None)
     if rank == 0 and trainer.step == start and (out / "train_summary.json").is_file():

@@ -260,9 +260,10 @@ class Trainer:
     def state_path(self) -> Path:
         return self.out / "state.pt"
 
-    def resume(self) -> bool:
+    def resume(self, state: dict | None = None) -> bool:
+        """Load DIR/state.pt (or `state`, what check_resume read from it); False when there is none."""
         p = self.state_path()
-        state = read_state(p)
+        state = read_state(p) if state is None else state
         if state is None:
             return False
         head_state, opt_state, step = state["head"], state["opt"], int(state["step"])
