@@ -131,6 +131,8 @@ def test_resume_refuses_other_data_or_settings(tiny_hf_dir, tmp_path):
         (["--sequences", str(b)], "other settings .*data '--sequences sha256 "),
         ([], "other settings .*data '--sequences sha256 [0-9a-f]{64}' then, 'generated' now"),
         (["--sequences", str(a), "--seq-len", "20"], "seq_len 24 then, 20 now"),
+        (["--sequences", str(a), "--val", "3"], "val 2 then, 3 now"),  # moves sequences between the sets
+        (["--sequences", str(tmp_path / "gone.npz")], "--sequences .*gone.npz: no such file"),
     ]:
         with pytest.raises(ValueError, match=message):
             main(eagle_args + ["--steps", "4", "--resume"] + flags)
@@ -492,3 +494,23 @@ def test_a_trained_mtp_head_given_with_md_drafts_for_a_target_without_one(traine
     save_file({k: v for k, v in tensors.items() if k != enorm}, str(head / "model.safetensors"))
     with pytest.raises(MTPError, match=f"lacks tensor {enorm}: it is not a whole MTP head"):  # was a KeyError
         Engine(m, SpecConfig(drafters=("draft-mtp",), draft_model=str(head)), max_len=256).generate(prompt, max_tokens=4)
+
+
+def test_ttt_validation_counts_a_step_only_where_the_steps_before_it_matched(trained):
+    """Step s counted every position, matched or not before it, and mean_accept_length multiplies the rates as
+    conditional ones: the reported acceptance length under-reported what drafting accepts (2.38 for 2.49)."""
+    from specdec.drafters.mtp import load_mtp_head
+    from specdec.model.load import open_checkpoint
+    from specdec.train.data import load_sequences
+    from specdec.train.loop import pad_batch, ttt_loss
+    from specdec.train.target import DenseTarget
+
+    folder, eagle_dir = trained
+    head, _ = load_mtp_head(load_model(str(folder), "fp32", progress=False), 256)  # the one trained beside it
+    target = DenseTarget(open_checkpoint(folder)[0])
+    tokens, valid = pad_batch(load_sequences(eagle_dir / "data.rank0.npz")[:8], "cpu")
+    with torch.no_grad():
+        _, matches, counts = ttt_loss(head, "mtp", target, tokens, valid, 3)
+    assert 0 < matches[0] < counts[0]  # a trained head matches some pairs, not all
+    for s in range(2):
+        assert 0 < counts[s + 1] <= matches[s]  # the pairs that reach step s + 1 matched at steps 0..s
