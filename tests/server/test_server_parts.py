@@ -444,6 +444,41 @@ def test_a_failed_step_is_a_server_error_not_a_bad_request(tiny_model, monkeypat
     assert engine.cache.free_slots == [0]
 
 
+def test_one_request_s_text_failing_fails_it_alone(tiny_model, monkeypatch):
+    """A request whose text could not be decoded after a step (StreamDecoder's RuntimeError) failed every
+    request of the batch; now it alone gets the error and the others finish as they would."""
+    import specdec.server.scheduler as sched
+    from specdec.model.tokenizer import TextStream
+
+    class Failing(TextStream):
+        def advance(self, output):
+            if self.hold == len("boom") - 1:  # the request with stop=("boom",)
+                raise RuntimeError("the tokenizer's decoding of this output changed text already settled")
+            return super().advance(output)
+
+    monkeypatch.setattr(sched, "TextStream", Failing)
+    engine = Engine(tiny_model, max_len=256, max_sequences=2)
+    scheduler = Scheduler(engine)
+    expected = Engine(tiny_model, max_len=256).generate([5, 6, 7], SamplingParams(), 8)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        bad = Job([5, 6, 7], SamplingParams(), 8, ("boom",), SpecConfig(), stream=True, endpoint="completions",
+                  loop=loop)
+        good = Job([5, 6, 7], SamplingParams(), 8, (), SpecConfig(), stream=True, endpoint="completions", loop=loop)
+        scheduler.submit(bad)
+        scheduler.submit(good)
+        return await asyncio.wait_for(asyncio.gather(_last_event(bad), _last_event(good)), 60)
+
+    try:
+        failed, done = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert isinstance(failed, Failed) and "changed text already settled" in str(failed.error)
+    assert isinstance(done, Done) and done.completion_tokens == expected.completion_tokens
+    assert sorted(engine.cache.free_slots) == [0, 1]
+
+
 async def _last_event(job):
     while True:
         event = await job.events.get()

@@ -242,17 +242,29 @@ class Scheduler:
         m.batch_size.observe(len(reqs))
         m.tokens_per_step.observe(sum(len(n) for n in news))
         for r, new in zip(list(running), news):
-            if r.first_at is None and r.req.output:
-                r.first_at = time.perf_counter()
-                m.ttft.observe(r.first_at - r.job.arrived)
-                if r.job.stream and not r.req.finished:
-                    r.job.put(Delta(r.text.advance(r.req.output)))
-            elif new and r.job.stream and not r.req.finished:
-                piece = r.text.advance(r.req.output)
-                if piece:
-                    r.job.put(Delta(piece))
-            if r.req.finished:
-                self._end(r)
+            try:
+                self._deliver(r, new)
+            except Exception as exc:  # this request's text or its end failed: it alone, not the batch
+                log.exception("scheduler: a request failed after its step")
+                if r in self._running:
+                    self._end(r, error=StepFailed(exc))
+                else:  # _end itself failed after taking it out: its client still gets an answer
+                    r.job.put(Failed(StepFailed(exc)))
+
+    def _deliver(self, r: _Running, new: list[int]) -> None:
+        """Send a request the text its step settled (TTFT at its first token); end it when it finished."""
+        m = self.metrics
+        if r.first_at is None and r.req.output:
+            r.first_at = time.perf_counter()
+            m.ttft.observe(r.first_at - r.job.arrived)
+            if r.job.stream and not r.req.finished:
+                r.job.put(Delta(r.text.advance(r.req.output)))
+        elif new and r.job.stream and not r.req.finished:
+            piece = r.text.advance(r.req.output)
+            if piece:
+                r.job.put(Delta(piece))
+        if r.req.finished:
+            self._end(r)
 
     def draft_caps(self, reqs: list[Request]) -> list[int]:
         """Draft tokens each sequence may bring to this step: rows are added one at a time where
