@@ -58,7 +58,7 @@ from torch import nn
 
 from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.hidden import HeadCache
-from specdec.model.config import llama3_rope_factors, size_problem
+from specdec.model.config import llama3_rope_factors, rope_scaling_of, size_problem
 from specdec.model.errors import SpecdecError
 from specdec.model.files import replaced, write_text
 from specdec.model.layers import (DecoderLayer, MaskedAttention, RMSNorm, apply_rope, rms_norm, rope_rows, rope_tables,
@@ -186,12 +186,9 @@ class BlockConfig:
         block = extra.get("block_size")
         if not is_whole(block) or block < 2:  # 3.7 was read as 3
             raise DFlashError(f"{where}: block_size must be at least 2, got {block!r}")
-        rope = raw.get("rope_parameters") or {}
-        scaling = raw.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} or None)
-        rope_type = (scaling or {}).get("rope_type") or (scaling or {}).get("type")
-        if rope_type in (None, "default"):
-            scaling = None
-        elif rope_type != "llama3":
+        scaling = rope_scaling_of(raw)
+        rope_type = scaling and (scaling.get("rope_type") or scaling.get("type"))
+        if scaling is not None and rope_type != "llama3":
             raise DFlashError(f"{where} uses {rope_type!r} RoPE scaling; specdec runs plain and llama3 RoPE only")
         rank = extra.get("markov_rank") or 0
         if not is_whole(rank) or rank < 0:  # -4 was a torch error building the head, 8.7 read as 8
@@ -212,7 +209,9 @@ class BlockConfig:
             target_layer_ids=tuple(int(i) for i in ids), mask_token_id=mask, block_size=int(block),
             num_target_layers=int(extra["num_target_layers"]) if extra.get("num_target_layers") else None,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 1_000_000.0), rope_scaling=scaling,
+            rope_theta=float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta")
+                             or 1_000_000.0),
+            rope_scaling=scaling,
             max_positions=int(raw.get("max_position_embeddings") or 40960),
             input_embedding_scale=float(extra.get("input_embedding_scale", 1.0)),
             output_multiplier=float(extra.get("output_multiplier", 1.0)),

@@ -32,7 +32,7 @@ from torch import nn
 
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
-from specdec.model.config import size_problem
+from specdec.model.config import rope_scaling_of, size_problem
 from specdec.model.errors import SpecdecError
 from specdec.model.files import replaced, write_text
 from specdec.model.layers import DecoderLayer, RMSNorm
@@ -78,18 +78,13 @@ class Eagle3Config:
         target_hidden = raw.get("target_hidden_size")
         if target_hidden is not None and not is_whole(target_hidden):
             raise ValueError(f"target_hidden_size must be a whole number, got {target_hidden!r}")
-        rope = raw.get("rope_parameters") or {}
-        scaling = raw.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} or None)
-        if scaling is not None and not isinstance(scaling, dict):
-            raise ValueError(f"rope_scaling must be an object, got {scaling!r}")
-        if (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")) == "default":
-            scaling = None
+        scaling = rope_scaling_of(raw)
         return Eagle3Config(
             hidden_size=H, num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads),
             head_dim=int(raw.get("head_dim") or H // heads), intermediate_size=int(raw["intermediate_size"]),
             vocab_size=int(raw["vocab_size"]), draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            rope_theta=float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
             max_positions=int(raw.get("max_position_embeddings") or 4096),
             target_hidden_size=target_hidden,
             taps=tuple(int(t) for t in taps) if taps else default_taps(target_layers),

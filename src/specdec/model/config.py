@@ -142,6 +142,17 @@ def linear_rope_factors(head_dim: int, factor: float) -> tuple[float, ...]:
     return (float(factor),) * (head_dim // 2)
 
 
+def rope_scaling_of(raw: dict) -> dict | None:
+    """A drafter config.json's RoPE scaling: rope_scaling, or transformers 5's rope_parameters less its
+    rope_theta; None for plain RoPE (absent, or type "default"). A ValueError where it is not an object."""
+    rope = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} or None)
+    if scaling is not None and not isinstance(scaling, dict):
+        raise ValueError(f"rope_scaling must be an object, got {scaling!r}")
+    kind = scaling and (scaling.get("rope_type") or scaling.get("type"))
+    return None if kind in (None, "default") else scaling
+
+
 def llama3_rope_factors(head_dim: int, theta: float, scaling: dict) -> tuple[float, ...]:
     """The divisor of each RoPE frequency under Llama 3.x "llama3" scaling (what llama.cpp's
     converter writes as rope_freqs.weight): high frequencies kept, low ones divided by `factor`,
