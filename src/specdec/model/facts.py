@@ -11,8 +11,6 @@ often drop them.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import json
 import math
 import re
@@ -145,6 +143,8 @@ def safetensors_names(file: Path) -> list[str]:
 
 def raw_checkpoint(path: Path) -> SimpleNamespace:
     """What can be read from a checkpoint specdec cannot run (another architecture): names, config, sizes."""
+    from specdec.model.gguf_loader import quant_label
+
     if path.is_dir():
         cfg = path / "config.json"
         if not cfg.is_file():
@@ -153,12 +153,12 @@ def raw_checkpoint(path: Path) -> SimpleNamespace:
         headers = {shard: safetensors_header(shard) for shard in sorted(path.glob("*.safetensors"))}
         files = {name: shard for shard, header in headers.items() for name in header}
         # the matrices' dtype as stored (F8_E4M3, BF16, ...): "safetensors" named the format, not the weights
-        kinds = Counter(dtype for header in headers.values() for name, (dtype, shape) in header.items()
-                        if name.endswith("weight") and len(shape) == 2)
+        kinds = [dtype for header in headers.values() for name, (dtype, shape) in header.items()
+                 if name.endswith("weight") and len(shape) == 2]
         return SimpleNamespace(raw_config=raw, _files=files, names=lambda: list(files), arch=raw.get("model_type"),
-                               quant=kinds.most_common(1)[0][0] if kinds else "unknown",
+                               quant=quant_label(None, kinds) if kinds else "unknown",
                                context_length=raw.get("max_position_embeddings"))
-    from specdec.model.gguf_loader import _reader_class, quant_label
+    from specdec.model.gguf_loader import _reader_class
 
     try:
         reader = _reader_class()(path)
