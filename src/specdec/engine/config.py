@@ -254,14 +254,14 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
         p_min = p_min if given_p_min is None else given_p_min
         given_adaptive = _json_typed(cfg, "adaptive", bool, "true or false")
         adaptive = adaptive if given_adaptive is None else given_adaptive
-        for key, flag, value in (("tree_topk", "--spec-tree-topk", tree_topk),
-                                 ("tree_budget", "--spec-tree-budget", tree_budget)):
-            given = _json_int(cfg, key)
+        given_topk, given_budget = _json_int(cfg, "tree_topk"), _json_int(cfg, "tree_budget")
+        for key, flag, value, given in (("tree_topk", "--spec-tree-topk", tree_topk, given_topk),
+                                        ("tree_budget", "--spec-tree-budget", tree_budget, given_budget)):
             if given is not None and value is not None and value != given:
                 raise ValueError(f"{flag} {value} contradicts {key} {given}")
         # null is the flag's value (or the default), as for every other key
-        tree_topk = _json_int(cfg, "tree_topk") if _json_int(cfg, "tree_topk") is not None else tree_topk
-        tree_budget = _json_int(cfg, "tree_budget") if _json_int(cfg, "tree_budget") is not None else tree_budget
+        tree_topk = tree_topk if given_topk is None else given_topk
+        tree_budget = tree_budget if given_budget is None else given_budget
     if model_draft and not any(registry.entry(t).model for t in types):
         kind = head_kind(model_draft) or "draft-simple"
         types = types + (kind,)
