@@ -92,7 +92,8 @@ def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop, interrupti
 
 def timing_line(result) -> str:
     return (f"prompt {result.prompt_tokens} tokens, prefill {result.prefill_s:.2f}s; generated "
-            f"{result.completion_tokens} tokens, decode {result.decode_s:.2f}s ({result.decode_tokens_per_s:.1f} tok/s)")
+            f"{result.completion_tokens} tokens, decode {result.decode_s:.2f}s "
+            f"({result.decode_tokens_per_s:.1f} tok/s)")
 
 
 def result_json(engine, result) -> dict:

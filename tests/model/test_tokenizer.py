@@ -110,7 +110,8 @@ def test_a_folder_whose_post_processor_adds_bos_gets_it(tmp_path):
     bos_id = tok.bos_id if tok.bos_id is not None else 1
     bos = tok.token_text(bos_id)
     raw["post_processor"] = {"type": "TemplateProcessing",
-                             "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                             "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                                        {"Sequence": {"id": "A", "type_id": 0}}],
                              "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
                              "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}
     (folder / "tokenizer.json").write_text(json.dumps(raw))

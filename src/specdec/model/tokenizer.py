@@ -157,7 +157,8 @@ class StreamDecoder:
     def push(self, ids) -> str:
         """Append ids; returns the text they settled ("" while a character is incomplete)."""
         self.ids.extend(ids)
-        def decode(ids):
+
+        def decode(ids):  # skip_special only when asked: a tokenizer-like object may take ids alone
             return self.tokenizer.decode(ids, skip_special=True) if self.skip_special else self.tokenizer.decode(ids)
 
         before = decode(self.ids[self._context : self._settled])

@@ -284,12 +284,11 @@ def cmd_train(args) -> int:
 
 def _train(args, rank: int, world: int, dist_device) -> int:
     from specdec.model.device import pick_device
-    from specdec.options import out_dir
-    from specdec.model.load import open_checkpoint
-    from specdec.model.registry import resolve
-    from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
     from specdec.model.files import replaced
-    from specdec.model.registry import sha256_file
+    from specdec.model.load import open_checkpoint
+    from specdec.model.registry import resolve, sha256_file
+    from specdec.options import out_dir
+    from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
     from specdec.train.loop import Trainer, check_resume
     from specdec.train.target import DenseTarget
 
@@ -352,7 +351,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     log(f"target {args.model} on {device}: {target.config.num_layers} layers, hidden {target.config.hidden_size}")
 
     if not generating:
-        source = Path(args.sequences) if args.sequences else data_file
+        source = sequences or data_file
         loaded = load_sequences(source, target.config.vocab_size)
         seqs = [s[:seq_len] for s in loaded if len(s) >= MIN_SEQUENCE_TOKENS]  # as generated data is cut
         if len(seqs) < len(loaded):

@@ -24,12 +24,13 @@ so a k-token forward stays bitwise k one-token forwards (model/transformer.py, N
 The library is compiled with the system C compiler (`cc`, or $CC, which may hold arguments) into
 $SPECDEC_HOME/kernels/ (where that cannot be written, a folder of this user's own in the temporary
 directory), named by a digest of the source, flags and compiler, and loaded with ctypes: no torch
-headers, about a second to build; a file there that does not load is rebuilt once. Where the CPU has AVX512-VNNI (with VL), gguf.c and w8a8.c are built with it: their
-integer dot products then take one vpdpbusd instead of maddubs + madd, the same integers exactly, so
-the same bits as the AVX2 build (SPECDEC_KERNEL_AVX2=1 keeps the AVX2 build). attend.c is built with
-the same flags there and runs its q . k and p . v in zmm registers, each sum the same chain of fmas, so
-again the AVX2 build's bits. `w8a8()` returns None, with `why_unavailable()` saying why, on a machine
-without a compiler or without AVX2/FMA.
+headers, about a second to build; a file there that does not load is rebuilt once. Where the CPU has
+AVX512-VNNI (with VL), gguf.c and w8a8.c are built with it: their integer dot products then take one
+vpdpbusd instead of maddubs + madd, the same integers exactly, so the same bits as the AVX2 build
+(SPECDEC_KERNEL_AVX2=1 keeps the AVX2 build). attend.c is built with the same flags there and runs its
+q . k and p . v in zmm registers, each sum the same chain of fmas, so again the AVX2 build's bits.
+`w8a8()` returns None, with `why_unavailable()` saying why, on a machine without a compiler or without
+AVX2/FMA.
 """
 
 from __future__ import annotations
