@@ -4,6 +4,7 @@ subprocess on 127.0.0.1) driven at concurrency 1 and 4. Counts and outputs are a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -83,6 +84,8 @@ def test_request_bodies_and_urls():
             base_url(bad)
     with pytest.raises(ValueError, match="at least 1"):
         LoadSettings(url="http://127.0.0.1:1", levels=(0, 4))
+    with pytest.raises(ValueError, match=r"--peer-url 'http://127.0.0.1:abc' is not a valid URL \(Invalid port"):
+        base_url("http://127.0.0.1:abc", "--peer-url")  # was httpx.InvalidURL's traceback
 
 
 def _stream_from(lines: list[str], pause_s: float = 0.0, status: int = 200) -> RequestResult:
@@ -336,3 +339,87 @@ def test_a_load_run_of_another_model_is_not_joined_to_a_bench(tmp_path, capsys, 
     check_load_joins(out, {})  # unknown: joined, as asked
     with pytest.raises(ValueError, match="is the bench of a.gguf"):
         check_load_joins(out, {"artifact": str(b), "sha256": "bb"})
+
+
+class _Sleeper(LocalServer):
+    """A LocalServer whose process is a sleeping Python that never answers /health."""
+
+    @property
+    def command(self) -> list[str]:
+        import sys
+
+        return [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+def test_an_interrupted_start_stops_the_server(tmp_path, monkeypatch):
+    """A Ctrl-C while the started server loaded its model left that server running, adopted by init."""
+    def interrupted(client, url):
+        raise KeyboardInterrupt
+
+    server = _Sleeper([], tmp_path / "server.log", start_timeout_s=60)
+    monkeypatch.setattr(httpx.Client, "get", interrupted)  # the Ctrl-C arrives during a /health poll
+    with pytest.raises(KeyboardInterrupt):
+        with server:
+            pass
+    assert server.proc.poll() is not None
+
+
+def test_sigterm_to_the_bench_stops_the_server_it_started(tmp_path):
+    """SIGTERM ended the bench without running __exit__: its server lived on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from test_bench_load import _Sleeper
+class Told(_Sleeper):
+    def _wait_for_health(self):
+        print(self.proc.pid, flush=True)
+        return super()._wait_for_health()
+with Told([], {str(tmp_path / "server.log")!r}, start_timeout_s=60):
+    pass
+""")
+    bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(bench.stdout.readline())
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(60) == 128 + signal.SIGTERM
+    finally:
+        bench.kill()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # stopped and reaped by the bench: no such process
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the server outlived the bench")
+
+
+def test_a_method_bench_keeps_the_load_run_in_its_out(tmp_path, capsys, short_prompts, tiny_model):
+    """Run after a load run into the same --out, the method bench rewrote results.json without it."""
+    from specdec.bench.cli import bench
+
+    out = tmp_path / "o"
+    main(["bench", "--concurrency", "1", "--url", f"http://127.0.0.1:{free_port()}/v1", "--requests", "1",
+          "--max-tokens", "2", "--prompts", str(short_prompts), "--no-progress", "--out", str(out)])
+    load = json.loads((out / "results.json").read_text())["load"]
+    bench(tiny_model, str(short_prompts), "none", max_tokens=2, repeats=1, warmup=False, ctx_size=256,
+          progress=False, out_dir=out)
+    kept = json.loads((out / "results.json").read_text())
+    assert kept["schema"] == "specdec-bench/1" and kept["load"] == load
+    assert "## Server load" in (out / "report.md").read_text()
+    # a load run whose server loaded another file is not joined to this model's bench
+    kept["load"]["server"]["artifact"] = str(tmp_path / "other.gguf")
+    (out / "results.json").write_text(json.dumps(kept))
+    with pytest.raises(ValueError, match="holds a load run of .*other.gguf; the bench of .* choose another --out"):
+        bench(tiny_model, str(short_prompts), "none", max_tokens=2, repeats=1, warmup=False, ctx_size=256,
+              progress=False, out_dir=out)
+    assert json.loads((out / "results.json").read_text()) == kept

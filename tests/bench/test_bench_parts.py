@@ -30,6 +30,17 @@ def test_every_configuration_runs_in_every_position_equally_often_at_each_temper
             assert max(counts) - min(counts) <= 1, (t, c, counts)  # equal, but for the remainder
 
 
+def test_each_prompt_meets_another_order_at_each_repeat():
+    """With prompts a multiple of the configurations (15 and 5, the default) each prompt ran in the same order
+    in every repeat, so a category's runs kept their positions."""
+    configs = [f"c{i}" for i in range(5)]
+    rounds = interleaved_rounds(5, 15, [0.0, 0.7], configs)
+    for pi in range(15):
+        for t in (0.0, 0.7):
+            firsts = [order[0] for _, p, temp, order in rounds if p == pi and temp == t]
+            assert sorted(firsts) == configs  # 5 repeats: every configuration first once
+
+
 # -- methods ------------------------------------------------------------------------------------
 def test_parse_methods_baseline_first_options_combinations_sweep():
     methods = parse_methods("suffix,ngram-simple+suffix,ngram-map-k:min_hits=1000:key_size=4", draft_n_max=3,

@@ -33,7 +33,8 @@ def test_llama_cpp_timings_and_draft_counters_are_read():
     assert seen[0][0] == "/v1/completions"
     assert seen[0][1]["prompt"] == "prompt text" and seen[0][1]["max_tokens"] == 5 and seen[0][1]["model"] == "m"
     assert (out.engaged, out.drafted, out.accepted) == ("yes", 12, 9)
-    assert out.decode_tokens_per_s == pytest.approx(50.0)  # llama.cpp's predicted_n / predicted_ms
+    # llama.cpp starts predicted_ms at the first token: 100 ms are the 4 steps after it, as specdec times its own
+    assert out.decode_tokens_per_s == pytest.approx(40.0)  # not predicted_n / predicted_ms (50, as if 5 steps)
     assert out.timing_source == "server timings" and out.text == " hello world"
     assert peer.label == "url:127.0.0.1:8080"
 
@@ -188,3 +189,64 @@ def test_assisted_generation_s_first_tokens_are_not_counted_as_decoded(tiny_hf_d
     assert out.decode_tokens_per_s == pytest.approx((12 - out.prefill_tokens) / out.decode_s)
     plain = HFPeer("hf-plain", hf, [], 3).generate([5, 17, 33, 101], "", 0.0, 12, 0)
     assert plain.prefill_tokens == 1 and plain.token_ids == out.token_ids
+
+
+def test_a_peer_that_fails_is_recorded_and_the_bench_still_written(tiny_model, short_prompts, tmp_path):
+    """One 500 from a peer ended the whole bench with nothing written; a dead peer is asked 3 times, no more."""
+    from specdec.bench.cli import bench
+
+    seen = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if len(seen) == 1:
+            return httpx.Response(200, json={"choices": [{"text": " hi"}], "usage": {"completion_tokens": 4}})
+        return httpx.Response(500, text="boom")
+
+    r = bench(tiny_model, str(short_prompts), "none", temperatures=[0.0], max_tokens=4, repeats=3, warmup=False,
+              ctx_size=256, peer_urls=["http://localhost:9999"], url_client=httpx.Client(
+                  transport=httpx.MockTransport(handle)), progress=False, out_dir=tmp_path)
+    validate_results(r)
+    peer_runs = [run for run in r["runs"] if run["config"].startswith("url:")]
+    assert len(peer_runs) == 6 and len(seen) == 4  # 1 answer, 3 failures in a row, then not sent
+    assert sum(run.get("error", "").startswith("peer http://localhost:9999/v1/comp") for run in peer_runs) == 3
+    assert sum(run.get("error", "").startswith("not sent: the peer failed 3") for run in peer_runs) == 2
+    assert all(run["decode_tokens_per_s"] is None for run in peer_runs if run.get("error"))
+    row = next(s for s in r["summary"] if s["config"].startswith("url:") and s["category"] == "all")
+    assert (row["runs"], row["failed_runs"]) == (1, 5)
+    plain = next(s for s in r["summary"] if s["config"] == "none" and s["category"] == "all")
+    assert (plain["runs"], plain["failed_runs"]) == (6, 0)
+    md = (tmp_path / "report.md").read_text()
+    assert "5 of 6 runs FAILED and are left out of its numbers (first: peer http://localhost:9999" in md
+    assert json.loads((tmp_path / "results.json").read_text())["runs"] == r["runs"]
+
+
+def test_a_url_peer_gets_the_prompt_without_the_bos_its_server_adds(tiny_model, short_prompts, monkeypatch):
+    """The decoded ids began with the BOS's text, and the server put its own BOS before it (Gemma: 2 BOS)."""
+    from specdec.bench.cli import bench
+    from specdec.bench.prompts import load_prompts
+
+    tok = tiny_model.tokenizer
+    monkeypatch.setattr(tok, "add_bos", True)
+    monkeypatch.setattr(tok, "bos_id", 7)
+    client, seen = _server({})
+    bench(tiny_model, str(short_prompts), "none", temperatures=[0.0], max_tokens=4, repeats=1, warmup=False,
+          ctx_size=256, peer_urls=["http://localhost:9999"], url_client=client, progress=False)
+    rendered = [p.render(tok) for p in load_prompts(str(short_prompts))]
+    assert rendered[0][0] == 7 and tok.decode([7])  # raw text gets the BOS; this chat template puts none
+    assert [body["prompt"] for _, body in seen] == [tok.decode(ids[1:] if ids[0] == 7 else ids) for ids in rendered]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--peer-url", "http://127.0.0.1:abc"], "--peer-url 'http://127.0.0.1:abc' is not a valid URL"),
+    (["--peer-url", "localhost:8080"], "--peer-url 'localhost:8080' is not an http"),
+    (["--peer-url", "http://127.0.0.1:9/v1", "--peer-url", "http://127.0.0.1:9"], "names http://127.0.0.1:9 twice"),
+    (["--peers", "hf-plain,vllm"], "choose each at most once from hf-plain"),
+    (["--peers", "hf-plain,hf-plain"], "choose each at most once from hf-plain"),
+])
+def test_bad_peers_are_one_error_before_the_model_loads(tmp_path, capsys, extra, message):
+    from specdec.cli import main
+
+    rc = main(["bench", "--model", "/nonexistent/m.gguf", "--out", str(tmp_path / "o"), *extra])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err and "nonexistent" not in err

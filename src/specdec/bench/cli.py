@@ -116,6 +116,10 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
     from specdec.options import context_size, note_capped_context
 
     prompts = load_prompts(prompts_spec, per_category)
+    if out_dir is not None:
+        from specdec.bench.report import check_bench_joins
+
+        check_bench_joins(out_dir, artifact(model))
     method_list = parse_methods(methods, draft_model, draft_n_max, model, draft_lengths)
     engine = bench_engine(model, context_size(ctx_size), fresh_drafters)
     if progress:
@@ -306,9 +310,19 @@ def cmd_bench(args) -> int:
         raise ValueError(f"{', '.join(unused)} would not be used: --draft-model serves draft-simple, auto and "
                          "hf-assisted, --peer-model the --peer-url servers, --hf-dtype the --peers")
     if peers:
+        from specdec.bench.peers import HF_PEERS
+
+        unknown = [p for p in peers if p not in HF_PEERS]
+        if unknown or len(set(peers)) < len(peers):
+            raise ValueError(f"--peers {args.peers!r}: choose each at most once from {', '.join(HF_PEERS)}")
         optional_module("transformers", "--peers")
     if args.peer_url:
         optional_module("httpx", "--peer-url")
+        from specdec.bench.load import base_url
+
+        bases = [base_url(url, "--peer-url") for url in args.peer_url]  # a malformed one: an error line now
+        if len(set(bases)) < len(bases):
+            raise ValueError(f"--peer-url names {next(b for b in bases if bases.count(b) > 1)} twice")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)

@@ -108,14 +108,19 @@ class LoadSettings:
         return base_url(self.url)
 
 
-def base_url(url: str) -> str:
-    """http://host:port from http://host:port/v1 (or /v1/); a URL without http(s):// is a ValueError."""
+def base_url(url: str, flag: str = "--url") -> str:
+    """http://host:port from http://host:port/v1 (or /v1/); a URL without http(s)://, or one httpx cannot
+    parse (a port that is not a number), is a ValueError naming the flag."""
     base = url.strip().rstrip("/")
     if base.endswith("/v1"):
         base = base[: -len("/v1")]
-    parsed = httpx.URL(base) if base.startswith(("http://", "https://")) else None
+    try:
+        parsed = httpx.URL(base) if base.startswith(("http://", "https://")) else None
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"{flag} {url!r} is not a valid URL ({exc}); give one like http://127.0.0.1:8080/v1") \
+            from None
     if parsed is None or not parsed.host:
-        raise ValueError(f"--url {url!r} is not an http(s) URL; give one like http://127.0.0.1:8080/v1")
+        raise ValueError(f"{flag} {url!r} is not an http(s) URL; give one like http://127.0.0.1:8080/v1")
     return base
 
 
@@ -512,6 +517,7 @@ class LocalServer:
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
         self.port: int | None = None
+        self._sigterm = None
 
     @property
     def url(self) -> str:
@@ -531,6 +537,13 @@ class LocalServer:
                                          env=self.env)
         finally:
             log.close()  # the child holds its own descriptor
+        try:  # a Ctrl-C while the model loads must not leave the server running on its own
+            return self._wait_for_health()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_for_health(self) -> str:
         deadline = time.monotonic() + self.start_timeout_s
         with httpx.Client(timeout=5.0) as client:
             while True:
@@ -543,7 +556,6 @@ class LocalServer:
                 except httpx.HTTPError:
                     pass
                 if time.monotonic() > deadline:
-                    self.stop()
                     raise ServerStartError(f"the specdec server did not answer /health within "
                                            f"{self.start_timeout_s:g} s (log: {self.log_path})")
                 time.sleep(0.25)
@@ -567,8 +579,29 @@ class LocalServer:
             return "(no log)"
 
     def __enter__(self) -> LocalServer:
-        self.start()
+        # SIGTERM (a `timeout`, a job scheduler) ends Python without running __exit__: while the server
+        # lives, it raises SystemExit instead, so the server is stopped on the way out
+        self._sigterm = None  # the handler to put back (a list: signal.signal may return None)
+        if threading.current_thread() is threading.main_thread():
+            self._sigterm = [signal.signal(signal.SIGTERM, _exit_on_sigterm)]
+        try:
+            self.start()
+        except BaseException:
+            self._restore_sigterm()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._restore_sigterm()
+
+    def _restore_sigterm(self) -> None:
+        if self._sigterm is not None:
+            signal.signal(signal.SIGTERM, self._sigterm[0] if self._sigterm[0] is not None else signal.SIG_DFL)
+            self._sigterm = None
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)

@@ -17,9 +17,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from specdec.bench.runner import RunOutput
+from specdec.bench.runner import PeerError, RunOutput
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
-from specdec.model.errors import SpecdecError
 
 HF_PEERS = ("hf-plain", "hf-assisted", "hf-prompt-lookup")
 
@@ -202,11 +201,9 @@ class URLPeer:
     def __init__(self, url: str, model: str | None = None, client=None, label: str | None = None, timeout: float = 600,
                  api_key: str | None = None):
         httpx = optional_module("httpx", "--peer-url")
+        from specdec.bench.load import base_url
 
-        base = url.rstrip("/")
-        if base.endswith("/v1"):
-            base = base[: -len("/v1")]
-        self.base = base
+        base = self.base = base_url(url, "--peer-url")
         self.model = model
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # --api-key
         self.client = client or httpx.Client(timeout=timeout)
@@ -243,10 +240,6 @@ class URLPeer:
         return parse_completion(data, wall, where)
 
 
-class PeerError(SpecdecError):
-    """A peer server that failed, or answered something that is not an OpenAI completion."""
-
-
 def parse_completion(data: dict, wall_s: float, where: str = "the peer") -> RunOutput:
     """A /v1/completions answer -> RunOutput; counters and timings only where the server gives them."""
     try:
@@ -281,8 +274,8 @@ def _parse_completion(data: dict, wall_s: float) -> RunOutput:
         tokens = tokens if tokens is not None else n
         decode_s = timings["predicted_ms"] / 1000.0
         prefill_s = (timings.get("prompt_ms") or 0.0) / 1000.0
-        # llama.cpp's predicted_* counts every generated token; RunOutput's rate counts n-1 of them
-        decode_s = decode_s * (n - 1) / n if n > 1 else decode_s
+        # llama.cpp starts predicted_ms when it samples the first token (timed in prompt_ms), so predicted_ms
+        # covers the n-1 steps after it: RunOutput's rate, (n-1)/decode_s, as specdec's own runs count it
         source = "server timings"
     else:
         decode_s, prefill_s = wall_s, None

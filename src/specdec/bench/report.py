@@ -23,9 +23,15 @@ PLOTS = {
 
 
 def write_all(results: dict, out_dir) -> dict[str, Path]:
-    """Write results.json, report.md and the plots; returns their paths by kind."""
+    """Write results.json, report.md and the plots; returns their paths by kind.
+
+    A load run (`--concurrency`) already in out_dir/results.json is kept, as its report section
+    (check_bench_joins refused, before the bench ran, one of another artifact)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    load = _load_results(out)
+    if load is not None and "load" not in results:
+        results = {**results, "load": load}
     paths = {"json": out / "results.json"}
     write_text(paths["json"], json.dumps(results, indent=1))
     paths.update(write_plots(results, out))
@@ -189,6 +195,12 @@ def caveats(r: dict) -> list[str]:
     for x in r["summary"]:
         if x["category"] == "all" and x.get("lossy"):
             notes.append(f"{x['config']} used relaxed (typical) acceptance: LOSSY.")
+    for x in r["summary"]:
+        if x["category"] == "all" and x.get("failed_runs"):
+            first = next(run["error"] for run in r["runs"] if run["config"] == x["config"] and run.get("error")
+                         and run["temperature"] == x["temperature"])
+            notes.append(f"{x['config']} at T={x['temperature']:g}: {x['failed_runs']} of "
+                         f"{x['failed_runs'] + x['runs']} runs FAILED and are left out of its numbers (first: {first}).")
     if any(run["timing_source"].startswith("client wall clock") for run in r["runs"]):
         notes.append("an endpoint reported no timings: its tokens/s is wall clock including prefill and HTTP.")
     return notes
@@ -207,20 +219,44 @@ def _method_results(out_dir) -> dict | None:
     return None
 
 
+def _load_results(out_dir) -> dict | None:
+    """The load section of out_dir/results.json (a load run alone, or joined to a method bench), or None."""
+    file = Path(out_dir) / "results.json"
+    try:
+        existing = json.loads(file.read_text()) if file.is_file() else None
+    except (ValueError, OSError):
+        return None
+    load = existing.get("load") if isinstance(existing, dict) else None
+    return load if isinstance(load, dict) else None
+
+
+def _same_artifact(served: dict, target: dict) -> bool:
+    """served: {"artifact": path, "sha256": ...} (a load run's server), target: a bench's artifacts.target."""
+    if served.get("sha256") and target.get("sha256"):
+        return served["sha256"] == target["sha256"]
+    return Path(str(served.get("artifact"))).resolve() == Path(str(target.get("path"))).resolve()
+
+
 def check_load_joins(out_dir, served: dict) -> None:
     """A ValueError, before a load run starts, when out_dir holds the method bench of another artifact than
     the one the server will load (`served`: {"artifact": path, "sha256": ...}; empty when unknown): its
     report would gain a load section about another model under the first one's name."""
     existing = _method_results(out_dir)
     target = ((existing or {}).get("artifacts") or {}).get("target") or {}
-    if not target or not served:
-        return
-    same = (served.get("sha256") == target.get("sha256") if served.get("sha256") and target.get("sha256")
-            else Path(str(served.get("artifact"))).resolve() == Path(str(target.get("path"))).resolve())
-    if not same:
+    if target and served and not _same_artifact(served, target):
         benched = target.get("name") or target.get("path")
         raise ValueError(f"{Path(out_dir) / 'results.json'} is the bench of {benched}; a load run of "
                          f"{served.get('artifact')} would be joined to it: choose another --out")
+
+
+def check_bench_joins(out_dir, target: dict) -> None:
+    """check_load_joins the other way round: a ValueError, before a method bench starts, when out_dir holds
+    a load run whose server loaded another artifact than `target` ({"path": ..., "sha256": ...}); the
+    method bench keeps a load run in its --out (write_all), so it would report one about another model."""
+    served = (_load_results(out_dir) or {}).get("server") or {}
+    if served.get("artifact") and target and not _same_artifact(served, target):
+        raise ValueError(f"{Path(out_dir) / 'results.json'} holds a load run of {served['artifact']}; the bench "
+                         f"of {target.get('path')} would be joined to it: choose another --out")
 
 
 def write_load(load: dict, out_dir, runtime: dict | None = None) -> dict[str, Path]:

@@ -24,9 +24,15 @@ from dataclasses import dataclass, field
 from specdec.bench import memory
 from specdec.bench.methods import BASELINE, Method
 from specdec.engine.stats import SpecStats
+from specdec.model.errors import SpecdecError
 from specdec.sampling import SamplingParams
 
 SCHEMA = "specdec-bench/1"
+PEER_GIVE_UP = 3  # failed requests in a row after which a peer's later runs are not sent (each may wait minutes)
+
+
+class PeerError(SpecdecError):
+    """A peer server that failed, or answered something that is not an OpenAI completion."""
 
 
 # -- one run -----------------------------------------------------------------------------------
@@ -56,11 +62,14 @@ class RunOutput:
 def interleaved_rounds(repeats: int, n_prompts: int, temperatures, configs: list) -> list[tuple]:
     """The bench's rounds in run order: (repeat, prompt index, temperature, configs in their order).
 
-    Within a temperature the order rotates by one from round to round, so that every configuration
-    runs in every position equally often there (when the rounds are a multiple of the configurations).
+    Within a temperature the order rotates by one from prompt to prompt and from repeat to repeat, so
+    that every configuration runs in every position equally often there (when the prompts, or the
+    repeats, are a multiple of the configurations), and each prompt meets a new order at each repeat.
     Rotating by the round's overall index instead gave every round of one temperature the same order
-    whenever the temperatures were as many as the configurations: at T=0 plain decoding always ran
-    first and auto second, a bias in every T=0 ratio.
+    whenever the temperatures were as many as the configurations (at T=0 plain decoding always ran
+    first and auto second, a bias in every T=0 ratio); rotating by the round's index within its
+    temperature gave each prompt the same order in every repeat when the prompts were a multiple of
+    the configurations (the default: 15 prompts, 5 methods), so each category kept its positions.
 
     >>> [(t, order) for _, _, t, order in interleaved_rounds(1, 2, [0.0, 0.7], ["none", "auto"])]
     [(0.0, ['none', 'auto']), (0.7, ['none', 'auto']), (0.0, ['auto', 'none']), (0.7, ['auto', 'none'])]
@@ -68,7 +77,7 @@ def interleaved_rounds(repeats: int, n_prompts: int, temperatures, configs: list
     rounds = []
     for rep in range(repeats):
         for pi in range(n_prompts):
-            shift = (rep * n_prompts + pi) % len(configs)
+            shift = (rep + pi) % len(configs)
             for t in temperatures:
                 rounds.append((rep, pi, t, configs[shift:] + configs[:shift]))
     return rounds
@@ -126,7 +135,9 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
         if len(ids) + max_tokens + 2 > engine.cache.max_len:
             raise ValueError(f"prompt {p.id} ({len(ids)} tokens) + --max-tokens {max_tokens} does not fit the "
                              f"context of {engine.cache.max_len} (--ctx-size)")
-    texts = {p.id: tok.decode(ids) for p, ids in rendered}
+    # a URL peer gets text, and its server puts the BOS in front itself: the text leaves out the one of ids
+    # (decoded, it became the text "<bos>" after which the server added another)
+    texts = {p.id: tok.decode(ids[1:] if tok.add_bos and ids[:1] == [tok.bos_id] else ids) for p, ids in rendered}
 
     def run_one(cfg: _Config, prompt, ids, temperature, n, run_seed) -> RunOutput:
         sampling = SamplingParams(temperature=temperature, seed=run_seed)
@@ -141,6 +152,7 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
             run_one(cfg, p0, ids0, temperatures[0], min(8, max_tokens), seed)
 
     rounds = interleaved_rounds(repeats, len(rendered), temperatures, configs)
+    failing: dict[str, int] = {}  # a peer's failed requests in a row
     runs: list[dict] = []
     stats_of: dict[int, SpecStats] = {}
     kv_per_token = memory.kv_bytes_per_token(engine.model.config, engine.model.info.kv_cache)
@@ -152,7 +164,17 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
         round_runs = {}
         for position, cfg in enumerate(order):
             bar.set_postfix_str(f"{cfg.label} | {prompt.id}")
-            out = run_one(cfg, prompt, ids, temperature, max_tokens, run_seed)
+            if cfg.kind == "specdec":
+                out = run_one(cfg, prompt, ids, temperature, max_tokens, run_seed)
+            elif failing.get(cfg.label, 0) >= PEER_GIVE_UP:
+                out = _failed_run(f"not sent: the peer failed {PEER_GIVE_UP} requests in a row")
+            else:  # one failed request of a peer is that run's result, not the end of hours of measurement
+                try:
+                    out = run_one(cfg, prompt, ids, temperature, max_tokens, run_seed)
+                    failing[cfg.label] = 0
+                except PeerError as exc:
+                    failing[cfg.label] = failing.get(cfg.label, 0) + 1
+                    out = _failed_run(str(exc))
             rec = {
                 "config": cfg.label, "prompt": prompt.id, "category": prompt.category, "temperature": temperature,
                 "repeat": rep, "round": r, "position": position, "prompt_tokens": len(ids),
@@ -220,6 +242,11 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
     return results
 
 
+def _failed_run(error: str) -> RunOutput:
+    """A peer's run that has no result: no tokens, no rate, the error in the run's record."""
+    return RunOutput(None, None, None, 0.0, 0, "unknown", timing_source="none (no answer)", extra={"error": error})
+
+
 def _identical(out: RunOutput, base: RunOutput) -> bool | None:
     if out.token_ids is not None and base.token_ids is not None:
         return list(out.token_ids) == list(base.token_ids)
@@ -240,17 +267,18 @@ def summarize(runs: list[dict], stats_of: dict[int, SpecStats], configs, tempera
     for cfg in configs:
         for t in temperatures:
             for cat in categories + ["all"]:
-                idx = [i for i, r in enumerate(runs) if r["config"] == cfg.label and r["temperature"] == t
-                       and (cat == "all" or r["category"] == cat)]
-                if not idx:
+                every = [i for i, r in enumerate(runs) if r["config"] == cfg.label and r["temperature"] == t
+                         and (cat == "all" or r["category"] == cat)]
+                if not every:
                     continue
+                idx = [i for i in every if runs[i].get("error") is None]  # a peer's failed runs have no numbers
                 sel = [runs[i] for i in idx]
                 base_sel = [r for r in runs if r["config"] == cfg.baseline and r["temperature"] == t
                             and (cat == "all" or r["category"] == cat)]
                 ratios = [r["speedup"] for r in sel if r["speedup"] is not None]
                 row = {
                     "config": cfg.label, "kind": cfg.kind, "temperature": t, "category": cat, "runs": len(sel),
-                    "baseline": cfg.baseline,
+                    "failed_runs": len(every) - len(idx), "baseline": cfg.baseline,
                     "decode_tokens_per_s_median": _median(r["decode_tokens_per_s"] for r in sel),
                     "baseline_tokens_per_s_median": _median(r["decode_tokens_per_s"] for r in base_sel),
                     "speedup_median": _median(ratios) if cfg.label != cfg.baseline else 1.0,
