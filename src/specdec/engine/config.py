@@ -32,7 +32,8 @@ class SpecConfig:
         DrafterSpecs. They are kept in the order the engine tries them: model-free kinds first
         (in the order given), the one model drafter last, when they found nothing. () = none.
     draft_n_max: most tokens drafted per step (llama.cpp --spec-draft-n-max, default 3).
-    draft_n_min: drafts shorter than this are not verified (0 = any length).
+    draft_n_min: drafts shorter than this are not verified (0 = any length); a sampled draft of a model
+        drafter is verified whatever its length (Engine._propose says why).
     draft_p_min: a model drafter stops when its top probability drops below this.
     adaptive: choose the draft length (0..draft_n_max) with the most expected tokens per second,
         from recent acceptance and the measured cost of verifying k tokens (engine/cost.py); at 0

@@ -391,13 +391,18 @@ class Engine:
 
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
         """The first draft of the request's drafters (n-gram kinds first) at least --spec-draft-n-min long, and
-        its drafter: a shorter one counts as none, and the next drafter is asked."""
+        its drafter: a shorter one counts as none, and the next drafter is asked.
+
+        A sampled draft (draft_probs: a model drafter at temperature > 0) is verified whatever its length:
+        its length can depend on the tokens it drew (--spec-draft-p-min stops after a token whose next row
+        is unsure), and dropping it for being short would verify only the drafts whose tokens made them
+        long, a choice rejection sampling does not allow (the target's distribution was off by 0.3-0.8%)."""
         if k <= 0 or not req.drafters:
             return None, Draft()
         context = req.prompt + req.output
         for d in req.drafters:
             draft = d.propose(context, k)
-            if len(draft) == 0 or len(draft) < req.spec.draft_n_min:
+            if len(draft) == 0 or (len(draft) < req.spec.draft_n_min and draft.draft_probs is None):
                 continue
             if max(draft.tree.depths()) > k:
                 raise RuntimeError(f"drafter {d.name} proposed a draft {max(draft.tree.depths())} deep, more than {k}")
