@@ -279,3 +279,31 @@ def test_a_short_sampled_draft_is_verified_so_n_min_keeps_the_target_law(tiny_mo
                                  max_tokens=4, **sampling)
     assert accepted > 0.5  # the draft model drafted, and was accepted
     assert law_gap(law, plain) < 1e-9
+
+
+def test_per_position_acceptance_counts_a_tree_s_depths_not_its_nodes(tiny_model):
+    """A tree 2 deep of 3 nodes was counted as 3 positions, the last never accepted (0.00 in every report)."""
+    from specdec.drafters.base import Draft, DrafterBase
+    from specdec.verify.token_tree import TokenTree
+
+    prompt = [5, 6, 7, 8]
+    plain = Engine(tiny_model, max_len=64).generate(prompt, SamplingParams(), max_tokens=12).token_ids
+
+    class Forked(DrafterBase):
+        name = "forked"
+
+        def propose(self, context, draft_length):
+            done = len(context) - len(prompt)
+            nxt = plain[done : done + 2]
+            if len(nxt) < 2 or draft_length < 2:
+                return Draft()
+            wrong = (nxt[0] + 1) % 100
+            return Draft(TokenTree((wrong, nxt[0], nxt[1]), (-1, -1, 1)))  # a wrong first sibling, the right pair
+
+    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=2), max_len=64,
+                    drafter_factory=lambda kind, spec: Forked())
+    out = engine.generate(prompt, SamplingParams(), max_tokens=12)
+    assert out.token_ids == plain
+    stats = out.stats
+    assert stats.drafted == 3 * stats.steps and stats.accepted == 2 * stats.steps
+    assert stats.drafted_at == [stats.steps, stats.steps] and stats.per_position_acceptance == [1.0, 1.0]

@@ -383,7 +383,8 @@ class Engine:
         self._feed_hidden(req, out.hidden, kept, [plan.tokens[i] for i in kept])
         if drafter is not None:
             drafter.on_accept(result.num_accepted)
-        req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted)
+        req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted,
+                         max(draft.tree.depths(), default=0))
         req.stats.lossy |= result.lossy
         req.stats.draft_s += plan.draft_s
         self._adapt(req, len(draft), result.num_accepted, plan.draft_s)

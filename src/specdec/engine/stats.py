@@ -24,25 +24,28 @@ class SpecStats:
     decode_steps: int = 0  # all target forward passes after prefill (with or without drafts)
     emitted: int = 0  # tokens produced after prefill
     accepted_at: list[int] = field(default_factory=list)  # accepted_at[i]: steps whose position i was accepted
-    drafted_at: list[int] = field(default_factory=list)  # drafted_at[i]: steps that drafted >= i+1 tokens
+    drafted_at: list[int] = field(default_factory=list)  # drafted_at[i]: steps that drafted >= i+1 positions
     draft_s: float = 0.0
     verify_s: float = 0.0
     lossy: bool = False  # True when any step used relaxed (typical) acceptance
     by_drafter: dict[str, DrafterCounts] = field(default_factory=dict)
 
-    def record(self, source: str, drafted: int, accepted: int) -> None:
-        """One verify step: `drafted` tokens proposed by `source`, the first `accepted` kept."""
+    def record(self, source: str, drafted: int, accepted: int, depth: int | None = None) -> None:
+        """One verify step: `drafted` tokens proposed by `source`, the first `accepted` kept. depth: the
+        positions they cover (a tree's depth; a chain's length, the default): per-position acceptance
+        counts positions, not a tree's nodes (a tree 3 deep of 6 nodes reported 6 positions)."""
         self.decode_steps += 1
         self.emitted += accepted + 1
         if drafted == 0:
             return
+        depth = drafted if depth is None else depth
         self.drafted += drafted
         self.accepted += accepted
         self.steps += 1
-        while len(self.drafted_at) < drafted:
+        while len(self.drafted_at) < depth:
             self.drafted_at.append(0)
             self.accepted_at.append(0)
-        for i in range(drafted):
+        for i in range(depth):
             self.drafted_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
