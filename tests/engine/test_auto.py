@@ -191,3 +191,14 @@ def test_a_given_mtp_head_beside_mtp_layers_is_explained_truly():
     assert "draft-mtp" in spec.types and spec.draft_model == "head"
     assert "the checkpoint's MTP layers are not used: the MTP head given with -md drafts instead" in reasons
     assert not any("lacks their weights" in r for r in reasons)
+
+
+def test_a_given_mtp_head_that_cannot_draft_leaves_the_checkpoint_s_mtp_layers_drafting():
+    """A head that does not fit the model, given with -md, made auto skip the checkpoint's MTP layers too: no
+    MTP at all, and a reason saying the head drafted instead."""
+    bad = DrafterFacts("/heads/other", "draft-mtp", False, "hidden size 2048 != target 4096")
+    spec, reasons = choose_auto(TargetFacts("m", mtp_declared=1, mtp_weights=True), bad)
+    assert spec.types == ("suffix", "draft-mtp") and spec.draft_model is None
+    assert any("draft-mtp, used without being asked" in r for r in reasons)
+    assert "draft-mtp /heads/other not used: hidden size 2048 != target 4096" in reasons
+    assert not any("drafts instead" in r for r in reasons)

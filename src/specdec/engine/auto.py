@@ -122,8 +122,12 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
         return fact.verdict != SLOWER, fact
 
     model_type: str | None = None
-    # 1. MTP layers in the checkpoint (a trained MTP head the user gave goes to 2.)
-    if target.mtp_weights and not (draft_model is not None and draft_model.kind == "draft-mtp"):
+    given_used = False  # the drafter the user gave drafts
+    # 1. MTP layers in the checkpoint (a trained MTP head the user gave goes to 2., when it can run: one that
+    # does not fit the model left auto with no MTP at all)
+    given_mtp = (draft_model is not None and draft_model.kind == "draft-mtp" and draft_model.compatible
+                 and "draft-mtp" in runnable and allowed("draft-mtp")[0])
+    if target.mtp_weights and not given_mtp:
         ok, fact = allowed("draft-mtp")
         if "draft-mtp" not in runnable:
             reasons.append(f"model declares {target.mtp_declared or 'its'} MTP layer(s) and carries their weights, "
@@ -151,10 +155,11 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
             reasons.append(f"{kind} {draft_model.path} not used: measured slower than plain decoding on {hardware} "
                            f"({fact.evidence})")
         else:
-            model_type = kind
+            model_type, given_used = kind, True
             reasons.append(f"{kind}: {draft_model.path} ({fact.verdict} on {hardware})")
     elif draft_model is not None:
-        reasons.append(f"{draft_model.kind} {draft_model.path} not used: {model_type} was chosen")
+        why = draft_model.reason if not draft_model.compatible else f"{model_type} was chosen"
+        reasons.append(f"{draft_model.kind} {draft_model.path} not used: {why}")
     # 4. model-free drafters, tried before any model drafter
     types: list[str] = []
     for name in model_free:
@@ -170,8 +175,7 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
     # get rejected (prose, sampling) made suffix 4-8% slower than plain decoding in the bench; the cost
     # model drafts 1-2 tokens when acceptance is low, which costs about what one step costs.
     spec = SpecConfig(drafters=tuple(types), draft_n_max=draft_n_max, adaptive=bool(types),
-                      draft_model=draft_model.path if model_type is not None and draft_model is not None
-                      and model_type == draft_model.kind else None)
+                      draft_model=draft_model.path if given_used else None)
     reasons.insert(0, f"auto chose {spec.method}")
     if spec.adaptive:
         reasons.append(f"draft length 0..{draft_n_max} chosen each step from the measured verify cost and recent "
