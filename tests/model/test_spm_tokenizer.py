@@ -321,3 +321,17 @@ def test_a_skipped_special_token_keeps_the_next_words_space_in_a_stream(tmp_path
     for chunk in (ids[:1], [], ids[2:3], ids[3:]):
         empty.push(chunk)
     assert empty.text + empty.pending == tok.decode(ids[:1] + ids[2:])
+
+
+def test_a_skipped_special_token_inside_a_byte_run_does_not_settle_it(tiny):
+    """<0xC3><0xBC><start_of_turn><0xBC>: with special tokens skipped the three bytes decode as one run, so the
+    "ü" settled at <start_of_turn> turned to U+FFFD with the next byte, and push raised RuntimeError."""
+    u_umlaut = tiny.encode("ü", add_bos=False)
+    sot = tiny.backend.token_to_id("<start_of_turn>")
+    assert len(u_umlaut) == 2 and all(tiny.token_text(i).startswith("<0x") for i in u_umlaut)
+    ids = u_umlaut + [sot] + u_umlaut[1:] + tiny.encode(" the", add_bos=False)
+    stream = StreamDecoder(tiny, skip_special=True)
+    for i in ids:
+        stream.push([i])
+        assert stream.text + stream.pending == tiny.decode(stream.ids, skip_special=True)
+    assert stream.text == tiny.decode(ids, skip_special=True)

@@ -172,7 +172,7 @@ class StreamDecoder:
             if not full.startswith(self.text):
                 raise RuntimeError("the tokenizer's decoding of this output changed text already settled")
             new = full[len(self.text) :]
-        last = self.tokenizer.token_text(self.ids[-1]) if self.ids else None
+        last = self._last_shown()
         if new.endswith("\ufffd") or (last is not None and _BYTE_TOKEN.fullmatch(last)):
             self.pending = new
             return ""
@@ -180,6 +180,15 @@ class StreamDecoder:
         self.pending = ""
         self._context, self._settled = self._settled, len(self.ids)
         return new
+
+    def _last_shown(self) -> str | None:
+        """The text of the last token whose text the decoding shows: skipped special tokens at the end are
+        passed over, since a byte token after them joins the byte run before them (<0xC3><0xA9><eot><0xA9>
+        decodes as one run: settling "é" at <eot> was wrong once the next byte came)."""
+        for i in reversed(self.ids):
+            if not self.skip_special or self.tokenizer.decode([i], skip_special=True) != "":
+                return self.tokenizer.token_text(i)
+        return None
 
 
 def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
