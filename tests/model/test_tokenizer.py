@@ -146,3 +146,14 @@ def test_real_gguf_tokenizers_match_their_models_prompts():
     ids = chat_prompt_ids(gemma, "hi")
     assert ids[0] == gemma.bos_id and ids[1] != gemma.bos_id
     assert ids == gemma.encode(gemma.apply_chat_template([{"role": "user", "content": "hi"}]), add_bos=False)
+
+
+def test_a_gguf_stops_where_llama_cpp_stops(tmp_path):
+    """Qwen's GGUF names <|im_end|> as EOS; llama.cpp (and Qwen's generation_config) also end at <|endoftext|>,
+    which specdec generated past. The end-of-generation set: the file's EOS/EOT/EOM ids, then llama.cpp's
+    spellings."""
+    from helpers.tiny import make_gguf_model
+    from specdec.model.tokenizer import read_gguf_tokenizer
+
+    tok = read_gguf_tokenizer(make_gguf_model(tmp_path / "m.gguf"))
+    assert [tok.token_text(i) for i in tok.eos_ids] == ["<|im_end|>", "<|endoftext|>"]

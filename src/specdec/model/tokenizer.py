@@ -203,8 +203,7 @@ def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
         if key in reader.fields and len(reader.fields[key].data) != n:
             raise ModelFileError(path, f"{key} has {len(reader.fields[key].data)} entries for {n} tokens")
-    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                "tokenizer.ggml.unknown_token_id"):
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.unknown_token_id", *_END_IDS):
         value = metadata.get(key)
         if value is not None and not (isinstance(value, int) and 0 <= value < n):
             raise ModelFileError(path, f"{key} is {value!r}, not a token id (0..{n - 1})")
@@ -257,11 +256,7 @@ def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
                         if ty == _USER_DEFINED])
     bos = metadata.get("tokenizer.ggml.bos_token_id")
-    eos_ids = [int(metadata[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
-               if metadata.get(k) is not None]
-    # as in _spm_from_gguf: a turn's own end token stops generation though the file names another EOS
-    eos_ids += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == _CONTROL and t in _END_OF_TURN]
-    return Tokenizer(backend, None if bos is None else int(bos), list(dict.fromkeys(eos_ids)),
+    return Tokenizer(backend, None if bos is None else int(bos), _end_of_generation(metadata, tokens),
                      bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
                      metadata.get("tokenizer.chat_template"), "gguf")
 
@@ -278,7 +273,7 @@ def read_gguf_tokenizer(path) -> Tokenizer:
 
 
 def _spm_from_gguf(reader, metadata: dict) -> Tokenizer:
-    from specdec.model.spm import CONTROL, spm_backend
+    from specdec.model.spm import spm_backend
 
     def array(key):
         return reader.fields[key].contents() if key in reader.fields else []
@@ -290,21 +285,29 @@ def _spm_from_gguf(reader, metadata: dict) -> Tokenizer:
     add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
     backend = spm_backend(tokens, scores, types, add_space_prefix, None if unk is None else int(unk))
     bos = metadata.get("tokenizer.ggml.bos_token_id")
-    eos_ids = [int(metadata[k]) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
-               if metadata.get(k) is not None]
-    # A chat turn ends with its own control token, which files often leave out of eot_token_id; llama.cpp
-    # recognizes these spellings as end-of-generation tokens too.
-    eos_ids += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == CONTROL and t in _END_OF_TURN]
     template = metadata.get("tokenizer.chat_template")
     if template is None and str(metadata.get("general.architecture", "")).startswith("gemma") \
             and backend.token_to_id("<start_of_turn>") is not None:
         template = GEMMA_TEMPLATE
     # Without the flag llama.cpp adds BOS to a SentencePiece vocabulary.
-    return Tokenizer(backend, None if bos is None else int(bos), list(dict.fromkeys(eos_ids)),
+    return Tokenizer(backend, None if bos is None else int(bos), _end_of_generation(metadata, tokens),
                      bool(metadata.get("tokenizer.ggml.add_bos_token", True)), template, "gguf")
 
 
-_END_OF_TURN = {"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>"}
+_END_IDS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
+            "tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id")
+# Spellings llama.cpp ends generation at, whatever EOS the file names (a chat turn's own end token, which
+# files often leave out of eot_token_id; Qwen's <|endoftext|> beside <|im_end|>, as its generation_config)
+_END_OF_GENERATION = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+                      "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"}
+
+
+def _end_of_generation(metadata: dict, tokens: list[str]) -> list[int]:
+    """The ids generation stops at, as llama.cpp's end-of-generation set: the file's EOS, EOT, EOM and FIM
+    pad/repo/separator ids, then every token spelled as one of _END_OF_GENERATION."""
+    ids = [int(metadata[k]) for k in _END_IDS if metadata.get(k) is not None]
+    ids += [i for i, t in enumerate(tokens) if t in _END_OF_GENERATION]
+    return list(dict.fromkeys(ids))
 # Gemma's turn format, for Gemma GGUF files written without `tokenizer.chat_template` (as some
 # conversions are): a system message opens the first user turn, the assistant speaks as "model",
 # every other message is trimmed. It is Gemma's published format, written here, not read from the file.
