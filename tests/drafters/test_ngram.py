@@ -188,6 +188,8 @@ def test_cache_bad_npy_dtype_and_missing_file(tmp_path):
         load_corpus(path)
     with pytest.raises(FileNotFoundError, match="nothere.json does not exist"):
         NgramCache.from_file(tmp_path / "nothere.json")
+    with pytest.raises(FileNotFoundError, match=f"corpus {tmp_path} is a folder"):  # it said "does not exist"
+        NgramCache.from_file(tmp_path)
     with pytest.raises(ValueError, match="not both"):
         NgramCache(static_path=tmp_path / "x.json", static_corpus=[[1, 2]])
 

@@ -70,6 +70,14 @@ def test_unknown_option_names_the_valid_ones():
     ("suffix:max_tree_depth=1e9", "'suffix' option max_tree_depth must be a whole number, got 1000000000.0"),
     ("suffix:min_token_prob=nan", "'suffix' option min_token_prob must be a finite number, got nan"),
     ("ngram-map-k:min_hits=0", "ngram-map-k: min_hits must be at least 1"),
+    # a TypeError's traceback: static_corpus takes token-id lists from Python, not text
+    ("ngram-cache:static_corpus=5", "ngram-cache: static_corpus must be a list of token-id lists (got 5); to read"),
+    ("ngram-cache:static_corpus=abc", "ngram-cache: static_corpus must be a list of token-id lists (got abc)"),
+    # each token was indexed under every order: 12 GB and a minute over 2000 tokens
+    ("ngram-simple:order_max=100000000", "ngram-simple: order_max must be at most 64 tokens (got 100000000)"),
+    ("ngram-map-k4v:key_size=65", "ngram-map-k4v: key_size must be at most 64 tokens"),
+    ("ngram-cache:ngram_max=99", "ngram-cache: ngram_max must be at most 64 tokens"),
+    ("suffix:max_tree_depth=100000", "suffix: max_tree_depth must be from 2 to 128"),
 ])
 def test_bench_methods_options_are_checked_when_parsed(method, message):
     """bench --methods values come from text: each was a traceback (often after the baseline had run) or a

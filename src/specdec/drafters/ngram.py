@@ -75,10 +75,21 @@ def _copy_from(tokens: list[int], start: int, k: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+MAX_ORDER = 64  # longest n-gram key: every token is indexed under each order, so the cost grows with it
+
+
 def check_positive(kind: str, **values: int) -> None:
     for arg, value in values.items():
         if value < 1:
             raise ValueError(f"{kind}: {arg} must be at least 1 (got {value})")
+
+
+def check_order(kind: str, **values: int) -> None:
+    """n-gram lengths from 1 to MAX_ORDER (order_max=10**7 took 12 GB and a minute over 2000 tokens)."""
+    check_positive(kind, **values)
+    for arg, value in values.items():
+        if value > MAX_ORDER:
+            raise ValueError(f"{kind}: {arg} must be at most {MAX_ORDER} tokens (got {value})")
 
 
 # --- ngram-simple -------------------------------------------------------------------------
@@ -104,7 +115,7 @@ class NgramSimple(IncrementalDrafter):
     name: str = field(default="ngram-simple", init=False)
 
     def _check_args(self) -> None:
-        check_positive(self.name, order_min=self.order_min)
+        check_order(self.name, order_min=self.order_min, order_max=self.order_max)
         if self.order_max < self.order_min:
             raise ValueError(f"{self.name}: order_max ({self.order_max}) must be >= order_min ({self.order_min})")
 
@@ -150,7 +161,8 @@ class NgramMapK(IncrementalDrafter):
     name: str = field(default="ngram-map-k", init=False)
 
     def _check_args(self) -> None:
-        check_positive(self.name, key_size=self.key_size, min_hits=self.min_hits)
+        check_positive(self.name, min_hits=self.min_hits)
+        check_order(self.name, key_size=self.key_size)
 
     def _reset(self) -> None:
         super()._reset()
@@ -201,7 +213,8 @@ class NgramMapK4V(IncrementalDrafter):
     name: str = field(default="ngram-map-k4v", init=False)
 
     def _check_args(self) -> None:
-        check_positive(self.name, key_size=self.key_size, min_hits=self.min_hits)
+        check_positive(self.name, min_hits=self.min_hits)
+        check_order(self.name, key_size=self.key_size)
         if self.dominance < 1.0:
             raise ValueError(f"{self.name}: dominance must be >= 1.0 (got {self.dominance})")
 

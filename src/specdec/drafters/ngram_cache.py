@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.drafters.base import Draft
-from specdec.drafters.ngram import IncrementalDrafter, NgramKey, check_positive
+from specdec.drafters.ngram import IncrementalDrafter, NgramKey, check_order
 
 # Confidence thresholds per n-gram size 1, 2, 3, 4+ (llama.cpp's ngram-cache values): the
 # n-gram must have been followed at least MIN_SAMPLES times, and the drafted token in at
@@ -75,7 +75,8 @@ def load_corpus(path: str | os.PathLike) -> list[list[int]]:
     p = Path(path)
     expected = "a JSON list of token ids (or of such lists), a 1-D integer .npy, or a text of ids"
     if not p.is_file():
-        raise FileNotFoundError(f"ngram-cache corpus {p} does not exist; give {expected}")
+        problem = "is a folder" if p.is_dir() else "does not exist"
+        raise FileNotFoundError(f"ngram-cache corpus {p} {problem}; give {expected}")
     try:
         if p.suffix == ".npy":
             array = np.load(p, allow_pickle=False)
@@ -135,13 +136,20 @@ class NgramCache(IncrementalDrafter):
         return cls(static_path=path, **kwargs)
 
     def _check_args(self) -> None:
-        check_positive(self.name, ngram_min=self.ngram_min, static_n=self.static_n)
+        check_order(self.name, ngram_min=self.ngram_min, ngram_max=self.ngram_max, static_n=self.static_n)
         if self.ngram_max < self.ngram_min:
             raise ValueError(
                 f"{self.name}: ngram_max ({self.ngram_max}) must be >= ngram_min ({self.ngram_min})"
             )
         if self.static_path is not None and self.static_corpus is not None:
             raise ValueError(f"{self.name}: give static_path or static_corpus, not both")
+        corpus = self.static_corpus
+        if corpus is not None and not (isinstance(corpus, (list, tuple)) and all(
+                isinstance(doc, (list, tuple)) and all(type(t) is int and t >= 0 for t in doc) for doc in corpus)):
+            raise ValueError(f"{self.name}: static_corpus must be a list of token-id lists (got {str(corpus)[:40]}); "
+                             "to read a corpus from a file, give static_path=FILE")
+        if self.static_path is not None and not isinstance(self.static_path, (str, os.PathLike)):
+            raise ValueError(f"{self.name}: static_path must be a file name (got {self.static_path!r})")
 
     def __post_init__(self) -> None:
         super().__post_init__()
