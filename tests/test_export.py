@@ -231,3 +231,38 @@ def test_a_registered_kind_without_engine_names_exports_without_speculation_ther
         registry._entries.pop("test-export-kind", None)
     assert "SGLang has no test-export-kind: this command runs without speculation" in out["sglang"]["notes"]
     assert "--speculative-algorithm" not in out["sglang"]["args"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--speculative-config", '{"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 2}'],
+     "ngram-simple: order_max (2) must be >= order_min (5)"),
+    (["--speculative-config", '{"method": "ngram", "prompt_lookup_max": 0}'],
+     "ngram-simple: order_min must be at least 1"),
+])
+def test_drafter_options_generate_refuses_are_refused(tiny_hf_dir, capsys, flags, message):
+    """export-config printed every engine's flags for settings generate and serve refuse."""
+    assert main(["export-config", "--model", str(tiny_hf_dir), *flags]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and not captured.out
+
+
+def test_a_shipped_drafter_kind_without_a_head_is_refused(tiny_hf_dir, capsys):
+    """draft-eagle3 without -md printed commands with no draft model, which no engine can run."""
+    assert main(["export-config", "--model", str(tiny_hf_dir), "--spec-type", "draft-eagle3"]) == 2
+    captured = capsys.readouterr()
+    assert "draft-eagle3 needs an EAGLE-3 head for" in captured.err and "pass its folder with -md" in captured.err
+    assert not captured.out
+
+
+@pytest.mark.slow
+def test_draft_eagle3_without_md_names_the_head_shipped_for_the_model(capsys):
+    from specdec.drafters.mtp import HEADS_DIR
+
+    assert main(["export-config", "--model", "smollm2-135m", "--spec-type", "draft-eagle3", "--json"]) == 0
+    captured = capsys.readouterr()
+    head = str(HEADS_DIR / "smollm2-135m" / "eagle3")
+    out = json.loads(captured.out)
+    assert out["specdec"]["draft_model"] == head and out["vllm"]["speculative_config"]["model"] == head
+    sglang = out["sglang"]["args"]
+    assert sglang[sglang.index("--speculative-draft-model-path") + 1] == head
+    assert f"draft-eagle3 runs an EAGLE-3 head shipped with specdec, {head}" in captured.err

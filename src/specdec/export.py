@@ -223,8 +223,11 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     from specdec.options import spec_flags
 
     flags = spec_flags(args)
-    if not flags.auto:
-        return spec_config_from_flags(flags)
+    if not flags.auto:  # what generate refuses is refused here too (ngram-simple's order_min above its order_max)
+        spec, notes = spec_config_from_flags(flags)
+        for drafter in spec.drafters:
+            registry.check_options(drafter)
+        return spec, notes
     try:  # auto reads the model's files; printing flags never downloads them
         path = resolve(args.model, auto_pull=False)
     except SpecdecError as exc:
@@ -238,12 +241,10 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
 def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     """Where draft-mtp's head comes from when it is not MTP layers in the checkpoint (None when they are,
     or when draft-mtp is not used)."""
-    from types import SimpleNamespace
-
     from specdec.drafters.mtp import shipped_head
     from specdec.model.facts import mtp_info, sidecar_path
-    from specdec.model.load import _folder_digest, open_checkpoint
-    from specdec.model.registry import cached_sha256, resolve
+    from specdec.model.load import open_checkpoint
+    from specdec.model.registry import resolve
 
     if "draft-mtp" not in spec.types:
         return None
@@ -257,14 +258,47 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     if side.is_dir():
         return f"a head beside the model, {side}"
     # where specdec generate finds a head (drafters/mtp.mtp_source), without building the model
-    sha = cached_sha256(path) if path.is_file() else _folder_digest(path)
-    target = SimpleNamespace(config=checkpoint.config, info=SimpleNamespace(name=model, sha256=sha))
-    shipped = shipped_head("mtp", target)
+    shipped = shipped_head("mtp", _target_facts(model, path, checkpoint))
     if shipped is not None:
         return f"a head shipped with specdec, {shipped}"
     raise ValueError(f"{model} has no MTP layers, no MTP head beside it and none shipped with specdec, so draft-mtp "
                      "has nothing to draft with (specdec generate refuses it too); train a head with `specdec train "
                      "mtp`, or use another --spec-type")
+
+
+def _target_facts(model: str, path, checkpoint):
+    """What drafters/mtp.shipped_head reads of a target (its config, name and digest), without building it."""
+    from types import SimpleNamespace
+
+    from specdec.model.load import _folder_digest
+    from specdec.model.registry import cached_sha256
+
+    sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(path)
+    return SimpleNamespace(config=checkpoint.config, info=SimpleNamespace(name=model, sha256=sha))
+
+
+_SHIPPED = {"draft-eagle3": ("eagle3", "an EAGLE-3 head"), "draft-dflash": ("dflash", "a DFlash drafter"),
+            "draft-dspark": ("dspark", "a DSpark drafter")}
+
+
+def shipped_drafter(spec: SpecConfig, model: str) -> tuple[SpecConfig, list[str]]:
+    """Without -md, draft-eagle3 / -dflash / -dspark run the head shipped with specdec for the model (as generate
+    does): the exported commands name its folder as the draft model (an EAGLE-3 head is in the layout vLLM and
+    SGLang load). A model with none is refused, as generate refuses it; the commands had no draft model."""
+    from specdec.drafters.mtp import shipped_head
+    from specdec.model.load import open_checkpoint
+    from specdec.model.registry import resolve
+
+    if spec.draft_model or spec.model_kind not in _SHIPPED:
+        return spec, []
+    short, what = _SHIPPED[spec.model_kind]
+    path = resolve(model, auto_pull=False)
+    head = shipped_head(short, _target_facts(model, path, open_checkpoint(path)[0]))
+    if head is None:
+        raise ValueError(f"--spec-type {spec.model_kind} needs {what} for {model} and specdec ships none for it "
+                         "(specdec generate refuses it too): pass its folder with -md")
+    return spec.with_overrides(draft_model=str(head)), [f"note: {spec.model_kind} runs {what} shipped with specdec, "
+                                                        f"{head}: the commands below name it as the draft model"]
 
 
 def cmd_export(args) -> int:
@@ -273,6 +307,8 @@ def cmd_export(args) -> int:
 
     check_ctx_size(args.ctx_size)
     spec, notes = spec_for_export(args)
+    spec, shipped = shipped_drafter(spec, args.model)
+    notes += shipped
     for flag, value, what in (("--device", args.device, "where the target runs"),
                               ("--weights", args.weights, "specdec's in-memory weight format"),
                               ("--cache-type", args.cache_type, "specdec's KV cache format")):
