@@ -61,7 +61,8 @@ def validate_results(r: dict) -> None:
         assert run["engaged"] in ("yes", "no", "unknown")
         assert run["identical_to_baseline"] in (True, False, None)
     for s in r["summary"]:
-        for key, types in (("config", str), ("category", str), ("temperature", num), ("runs", int), ("failed_runs", int),
+        for key, types in (("config", str), ("category", str), ("temperature", num), ("runs", int),
+                           ("failed_runs", int),
                            ("decode_tokens_per_s_median", opt_num), ("speedup_median", opt_num),
                            ("speedup_min", opt_num), ("speedup_max", opt_num), ("acceptance_rate", opt_num),
                            ("mean_acceptance_length", opt_num), ("per_position_acceptance", list),

@@ -200,7 +200,8 @@ def caveats(r: dict) -> list[str]:
             first = next(run["error"] for run in r["runs"] if run["config"] == x["config"] and run.get("error")
                          and run["temperature"] == x["temperature"])
             notes.append(f"{x['config']} at T={x['temperature']:g}: {x['failed_runs']} of "
-                         f"{x['failed_runs'] + x['runs']} runs FAILED and are left out of its numbers (first: {first}).")
+                         f"{x['failed_runs'] + x['runs']} runs FAILED and are left out of its numbers "
+                         f"(first: {first}).")
     if any(run["timing_source"].startswith("client wall clock") for run in r["runs"]):
         notes.append("an endpoint reported no timings: its tokens/s is wall clock including prefill and HTTP.")
     return notes
