@@ -257,6 +257,11 @@ def test_real_smollm(smollm):
     assert r["mtp"]["declared"] == 0 and not r["mtp"]["weights_present"]
     # the estimate is what the built model really holds
     assert r["memory"]["weights_bytes"]["int8"] == transformer_bytes(smollm.transformer)
+    # the heads shipped for it run without -md (generate --spec-type draft-mtp / draft-eagle3): inspect said
+    # neither ran
+    runs = {m["method"]: (m["runs"], m["note"]) for m in r["methods"]}
+    assert runs["draft-mtp"][0] and runs["draft-mtp"][1].startswith("MTP head shipped with specdec, ")
+    assert runs["draft-eagle3"][0] and "heads/smollm2-135m/eagle3 (used without -md)" in runs["draft-eagle3"][1]
 
 
 @pytest.mark.slow

@@ -241,7 +241,7 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
 def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     """Where draft-mtp's head comes from when it is not MTP layers in the checkpoint (None when they are,
     or when draft-mtp is not used)."""
-    from specdec.drafters.mtp import shipped_head
+    from specdec.drafters.mtp import shipped_head_for
     from specdec.model.facts import mtp_info, sidecar_path
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
@@ -258,7 +258,7 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     if side.is_dir():
         return f"a head beside the model, {side}"
     # where specdec generate finds a head (drafters/mtp.mtp_source), without building the model
-    shipped = shipped_head("mtp", _target_facts(model, path, checkpoint))
+    shipped = shipped_head_for("mtp", model, path, checkpoint)
     if shipped is not None:
         return f"a head shipped with specdec, {shipped}"
     raise ValueError(f"{model} has no MTP layers, no MTP head beside it and none shipped with specdec, so draft-mtp "
@@ -266,34 +266,22 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
                      "mtp`, or use another --spec-type")
 
 
-def _target_facts(model: str, path, checkpoint):
-    """What drafters/mtp.shipped_head reads of a target (its config, name and digest), without building it."""
-    from types import SimpleNamespace
-
-    from specdec.model.load import _folder_digest
-    from specdec.model.registry import cached_sha256
-
-    sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(path)
-    return SimpleNamespace(config=checkpoint.config, info=SimpleNamespace(name=model, sha256=sha))
-
-
-_SHIPPED = {"draft-eagle3": ("eagle3", "an EAGLE-3 head"), "draft-dflash": ("dflash", "a DFlash drafter"),
-            "draft-dspark": ("dspark", "a DSpark drafter")}
+_SHIPPED = {"draft-eagle3": "an EAGLE-3 head", "draft-dflash": "a DFlash drafter", "draft-dspark": "a DSpark drafter"}
 
 
 def shipped_drafter(spec: SpecConfig, model: str) -> tuple[SpecConfig, list[str]]:
     """Without -md, draft-eagle3 / -dflash / -dspark run the head shipped with specdec for the model (as generate
     does): the exported commands name its folder as the draft model (an EAGLE-3 head is in the layout vLLM and
     SGLang load). A model with none is refused, as generate refuses it; the commands had no draft model."""
-    from specdec.drafters.mtp import shipped_head
+    from specdec.drafters.mtp import SHIPPED_KINDS, shipped_head_for
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
 
     if spec.draft_model or spec.model_kind not in _SHIPPED:
         return spec, []
-    short, what = _SHIPPED[spec.model_kind]
+    what = _SHIPPED[spec.model_kind]
     path = resolve(model, auto_pull=False)
-    head = shipped_head(short, _target_facts(model, path, open_checkpoint(path)[0]))
+    head = shipped_head_for(SHIPPED_KINDS[spec.model_kind], model, path, open_checkpoint(path)[0])
     if head is None:
         raise ValueError(f"--spec-type {spec.model_kind} needs {what} for {model} and specdec ships none for it "
                          "(specdec generate refuses it too): pass its folder with -md")

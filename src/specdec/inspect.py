@@ -27,6 +27,7 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
     """Everything `specdec inspect` prints, as a dict (the --json output). weights: the in-memory format
     (None: what specdec loads the model in by default, model/load.py weights_format_for)."""
     from specdec.bench.memory import default_kv_cache, estimate_weight_bytes, gguf_tensor_bytes, kv_bytes_per_token
+    from specdec.drafters.mtp import SHIPPED_KINDS, shipped_head_for
     from specdec.engine.auto import decide_spec, runnable_model_drafters
     from specdec.engine.config import SpecFlags
     from specdec.model.load import open_checkpoint
@@ -117,7 +118,13 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
         methods.append({"method": "draft-simple", "runs": bool(drafter["compatible"] and runnable), "note": note})
     runnable_models = runnable_model_drafters()
     facts = target_facts(checkpoint, path, name_or_path, target_weights)  # an MTP head beside the model counts
-    if facts.mtp_weights or facts.mtp_declared:
+    # heads shipped with specdec for this model, which --spec-type <kind> runs without -md (as generate does)
+    shipped = {kind: head for kind, short in SHIPPED_KINDS.items()
+               if c is not None and (head := shipped_head_for(short, name_or_path, path, checkpoint)) is not None}
+    if "draft-mtp" in shipped and not facts.mtp_weights:
+        methods.append({"method": "draft-mtp", "runs": runnable and "draft-mtp" in runnable_models,
+                        "note": f"MTP head shipped with specdec, {shipped['draft-mtp']} (used without -md)"})
+    elif facts.mtp_weights or facts.mtp_declared:
         if not facts.mtp_weights:
             note = "the config declares MTP layers but the file lacks their weights"
         elif "draft-mtp" not in runnable_models:
@@ -138,6 +145,10 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
             note = "drafter given"
         methods.append({"method": kind, "note": note,
                         "runs": runnable and kind in runnable_models and bool(drafter["compatible"])})
+    for kind, head in shipped.items():
+        if kind != "draft-mtp" and not any(m["method"] == kind for m in methods):
+            methods.append({"method": kind, "runs": runnable and kind in runnable_models,
+                            "note": f"head shipped with specdec, {head} (used without -md)"})
     report["methods"] = methods
     if runnable:  # what `generate --spec-type auto [-md DRAFT]` would run
         spec, reasons = decide_spec(SpecFlags(spec_type="auto", model_draft=draft), checkpoint, tokenizer, path,

@@ -217,6 +217,22 @@ def shipped_head(kind: str, model) -> Path | None:
     return None
 
 
+# the drafter kinds whose heads specdec ships (specdec/heads/<model>/<folder>), and their folder names
+SHIPPED_KINDS = {"draft-mtp": "mtp", "draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}
+
+
+def shipped_head_for(kind: str, name: str, path, checkpoint) -> Path | None:
+    """shipped_head for a target not built yet (inspect, export-config): its checkpoint's config, the name it
+    was asked by and its digest (a file's sha256, a folder's digest)."""
+    from types import SimpleNamespace
+
+    from specdec.model.load import _folder_digest
+    from specdec.model.registry import cached_sha256
+
+    sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(path)
+    return shipped_head(kind, SimpleNamespace(config=checkpoint.config, info=SimpleNamespace(name=name, sha256=sha)))
+
+
 def mtp_head_mismatch(raw: dict, target_config, target_name: str, folder) -> str | None:
     """Why the MTP head whose config.json is `raw` (as save_mtp_head writes it) cannot serve this
     target, or None. The tensor names hold the target's layer count, so the shapes must all match."""
