@@ -685,3 +685,22 @@ def test_text_parts_are_joined_by_newlines_and_a_null_include_usage_is_false(tin
                                                "stream_options": {"include_usage": None}})
         assert r.status_code == 200, r.text
         assert '"usage"' not in r.text and r.text.rstrip().endswith("data: [DONE]")
+
+
+@pytest.mark.parametrize("path, body, param, message", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url",
+                                                                         "image_url": {"url": "x"}}]}]},
+     "messages.0.content.0.type", "Input should be 'text'. specdec serves text models: a message's content parts "
+                                  "must be text parts."),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages.0.content",
+     "Invalid type for 'messages.0.content'"),
+    ("/v1/completions", {"prompt": [1, "a"]}, "prompt.1", "Invalid type for 'prompt.1': Input should be a valid "
+                                                          "integer"),
+])
+def test_a_union_field_s_error_names_the_parameter_and_what_is_wrong(tiny_server, path, body, param, message):
+    """param named pydantic's union branch ("messages.0.content.str") and the message said an image part had to be
+    a string."""
+    with tiny_server.http(headers={"Authorization": f"Bearer {tiny_server.api_key}"}) as http:
+        response = http.post(path, json={**body, "max_tokens": 2})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == param and message in error["message"], error

@@ -34,6 +34,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -395,6 +396,13 @@ _PYDANTIC_CODES = {"missing": "missing_required_parameter", "extra_forbidden": "
                    "json_invalid": "invalid_json"}
 
 
+def _param_loc(error: dict) -> list[str]:
+    """A validation error's parameter path without "body" and without pydantic's names of union branches
+    ('str', 'list[TextPart]'), which are no parameter of the request ("messages.0.content.str")."""
+    return [str(p) for p in tuple(error.get("loc", ()))[1:]
+            if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float", "bool", "none")))]
+
+
 def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     def answer(err: APIError) -> JSONResponse:
         metrics.record_error(err.status, err.code)
@@ -408,8 +416,13 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
     async def validation_error(request: Request, exc: RequestValidationError):
         errors = exc.errors()
         first = errors[0] if errors else {"type": "invalid", "loc": ("body",), "msg": "invalid request"}
+        # a union field (content: str | list[TextPart]) fails once per branch, the string branch first: the
+        # error that got deepest into the value says what is wrong ("Input should be 'text'" for an image part)
+        field = tuple(first.get("loc", ()))[:2]
+        first = max((e for e in errors if tuple(e.get("loc", ()))[:2] == field), key=lambda e: len(_param_loc(e)),
+                    default=first)
         kind = first.get("type", "")
-        loc = [str(p) for p in first.get("loc", ())[1:]]  # drop "body"
+        loc = _param_loc(first)
         param = ".".join(loc) or None
         if kind == "json_invalid":
             message = ("We could not parse the JSON body of your request: "
@@ -427,6 +440,8 @@ def _install_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
             message = f"Invalid request body: {first.get('msg', 'invalid')}."
         else:
             message = f"Invalid value for '{param}': {first.get('msg', 'invalid')}."
+            if re.fullmatch(r"messages\.\d+\.content\.\d+\.type", param):
+                message += " specdec serves text models: a message's content parts must be text parts."
         code = _PYDANTIC_CODES.get(kind, "invalid_type" if kind.endswith("_type") else "invalid_value")
         return answer(APIError(400, message, param=param, code=code))
 
