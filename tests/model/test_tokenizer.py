@@ -157,3 +157,39 @@ def test_a_gguf_stops_where_llama_cpp_stops(tmp_path):
 
     tok = read_gguf_tokenizer(make_gguf_model(tmp_path / "m.gguf"))
     assert [tok.token_text(i) for i in tok.eos_ids] == ["<|im_end|>", "<|endoftext|>"]
+
+
+def _bpe_gguf(path, pre: str, tokens: list[str], merges: list[str], add_bos: bool | None = None):
+    """A GGUF holding a byte-level BPE tokenizer alone (token 0 its BOS)."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types([3] + [1] * (len(tokens) - 1))
+    w.add_bos_token_id(0)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "llama3", "llama-v3"])
+def test_llama3_vocabularies_match_whole_words_and_add_bos_as_llama_cpp(tmp_path, pre):
+    """llama.cpp reads Llama 3's vocabulary with ignore_merges (a word that is a token is that token, as
+    tokenizer.json says) and a BOS unless the file says otherwise (Llama 3.x GGUFs do not say): specdec merged
+    "abc" into "ab" "c" and left the BOS out."""
+    from specdec.model.tokenizer import read_gguf_tokenizer
+
+    tokens = ["<|begin_of_text|>", "a", "b", "c", "ab", "abc"]
+    llama3 = read_gguf_tokenizer(_bpe_gguf(tmp_path / "l.gguf", pre, tokens, ["a b"]))
+    assert llama3.encode("abc") == [0, 5]
+    said = read_gguf_tokenizer(_bpe_gguf(tmp_path / "n.gguf", pre, tokens, ["a b"], add_bos=False))
+    assert said.encode("abc") == [5]
+    gpt2 = read_gguf_tokenizer(_bpe_gguf(tmp_path / "g.gguf", "gpt-2", tokens, ["a b"]))
+    assert gpt2.encode("abc") == [4, 3]  # merges only, no BOS: GPT-2's reading

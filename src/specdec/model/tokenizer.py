@@ -22,7 +22,11 @@ _LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _SPLITS = {"qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "llama-bpe": _LLAMA3_SPLIT,
-           "llama3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT}
+           "llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT}
+# Llama 3's vocabulary, as llama.cpp reads it: a word that is a token is that token whatever the merges say
+# (tokenizer.json's "ignore_merges"), and a BOS starts every text unless the file says not to (Llama 3.x GGUF
+# files carry no tokenizer.ggml.add_bos_token)
+_LLAMA3_PRES = ("llama-bpe", "llama3", "llama-v3")
 _GPT2_PRES = (None, "default", "gpt-2", "gpt2")  # GPT-2's own split (ByteLevel's regex)
 _CONTROL, _USER_DEFINED = 3, 4
 
@@ -229,9 +233,10 @@ def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     merges = reader.fields["tokenizer.ggml.merges"].contents() if "tokenizer.ggml.merges" in reader.fields else []
     types = reader.fields["tokenizer.ggml.token_type"].contents() if "tokenizer.ggml.token_type" in reader.fields else []
     vocab = {t: i for i, t in enumerate(tokens)}
-    backend = Backend(models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], dropout=None,
-                                 continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
     pre = metadata.get("tokenizer.ggml.pre")
+    backend = Backend(models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], dropout=None,
+                                 continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
+                                 ignore_merges=pre in _LLAMA3_PRES))
     if pre in _SPLITS:
         backend.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated"),
@@ -257,7 +262,7 @@ def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
                         if ty == _USER_DEFINED])
     bos = metadata.get("tokenizer.ggml.bos_token_id")
     return Tokenizer(backend, None if bos is None else int(bos), _end_of_generation(metadata, tokens),
-                     bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+                     bool(metadata.get("tokenizer.ggml.add_bos_token", pre in _LLAMA3_PRES)),
                      metadata.get("tokenizer.chat_template"), "gguf")
 
 
