@@ -319,6 +319,25 @@ def test_flags_without_a_draft_length_draft_the_whole_block(folder, layout):
     assert spec.draft_n_max == 2
 
 
+def test_auto_drafts_the_whole_block_too(tiny_model, tmp_path, layout):
+    """auto with the folder as -md kept the default draft length 3, where --spec-type draft-<layout> drafts the
+    whole block."""
+    from specdec.drafters.describe import block_draft_length
+    from specdec.engine.auto import decide_spec_for_model
+    from specdec.engine.config import SpecFlags
+
+    cfg = replace(tiny_cfg(tiny_model, layout), block_size=7)
+    folder = save_block_drafter(random_model(tiny_model, cfg), tmp_path / layout, dtype=torch.float32)
+    block = block_draft_length(folder)
+    assert block in (6, 7)  # not the default 3
+    spec, reasons = decide_spec_for_model(SpecFlags(spec_type="auto", model_draft=str(folder)), tiny_model)
+    assert spec.model_kind == f"draft-{layout}" and spec.draft_n_max == block
+    assert any(f"draft length {block}: the drafts of one" in r for r in reasons)
+    assert any(f"draft length 0..{block} chosen each step" in r for r in reasons)
+    spec, _ = decide_spec_for_model(SpecFlags(spec_type="auto", model_draft=str(folder), draft_n_max=2), tiny_model)
+    assert spec.draft_n_max == 2
+
+
 def _target_tokens(model, prompt, top_k: int, depth: int = 3) -> set[int]:
     law = engine_law(model, prompt, SamplingParams(temperature=1.0, top_k=top_k), depth=depth)
     return {t for seq in law for t in seq}

@@ -202,3 +202,14 @@ def test_a_given_mtp_head_that_cannot_draft_leaves_the_checkpoint_s_mtp_layers_d
     assert any("draft-mtp, used without being asked" in r for r in reasons)
     assert "draft-mtp /heads/other not used: hidden size 2048 != target 4096" in reasons
     assert not any("drafts instead" in r for r in reasons)
+
+
+def test_auto_refuses_a_tree_topk_of_0_as_the_explicit_path_does(tmp_path, monkeypatch):
+    """--spec-tree-topk 0 became 1 under auto; --spec-type draft-mtp --spec-tree-topk 0 is an error."""
+    import specdec.engine.auto as auto
+
+    monkeypatch.setattr(auto, "target_facts", lambda *a, **k: TargetFacts("m", mtp_declared=1, mtp_weights=True))
+    with pytest.raises(ValueError, match="--spec-tree-topk must be at least 1, got 0"):
+        auto.decide_spec(SpecFlags(spec_type="auto", tree_topk=0), None, None, tmp_path, "m", "int8")
+    spec, _ = auto.decide_spec(SpecFlags(spec_type="auto", tree_topk=2), None, None, tmp_path, "m", "int8")
+    assert spec.tree_topk == 2 and "draft-mtp" in spec.types

@@ -32,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.drafters import registry
-from specdec.drafters.describe import DrafterFacts, drafter_facts
+from specdec.drafters.describe import BLOCK_KINDS, DrafterFacts, drafter_facts
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
-from specdec.engine.config import SpecConfig, SpecFlags, spec_config_from_flags
+from specdec.engine.config import SpecConfig, SpecFlags, block_draft_n_max, spec_config_from_flags
 from specdec.model.facts import TargetFacts, target_facts
 
 FASTER, SLOWER, UNMEASURED = "faster", "slower", "unmeasured"
@@ -198,6 +198,11 @@ def decide_spec(flags: SpecFlags, checkpoint, tokenizer, model_path, name: str, 
     draft = drafter_facts(flags.model_draft, checkpoint, tokenizer, name) if flags.model_draft else None
     n_max = DEFAULT_DRAFT_LENGTH if flags.draft_n_max is None else flags.draft_n_max
     spec, reasons = choose_auto(target, draft, hardware=hardware, draft_n_max=n_max)
+    if flags.draft_n_max is None and spec.model_kind in BLOCK_KINDS:  # as an explicit --spec-type runs it
+        block, note = block_draft_n_max(spec.draft_model)
+        if block is not None:
+            spec, reasons = choose_auto(target, draft, hardware=hardware, draft_n_max=block)
+            reasons.append(note)
     changes = {"draft_n_min": flags.draft_n_min or 0, "draft_p_min": flags.draft_p_min or 0.0,
                "adaptive": spec.adaptive or flags.adaptive, "cross_tokenizer": flags.cross_tokenizer,
                "acceptance": "typical" if flags.typical else "exact"}
@@ -209,7 +214,9 @@ def decide_spec(flags: SpecFlags, checkpoint, tokenizer, model_path, name: str, 
             tree_kinds = " and ".join(e.kind for e in registry.entries() if e.trees)
             raise ValueError(f"--spec-tree-topk/--spec-tree-budget shape the trees of {tree_kinds}, but auto "
                              f"chose {spec.method}; name the drafter with --spec-type")
-        changes.update(tree_topk=flags.tree_topk or 1, tree_budget=flags.tree_budget or 0)
+        # a given 0 stays 0 (SpecConfig refuses it, as the explicit path does); it became 1
+        changes.update(tree_topk=1 if flags.tree_topk is None else flags.tree_topk,
+                       tree_budget=flags.tree_budget or 0)
     return spec.with_overrides(**changes), [f"auto: {r}" for r in reasons]
 
 

@@ -196,6 +196,17 @@ def _json_int(cfg: dict, key: str) -> int | None:
     return _json_typed(cfg, key, int, "an integer")
 
 
+def block_draft_n_max(model_draft: str) -> tuple[int | None, str | None]:
+    """The draft length that uses all of a DFlash / DSpark folder's block (one drafter pass gives the whole
+    block), and a note saying so; (None, None) where the folder does not say."""
+    block = block_draft_length(model_draft)
+    if block is None:
+        return None, None
+    n_max = min(block, MAX_DRAFT_LENGTH)
+    return n_max, (f"draft length {n_max}: the drafts of one {head_kind(model_draft)} block (--spec-draft-n-max "
+                   "sets another)")
+
+
 def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
     """Merge llama.cpp-style flags and a vLLM-style JSON into one SpecConfig (auto excluded).
 
@@ -282,11 +293,8 @@ def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
                          "layers, a head beside the model or one shipped with specdec; to draft with a smaller "
                          "model use --spec-type draft-simple")
     if n_max is None and model_draft and any(t in BLOCK_KINDS for t in types):
-        block = block_draft_length(model_draft)  # one drafter pass gives a whole block: use all of it
-        if block is not None:
-            n_max = min(block, MAX_DRAFT_LENGTH)
-            notes.append(f"draft length {n_max}: the drafts of one {head_kind(model_draft)} block "
-                         "(--spec-draft-n-max sets another)")
+        n_max, note = block_draft_n_max(model_draft)
+        notes += [note] if note else []
     config = SpecConfig(
         drafters=tuple(DrafterSpec.of(t, **options.get(t, {})) for t in types),
         draft_n_max=DEFAULT_DRAFT_LENGTH if n_max is None else n_max, draft_n_min=flags.draft_n_min or 0,
