@@ -132,6 +132,11 @@ def test_resume_refuses_other_data_or_settings(tiny_hf_dir, tmp_path):
         ([], "other settings .*data '--sequences sha256 [0-9a-f]{64}' then, 'generated' now"),
         (["--sequences", str(a), "--seq-len", "20"], "seq_len 24 then, 20 now"),
         (["--sequences", str(a), "--val", "3"], "val 2 then, 3 now"),  # moves sequences between the sets
+        # the loss and the target: each was resumed without a word
+        (["--sequences", str(a), "--batch", "3"], "batch 2 then, 3 now"),
+        (["--sequences", str(a), "--ttt", "1"], "ttt 3 then, 1 now"),
+        (["--sequences", str(a), "--lr", "0.05"], "lr 0.001 then, 0.05 now"),
+        (["--sequences", str(a), "--model", str(make_hf_model(tmp_path / "other", seed=5))], "target '[0-9a-f]+' then"),
         (["--sequences", str(tmp_path / "gone.npz")], "--sequences .*gone.npz: no such file"),
     ]:
         with pytest.raises(ValueError, match=message):
@@ -514,3 +519,100 @@ def test_ttt_validation_counts_a_step_only_where_the_steps_before_it_matched(tra
     assert 0 < matches[0] < counts[0]  # a trained head matches some pairs, not all
     for s in range(2):
         assert 0 < counts[s + 1] <= matches[s]  # the pairs that reach step s + 1 matched at steps 0..s
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_a_resumed_run_trains_the_head_a_straight_run_trains(tiny_hf_dir, tmp_path, kind, monkeypatch):
+    """A resume reshuffled the data from seed + step and guessed the position (some sequences came twice in the
+    epoch, others never) and drew new DFlash anchors: the head differed from a straight run's. The straight
+    run's folder is copied at its step-3 checkpoint (mid-epoch: 9 training sequences, batch 2), as a run
+    killed there leaves it, and resumed."""
+    import shutil
+
+    from specdec.train.cli import main
+    from specdec.train.data import save_sequences
+    from specdec.train.loop import Trainer
+
+    checkpoint = Trainer.checkpoint
+
+    def keep_step_3(self):
+        checkpoint(self)
+        if self.step == 3:
+            shutil.copytree(self.out, tmp_path / "resumed")
+
+    monkeypatch.setattr(Trainer, "checkpoint", keep_step_3)
+
+    data = tmp_path / "d.npz"
+    save_sequences([[3 + (i * 7 + j) % 190 for j in range(24)] for i in range(11)], data)
+    common = [kind, "--model", str(tiny_hf_dir), "--sequences", str(data), "--val", "2", "--batch", "2",
+              "--seq-len", "24", "--threads", "1", "--device", "cpu", "--save-every", "3"]
+    common += ["--draft-vocab", "32"] if kind == "eagle3" else ["--anchors", "2", "--block-size", "3"]
+    assert main(common + ["--out", str(tmp_path / "straight"), "--steps", "9"]) == 0
+    monkeypatch.setattr(Trainer, "checkpoint", checkpoint)
+    assert main(common + ["--out", str(tmp_path / "resumed"), "--steps", "9", "--resume"]) == 0
+    straight = torch.load(tmp_path / "straight" / "state.pt", weights_only=True)["head"]
+    resumed = torch.load(tmp_path / "resumed" / "state.pt", weights_only=True)["head"]
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_training_text_files_and_splits(tiny_hf_dir, tmp_path):
+    """A byte-order mark was read as text; paragraphs of 80 characters or fewer were dropped (a file of short
+    Q&A pairs gave no corpus); a .npy --sequences file was a TypeError's traceback; a corpus paragraph was
+    encoded whole however little of it was wanted; and with few prompts the held-out sequences took all but
+    one, the training sequences all continuing that one."""
+    import random
+
+    from specdec.model.load import open_checkpoint
+    from specdec.train.data import (build_sequences, chat_prompt_ids, corpus_chunks, load_sequences, read_corpus,
+                                    read_prompts)
+    from specdec.train.target import DenseTarget
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\ufeffWrite a poem about owls.\nSecond one.\n", encoding="utf-8")
+    assert read_prompts(str(prompts)) == ["Write a poem about owls.", "Second one."]
+    qa = tmp_path / "qa.txt"
+    qa.write_text("\n\n".join(f"Q{i}: what is {i}? A: {i}." for i in range(30)), encoding="utf-8")
+    docs = read_corpus([str(qa)])
+    assert docs and all(len(d) > 80 for d in docs[:-1]) and "Q29: what is 29? A: 29." in docs[-1]
+    assert sum(d.count("Q") for d in docs) == 30  # every paragraph kept, joined with its neighbours
+
+    npy = tmp_path / "arr.npy"
+    __import__("numpy").save(npy, __import__("numpy").arange(10))
+    with pytest.raises(ValueError, match="not a training-sequence file written by specdec train .*single int"):
+        load_sequences(npy)
+
+    checkpoint, tok = open_checkpoint(tiny_hf_dir)
+    seen = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(tok, name)
+
+        def encode(self, text, add_bos=None):
+            seen.append(len(text))
+            return tok.encode(text, add_bos)
+
+    corpus_chunks(Counting(), ["word " * 200_000], 2, 16, random.Random(0))
+    assert max(seen) <= 16 * 16 * 2  # not the million characters
+
+    target = DenseTarget(checkpoint, "cpu")
+    few = [f"prompt number {i} about a topic" for i in range(6)]
+    seqs = build_sequences(target, tok, few, [], num_generated=12, gen_tokens=2, seq_len=64, num_corpus=0, seed=0,
+                           held_out=8)
+    starts = {tuple(chat_prompt_ids(tok, p, 32)[-32:]): p for p in few}
+
+    def prompt_of(seq):
+        return next(p for ids, p in starts.items() if tuple(seq[: len(ids)]) == ids)
+
+    held, trained = {prompt_of(s) for s in seqs[:8]}, {prompt_of(s) for s in seqs[8:]}
+    assert len(seqs) == 12 and not held & trained and len(held) == 3 and len(trained) == 3
+
+
+def test_the_torchrun_entry_point_says_a_bad_flag_in_one_line(tiny_hf_dir):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "specdec.train.cli", "mtp", "--model", str(tiny_hf_dir), "--steps",
+                          "-1"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip() == "specdec train: error: --steps must be at least 0, got -1"

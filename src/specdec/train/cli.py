@@ -220,6 +220,14 @@ def target_info(model_name: str, path, checkpoint) -> dict:
             "num_layers": c.num_layers, "vocab_size": c.vocab_size}
 
 
+def _digest(path) -> str:
+    """The target's sha256 (a file) or folder digest (an HF folder), as the converted-weights cache keys it."""
+    from specdec.model.load import _folder_digest
+    from specdec.model.registry import cached_sha256
+
+    return cached_sha256(path) if Path(path).is_file() else _folder_digest(path)
+
+
 MIN_SEQUENCE_TOKENS = 8  # a shorter training sequence (generated or read) is too short to teach anything
 
 # the least each count may be (flags left at None keep their meaning: "the default")
@@ -332,14 +340,21 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     sequences = Path(args.sequences) if args.sequences else None
     if sequences is not None and not sequences.is_file():
         raise ValueError(f"--sequences {sequences}: no such file")
-    settings = {"world": world, "seq_len": seq_len, "val": args.val,  # --val moves sequences between the sets
-                "data": f"--sequences sha256 {sha256_file(sequences)}" if sequences else "generated"}
+    # what a resumed run must repeat: its target (a head trained half against another model), its data, and
+    # everything that shapes the head or the loss (another --ttt or --anchors changed the loss half-way)
+    settings = {"target": _digest(path), "world": world, "seq_len": seq_len,
+                "val": args.val,  # --val moves sequences between the sets
+                "data": f"--sequences sha256 {sha256_file(sequences)}" if sequences else "generated",
+                "batch": args.batch, "lr": args.lr}
+    if args.kind in ("mtp", "eagle3"):
+        settings["ttt"] = args.ttt
     if args.kind == "eagle3":
         settings["draft_vocab"] = args.draft_vocab
     elif args.kind in ("dflash", "dspark"):
         settings.update(block_size=args.block_size, draft_layers=args.draft_layers, target_layers=list(layer_ids),
                         mask_token_id=mask, markov_rank=args.markov_rank if args.kind == "dspark" else 0,
-                        markov_head=args.markov_head if args.kind == "dspark" else None)
+                        markov_head=args.markov_head if args.kind == "dspark" else None, anchors=args.anchors,
+                        loss_decay=args.loss_decay)
     resumed = check_resume(out / "state.pt", args.kind, settings) if args.resume else None
     if args.resume and resumed is None:
         log(f"--resume: {out} holds no state.pt yet: training from the start")
@@ -363,6 +378,9 @@ def _train(args, rank: int, world: int, dist_device) -> int:
         from tqdm import tqdm
 
         n_gen = args.generate // world
+        if args.steps > 0 and 0 < args.generate <= args.val:
+            log(f"data: all {args.generate} generated sequences are held out for validation (--val {args.val}): "
+                "the head trains on the corpus alone, not on text the target wrote (raise --generate)")
         bar = tqdm(total=n_gen, desc="generate", unit="seq", file=sys.stderr, disable=rank != 0)
         seqs = build_sequences(target, tokenizer, prompts, corpus, n_gen, args.gen_tokens, seq_len,
                                args.corpus_seqs // world, args.seed + rank, progress=bar.update,
@@ -452,5 +470,17 @@ def main(argv=None) -> int:
     return cmd_train(args)
 
 
+def console(argv=None) -> int:
+    """main() as a program (torchrun ... -m specdec.train.cli): a bad flag or file is one line and exit code 2,
+    as `specdec train` says it, never a traceback."""
+    from specdec.model.errors import SpecdecError
+
+    try:
+        return main(argv)
+    except (SpecdecError, ValueError, FileNotFoundError) as exc:
+        print(f"specdec train: error: {exc}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

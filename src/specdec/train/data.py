@@ -65,7 +65,7 @@ def builtin_corpus(max_docs: int = 4000) -> list[str]:
 
 def _read_text(path, what: str, errors: str = "strict") -> str:
     try:
-        return Path(path).read_text(encoding="utf-8", errors=errors)
+        return Path(path).read_text(encoding="utf-8-sig", errors=errors)  # a byte-order mark is no text
     except UnicodeDecodeError as exc:
         raise ValueError(f"{what} {path} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
@@ -87,7 +87,17 @@ def read_corpus(paths: list[str] | None) -> list[str]:
     docs = []
     for p in paths:
         text = _read_text(p, "--data", errors="replace")
-        docs += [d.strip() for d in text.split("\n\n") if len(d.strip()) > 80]
+        short = ""  # paragraphs of 80 characters or fewer go on together (a file of short Q&A pairs gave none)
+        for d in text.split("\n\n"):
+            d = d.strip()
+            if not d:
+                continue
+            short = f"{short}\n\n{d}" if short else d
+            if len(short) > 80:
+                docs.append(short)
+                short = ""
+        if short:
+            docs.append(short)
     return docs
 
 
@@ -113,9 +123,13 @@ def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], nu
     gen = __import__("torch").Generator().manual_seed(seed)
     order = list(prompts)
     rng.shuffle(order)
-    held = order[: min(held_out, len(order) - 1)]
+    # the held-out sequences continue at most half of the prompts, the training ones the others: held_out
+    # prompts of 20 left one prompt to every training sequence, and the held-out ones took training prompts too
+    n_val = min(held_out, num_generated)
+    held = order[: min(n_val, len(order) // 2)]
     rest = order[len(held):]
-    chosen = held + [rest[i % len(rest)] for i in range(max(num_generated - len(held), 0))]
+    chosen = [(held or rest)[i % len(held or rest)] for i in range(n_val)]
+    chosen += [rest[i % len(rest)] for i in range(num_generated - n_val)]
     eos = set(tokenizer.eos_ids)
     seqs: list[list[int]] = []
     for i in range(0, len(chosen), batch):
@@ -138,7 +152,7 @@ def corpus_chunks(tokenizer, corpus: list[str], count: int, seq_len: int, rng: r
     for d in docs:
         if len(chunks) >= count:
             return chunks
-        ids = tokenizer.encode(d)
+        ids = tokenizer.encode(d[: 16 * seq_len * count])  # no more text than `count` chunks can hold
         if len(ids) > 8:
             chunks.append(ids[:seq_len])
         if len(ids) > seq_len:
@@ -170,7 +184,10 @@ def load_sequences(path, vocab_size: int | None = None) -> list[list[int]]:
     import numpy as np
 
     try:
-        with np.load(path) as f:
+        loaded = np.load(path)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy array: no `with`, and not our format
+            raise ValueError(f"a single {loaded.dtype} array, not an archive of tokens and lengths")
+        with loaded as f:
             tokens, lengths = f["tokens"], f["lengths"]
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
         raise ValueError(f"{path}: not a training-sequence file written by specdec train ({e})") from None

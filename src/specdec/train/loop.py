@@ -254,6 +254,7 @@ class Trainer:
 
             self.loss = DistributedDataParallel(self.loss, broadcast_buffers=False)
         self.step = 0
+        self._data = None  # {"rng", "order", "pos"}: where run() is in the shuffled data (saved in state.pt)
 
     def lr_at(self, step: int) -> float:
         warm = max(1, min(100, self.steps // 10))
@@ -285,7 +286,17 @@ class Trainer:
             raise ValueError(f"{p} does not fit this head ({type(exc).__name__}: {exc}): it was trained with other "
                              "settings; resume with those, or train into another --out") from None
         self.step = step
+        # the data order and the loss's random draws where they were, so that a resumed run takes the batches and
+        # anchors the run would have taken (without them some sequences came twice in an epoch, others never)
+        self._data = state.get("data")
+        rng = state.get("loss_rng")
+        if rng is not None and self._loss_generator() is not None:
+            self._loss_generator().set_state(rng)
         return True
+
+    def _loss_generator(self) -> torch.Generator | None:
+        loss = getattr(self.loss, "module", self.loss)  # DistributedDataParallel's wrapped module
+        return getattr(loss, "generator", None)
 
     def checkpoint(self) -> None:
         """Save the head and the training state, each file replaced whole (a kill mid-save keeps the last)."""
@@ -298,8 +309,11 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         self.save(self.head, self.out)
         with replaced(self.state_path()) as tmp:
+            extra = {"data": self._data} if self._data is not None else {}
+            if self._loss_generator() is not None:
+                extra["loss_rng"] = self._loss_generator().get_state()
             torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
-                        "kind": self.kind, "settings": self.settings}, tmp)
+                        "kind": self.kind, "settings": self.settings, **extra}, tmp)
 
     def _agree(self, value, how):
         """The same decision on every rank (how: min or max over ranks), so that all stop together."""
@@ -336,8 +350,13 @@ class Trainer:
         bar = tqdm(total=self.steps, initial=self.step, desc=f"train {self.kind}", unit="step", file=sys.stderr,
                    disable=self.rank != 0, dynamic_ncols=True)
         accs = []
-        order = torch.randperm(len(train), generator=g).tolist()
-        pos = (self.step * self.batch) % max(len(train), 1)
+        saved = self._data
+        if saved is not None and sorted(saved["order"]) == list(range(len(train))):  # resumed where it was
+            g.set_state(saved["rng"])
+            order, pos = list(saved["order"]), int(saved["pos"])
+        else:
+            order = torch.randperm(len(train), generator=g).tolist()
+            pos = (self.step * self.batch) % max(len(train), 1)
         use_amp = str(device).startswith("cuda")
         start, t_start, t_first = self.step, time.perf_counter(), time.perf_counter()
         while self.step < self.steps:
@@ -346,6 +365,7 @@ class Trainer:
                 pos = 0
             seqs = [train[i] for i in order[pos : pos + self.batch]]
             pos += self.batch
+            self._data = {"rng": g.get_state(), "order": order, "pos": pos}
             tokens, valid = pad_batch(seqs, device)
             for group in self.opt.param_groups:
                 group["lr"] = self.lr_at(self.step)
@@ -408,8 +428,8 @@ def check_resume(path: Path, kind: str, settings: dict) -> dict | None:
         raise ValueError(f"{path} was written by another head ({theirs}): resume it with specdec train {theirs}, "
                          "or train into another --out")
     saved = state.get("settings")
-    if saved:
-        differ = [f"{k} {saved.get(k)!r} then, {settings.get(k)!r} now" for k in sorted(set(saved) | set(settings))
+    if saved:  # the settings the state recorded (one written before a setting was recorded is not held to it)
+        differ = [f"{k} {saved.get(k)!r} then, {settings.get(k)!r} now" for k in sorted(saved)
                   if saved.get(k) != settings.get(k)]
         if differ:
             raise ValueError(f"{path} was trained with other settings ({'; '.join(differ)}): resume with the "
