@@ -347,6 +347,10 @@ def test_hf_folder_missing_config_key(tmp_path):
     ({"rope_scaling": "linear"}, "rope_scaling is 'linear'; expected an object of settings"),
     ({"rope_theta": "1e4"}, "rope_theta is '1e4'; expected a finite number"),
     ({"rms_norm_eps": -1e-6}, "rms_norm_eps is -1e-06; expected a number of at least 0"),
+    # a complex attention scale, then a ctypes traceback at the first forward; 0 became 256
+    ({"query_pre_attn_scalar": -16}, "query_pre_attn_scalar is -16; expected a positive number"),
+    ({"query_pre_attn_scalar": 0}, "query_pre_attn_scalar is 0; expected a positive number"),
+    ({"rope_parameters": {"full_attention": [1]}}, r"rope_parameters.full_attention is \[1\]; expected an object"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings is 'yes'; expected true or false"),
     ({"hidden_act": 3}, "hidden_act is 3; expected a string"),
     ({"num_attention_heads": 4, "num_key_value_heads": 3}, "num_heads 4 is not a multiple of num_kv_heads 3"),
@@ -359,6 +363,13 @@ def test_hf_config_value_of_the_wrong_type(tmp_path, change, message):
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, **change}))
     with pytest.raises(ModelFileError, match=message):
+        _load(folder)
+
+
+def test_an_odd_head_dim_is_refused_at_load(tmp_path):
+    """RoPE rotates pairs of dimensions: head_dim 15 loaded and failed in the first forward (RuntimeError)."""
+    folder = make_hf_model(tmp_path / "m", hidden=60, heads=4, kv_heads=2)
+    with pytest.raises(ModelFileError, match="head_dim is 15; RoPE needs an even head dimension"):
         _load(folder)
 
 

@@ -100,6 +100,8 @@ class ModelConfig:
             "context_length")}, "num_heads", "num_kv_heads")
         if problem is not None:
             raise ValueError(problem)
+        if self.head_dim % 2:  # RoPE rotates pairs of dimensions
+            raise ValueError(f"head_dim is {self.head_dim}; RoPE needs an even head dimension")
         if not (self.rope_theta > 0 and math.isfinite(self.rope_theta)):
             raise ValueError(f"rope_theta is {self.rope_theta}; it must be a positive number")
         if not (self.rms_norm_eps >= 0 and math.isfinite(self.rms_norm_eps)):

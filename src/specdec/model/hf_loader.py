@@ -193,8 +193,13 @@ def _check_types(path, raw: dict) -> None:
             raise bad(key, "a string")
     if raw.get("rms_norm_eps") is not None and raw["rms_norm_eps"] < 0:
         raise bad("rms_norm_eps", "a number of at least 0")
-    if raw.get("rope_theta") is not None and raw["rope_theta"] <= 0:
-        raise bad("rope_theta", "a positive number")
+    for key in ("rope_theta", "query_pre_attn_scalar", "final_logit_softcapping", "rope_local_base_freq"):
+        if raw.get(key) is not None and raw[key] <= 0:  # a negative scalar made the attention scale complex
+            raise bad(key, "a positive number")
+    for key, value in (raw.get("rope_parameters") or {}).items():
+        if key in ("full_attention", "sliding_attention") and value is not None and not isinstance(value, dict):
+            raise ModelFileError(path, f"config.json rope_parameters.{key} is {value!r}; expected an object of "
+                                 "settings")
     layer_types = raw.get("layer_types")
     if layer_types is not None and not (isinstance(layer_types, list) and all(isinstance(t, str) for t in layer_types)):
         raise bad("layer_types", "a list of layer type names")
@@ -255,7 +260,7 @@ def _gemma3_config(path, raw: dict, tensor_names) -> ModelConfig:
         mlp_act=_ACTIVATIONS[raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"],
         sandwich_norms=True,
         embed_scale=hidden ** 0.5,
-        attn_scale=float(raw.get("query_pre_attn_scalar") or 256) ** -0.5,
+        attn_scale=float(256 if raw.get("query_pre_attn_scalar") is None else raw["query_pre_attn_scalar"]) ** -0.5,
         sliding_window=window if sliding else 0,
         sliding_layers=sliding,
         rope_local_theta=local_theta,
