@@ -208,26 +208,27 @@ def caveats(r: dict) -> list[str]:
 
 
 # -- server load (bench/load.py) ---------------------------------------------------------------
-def _method_results(out_dir) -> dict | None:
-    """The results.json of a method bench in out_dir, or None."""
+def _results(out_dir) -> dict | None:
+    """out_dir/results.json as a dict, or None (none there, unreadable, not an object)."""
     file = Path(out_dir) / "results.json"
     try:
         existing = json.loads(file.read_text()) if file.is_file() else None
     except (ValueError, OSError):
         return None
-    if isinstance(existing, dict) and existing.get("schema") == "specdec-bench/1" and "summary" in existing:
+    return existing if isinstance(existing, dict) else None
+
+
+def _method_results(out_dir) -> dict | None:
+    """The results.json of a method bench in out_dir, or None."""
+    existing = _results(out_dir)
+    if existing is not None and existing.get("schema") == "specdec-bench/1" and "summary" in existing:
         return existing
     return None
 
 
 def _load_results(out_dir) -> dict | None:
     """The load section of out_dir/results.json (a load run alone, or joined to a method bench), or None."""
-    file = Path(out_dir) / "results.json"
-    try:
-        existing = json.loads(file.read_text()) if file.is_file() else None
-    except (ValueError, OSError):
-        return None
-    load = existing.get("load") if isinstance(existing, dict) else None
+    load = (_results(out_dir) or {}).get("load")
     return load if isinstance(load, dict) else None
 
 
