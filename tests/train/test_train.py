@@ -432,6 +432,7 @@ def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
     (["--target-layers", "1,99"], "--target-layers [1, 99]: the target has layers 0..1 (-1: the embeddings)"),
     (["--target-layers", "1;2"], "--target-layers '1;2': give layer numbers separated by commas"),
     (["--mask-token-id", "100000"], "--mask-token-id 100000 is outside the vocabulary"),
+    (["--seed", str(2**70)], "--seed must be between -2**62 and 2**62"),  # 'Overflow when unpacking long long'
 ])
 def test_block_training_settings_are_checked_before_any_data_is_generated(tiny_hf_dir, tmp_path, flags, message):
     from specdec.train.cli import main

@@ -251,6 +251,8 @@ def check_train_args(args) -> None:
         value = getattr(args, name, None)
         if value is not None and value < least:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    if not -(2**62) <= args.seed < 2**62:  # torch's generators take 64 bits, and runs add the step and rank to it
+        raise ValueError(f"--seed must be between -2**62 and 2**62, got {args.seed}")
     for name in ("lr", "loss_decay", "max_minutes"):
         value = getattr(args, name, None)
         if value is not None and not 0 < value < float("inf"):
