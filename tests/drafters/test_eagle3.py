@@ -97,6 +97,8 @@ def _edit(folder, config=None, drop=(), tensors=None):
      r"d2t maps draft ids outside the target vocabulary"),
     (lambda f: _edit(f, tensors={"fc.weight": torch.zeros(64, 128)}),
      r"tensors of the wrong shape: fc.weight \(64, 128\) \(its config.json implies \(64, 192\)\)"),
+    (lambda f: _edit(f, tensors={"t2d": torch.ones(2, 512, dtype=torch.bool)}),  # was torch's RuntimeError
+     r"tensors of the wrong shape: t2d \(2, 512\) \(one flag per target token\)"),
     (lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:1000]),
      r"model.safetensors: not a readable safetensors file"),
     # its own embedding with a row short of the target's tokens (it crashed when the target emitted a large id)

@@ -265,6 +265,8 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
                Eagle3Head(Eagle3Config(**{**cfg.__dict__, "vocab_size": c.vocab_size})).state_dict().items()}
     wrong = [f"{k} {shape} (its config.json implies {own[k]})" for k, shape in shapes.items()
              if k in own and k != "t2d" and shape != own[k]]
+    if "t2d" in shapes and len(shapes["t2d"]) != 1:  # of any length (a longer target vocabulary), but a list
+        wrong.append(f"t2d {tuple(shapes['t2d'])} (one flag per target token)")
     embed = shapes.get("embed_tokens.weight")  # its own embedding, looked up with every target token id
     if embed is not None and (len(embed) != 2 or embed[1] != cfg.hidden_size or embed[0] < c.vocab_size):
         wrong.append(f"embed_tokens.weight {tuple(embed)} (at least ({c.vocab_size}, {cfg.hidden_size}): a row for "

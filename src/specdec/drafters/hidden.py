@@ -112,6 +112,7 @@ class HiddenStateDrafter(DrafterBase):
         self.sampling, self.generator = sampling, generator or torch.Generator()
         self.fed: list[int] = []  # tokens whose target hidden rows arrived, x_0..x_{m-1}
         self.pending: list[torch.Tensor] = []  # features of fed positions not yet in the head cache
+        self._root: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (m, logits, feature) of the last root
         for c in self.caches:
             c.length = 0
 
@@ -153,16 +154,20 @@ class HiddenStateDrafter(DrafterBase):
     def _catch_up(self, context: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """Run module 0 over committed pairs not yet cached; return the root's logits and feature."""
         cache = self.caches[0]
+        start, m = cache.length, len(self.fed)
+        if not self.pending and start == m and self._root is not None and self._root[0] == m:
+            # asked again with nothing committed since (a step that failed after planning is planned again)
+            return self._root[1], self._root[2]
         feats = torch.cat(self.pending, dim=0) if self.pending else None
         self.pending = []
-        start, m = cache.length, len(self.fed)
         assert feats is not None and feats.shape[0] == m - start, "hidden rows and committed tokens out of step"
         tokens = torch.tensor([list(context[start + 1 : m + 1])])  # (1, T): x_{j+1}
         positions = torch.arange(start, m)[None]
         mask = torch.ones(1, m - start, m, dtype=torch.bool).tril(diagonal=start)  # causal over cache + new
         # only the root's logits: the output head over every row of a long prompt cost more than the layer
         logits, out = self._run(0, feats[None], tokens, positions, torch.arange(start, m), mask, last_only=True)
-        return logits[0, -1], out[0, -1]
+        self._root = (m, logits[0, -1], out[0, -1])
+        return self._root[1], self._root[2]
 
     def _run(self, module: int, feats, tokens, positions, slots: torch.Tensor, mask, last_only: bool = False):
         """Run `module` on new rows and write their K/V at `slots`; mask (1, T, slots_end) over the cache.
