@@ -314,3 +314,47 @@ def test_per_position_acceptance_counts_a_tree_s_depths_not_its_nodes(tiny_model
     stats = out.stats
     assert stats.drafted == 3 * stats.steps and stats.accepted == 2 * stats.steps
     assert stats.drafted_at == [stats.steps, stats.steps] and stats.per_position_acceptance == [1.0, 1.0]
+
+
+def test_n_min_counts_a_tree_s_depth_and_an_unfitting_tree_gets_no_feedback(tiny_model):
+    """A 1-deep tree of 3 siblings passed --spec-draft-n-min 2 (nodes were counted); a tree dropped for not
+    fitting the context left its drafter told that none of it was accepted."""
+    from specdec.drafters.base import Draft, DrafterBase
+    from specdec.verify.token_tree import TokenTree
+
+    class Wide(DrafterBase):
+        name = "wide"
+
+        def __init__(self, depth):
+            self.depth, self.heard = depth, []
+
+        def propose(self, context, draft_length):
+            if draft_length < self.depth:
+                return Draft()
+            return Draft(TokenTree(tuple(range(5, 5 + 3 * self.depth)), tuple(
+                p for d in range(self.depth) for p in ([-1, -1, -1] if d == 0 else [3 * d - 3] * 3))))
+
+        def on_accept(self, num_accepted):
+            self.heard.append(num_accepted)
+
+    prompt = [5, 6, 7, 8]
+    plain = Engine(tiny_model, max_len=64).generate(prompt, SamplingParams(), max_tokens=8).token_ids
+    wide = Wide(1)
+    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=3, draft_n_min=2), max_len=64,
+                    drafter_factory=lambda kind, spec: wide)
+    out = engine.generate(prompt, SamplingParams(), max_tokens=8)
+    assert out.token_ids == plain and out.stats.drafted == 0 and wide.heard == []
+    deep = Wide(2)  # 6 nodes, 2 deep: passes n_min 2 where the context has room for them
+    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=3, draft_n_min=2), max_len=64,
+                    drafter_factory=lambda kind, spec: deep)
+    out = engine.generate(prompt, SamplingParams(), max_tokens=8)
+    assert out.token_ids == plain and out.stats.drafted > 0 and len(deep.heard) == out.stats.steps
+    near_end = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=3), max_len=12,
+                      drafter_factory=lambda kind, spec: Wide(2))
+    req = near_end.admit(prompt, SamplingParams(), 8)
+    while not req.finished:
+        near_end.step_batch([req])
+    drafter = near_end.drafters_for(req.spec)[0]
+    assert req.output == Engine(tiny_model, max_len=12).generate(prompt, SamplingParams(), max_tokens=8).token_ids
+    assert len(drafter.heard) == req.stats.steps  # told only of the drafts it verified
+    near_end.finish(req)

@@ -358,7 +358,7 @@ class Engine:
         room = min(req.max_tokens - len(req.output) - 1, self.cache.max_len - start - 2)
         drafter, draft = self._propose(req, max(0, min(cap, room)))
         if start + 1 + len(draft) > self.cache.max_len:
-            draft = Draft()  # the tree does not fit in the context left
+            drafter, draft = None, Draft()  # the tree does not fit in the context left: no draft, no feedback
         ids = [req.output[-1], *draft.tokens]  # the last committed token, then the tree's nodes
         positions, mask = _tree_layout(draft.tree, start)
         segment = Segment(torch.tensor(ids), req.slot, positions, mask)
@@ -391,8 +391,8 @@ class Engine:
         return self._emit(req, result.tokens)
 
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
-        """The first draft of the request's drafters (n-gram kinds first) at least --spec-draft-n-min long, and
-        its drafter: a shorter one counts as none, and the next drafter is asked.
+        """The first draft of the request's drafters (n-gram kinds first) at least --spec-draft-n-min long (a
+        tree: deep), and its drafter: a shorter one counts as none, and the next drafter is asked.
 
         A sampled draft (draft_probs: a model drafter at temperature > 0) is verified whatever its length:
         its length can depend on the tokens it drew (--spec-draft-p-min stops after a token whose next row
@@ -403,10 +403,11 @@ class Engine:
         context = req.prompt + req.output
         for d in req.drafters:
             draft = d.propose(context, k)
-            if len(draft) == 0 or (len(draft) < req.spec.draft_n_min and draft.draft_probs is None):
+            depth = max(draft.tree.depths(), default=0)  # a tree's positions, not its nodes, meet n_min
+            if depth == 0 or (depth < req.spec.draft_n_min and draft.draft_probs is None):
                 continue
-            if max(draft.tree.depths()) > k:
-                raise RuntimeError(f"drafter {d.name} proposed a draft {max(draft.tree.depths())} deep, more than {k}")
+            if depth > k:
+                raise RuntimeError(f"drafter {d.name} proposed a draft {depth} deep, more than {k}")
             return d, draft
         return None, Draft()
 
