@@ -62,22 +62,23 @@ class RunOutput:
 def interleaved_rounds(repeats: int, n_prompts: int, temperatures, configs: list) -> list[tuple]:
     """The bench's rounds in run order: (repeat, prompt index, temperature, configs in their order).
 
-    Within a temperature the order rotates by one from prompt to prompt and from repeat to repeat, so
-    that every configuration runs in every position equally often there (when the prompts, or the
-    repeats, are a multiple of the configurations), and each prompt meets a new order at each repeat.
-    Rotating by the round's overall index instead gave every round of one temperature the same order
-    whenever the temperatures were as many as the configurations (at T=0 plain decoding always ran
-    first and auto second, a bias in every T=0 ratio); rotating by the round's index within its
-    temperature gave each prompt the same order in every repeat when the prompts were a multiple of
-    the configurations (the default: 15 prompts, 5 methods), so each category kept its positions.
+    Within a temperature the order rotates by one from round to round, so that every configuration
+    runs in every position equally often there (when the rounds are a multiple of the configurations),
+    and each prompt meets a new order at each repeat: a repeat starts one further on where the prompts
+    are a multiple of the configurations. Rotating by the round's overall index instead gave every
+    round of one temperature the same order whenever the temperatures were as many as the
+    configurations (at T=0 plain decoding always ran first and auto second, a bias in every T=0 ratio);
+    rotating by the round's index alone gave each prompt the same order in every repeat with the
+    default 15 prompts and 5 methods, so each category kept its positions.
 
     >>> [(t, order) for _, _, t, order in interleaved_rounds(1, 2, [0.0, 0.7], ["none", "auto"])]
     [(0.0, ['none', 'auto']), (0.7, ['none', 'auto']), (0.0, ['auto', 'none']), (0.7, ['auto', 'none'])]
     """
     rounds = []
+    step = n_prompts % len(configs) or 1  # how far a prompt's order moves from one repeat to the next
     for rep in range(repeats):
         for pi in range(n_prompts):
-            shift = (rep + pi) % len(configs)
+            shift = (rep * step + pi) % len(configs)
             for t in temperatures:
                 rounds.append((rep, pi, t, configs[shift:] + configs[:shift]))
     return rounds
