@@ -704,3 +704,34 @@ def test_a_union_field_s_error_names_the_parameter_and_what_is_wrong(tiny_server
         response = http.post(path, json={**body, "max_tokens": 2})
     error = response.json()["error"]
     assert response.status_code == 400 and error["param"] == param and message in error["message"], error
+
+
+def test_an_error_in_the_middle_of_a_stream_is_counted_by_code(tiny_model):
+    """A timeout (or a failed step) after a stream had started reached the client as an error event but not
+    specdec_request_errors_total, which counted the same timeout on a plain request."""
+    import httpx
+
+    from conftest import ServerThread
+    from specdec.server.app import create_app
+
+    engine = Engine(tiny_model, max_len=256)
+    real_step = engine.step_batch
+
+    def slow_step(*args, **kwargs):  # 20 steps a second: 200 tokens outlast the 1 s timeout
+        time.sleep(0.05)
+        return real_step(*args, **kwargs)
+
+    engine.step_batch = slow_step
+    app = create_app(engine, "tiny", request_timeout=1.0)
+    server = ServerThread(app)
+    base = server.start()
+    try:
+        with httpx.Client(base_url=base, timeout=60) as http:
+            answer = http.post("/v1/completions", json={"prompt": "hello", "max_tokens": 200, "temperature": 0,
+                                                        "stream": True})
+            metrics = http.get("/metrics").text
+    finally:
+        server.stop()
+    lines = [line for line in answer.text.splitlines() if line.startswith("data: ")]
+    assert len(lines) > 3 and json.loads(lines[-2][6:])["error"]["code"] == "timeout"  # it streamed, then failed
+    assert 'specdec_request_errors_total{code="timeout",status="504"} 1.0' in metrics

@@ -324,7 +324,8 @@ async def _answer(worker: Scheduler, job: Job, body: GenerationRequest, request:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             streaming = True
             return StreamingResponse(
-                _sse(job, event, rid, created, model_name, chat, include_usage), media_type="text/event-stream",
+                _sse(job, event, rid, created, model_name, chat, include_usage, request.app.state.metrics),
+                media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 background=BackgroundTask(job.cancel))  # also when the stream never started
         while not isinstance(event, Done):
@@ -345,7 +346,8 @@ async def _answer(worker: Scheduler, job: Job, body: GenerationRequest, request:
             "model": model_name, "choices": [choice], "usage": _usage(event), "spec": event.stats.to_dict()}
 
 
-async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: bool, include_usage: bool):
+async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: bool, include_usage: bool,
+               metrics: ServerMetrics):
     """OpenAI's SSE stream: `data: {chunk}` lines, then `data: [DONE]`. The job is cancelled if this stops early."""
     obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -377,8 +379,10 @@ async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: b
                     yield _data({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [],
                                  "usage": _usage(event), "spec": spec})
                 break
-            elif isinstance(event, Failed):
-                yield _data(_worker_error(event.error).body(), ascii=True)
+            elif isinstance(event, Failed):  # counted by code as the error handler counts one before the stream
+                err = _worker_error(event.error)
+                metrics.record_error(err.status, err.code)
+                yield _data(err.body(), ascii=True)
                 break
             event = await job.events.get()
         yield "data: [DONE]\n\n"
