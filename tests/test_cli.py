@@ -69,6 +69,7 @@ def run_chat(capsys, monkeypatch, lines: list[str], argv) -> tuple[int, str, str
     (["bench", "--out", "a-file"], "--out a-file is a file; give a folder to write into"),
     (["bench", "--concurrency", "1", "--out", "a-file/x"], "--out a-file/x: cannot write there (Not a directory)"),
     (["train", "eagle3", "--out", "a-file"], "--out a-file is a file"),
+    (["generate", "--compact", "hi"], "--compact prints --json's object on one line; add --json"),  # was ignored
 ])
 def test_a_bad_flag_is_one_line_before_the_model_loads(capsys, monkeypatch, tmp_path, argv, message):
     monkeypatch.chdir(tmp_path)
@@ -214,6 +215,9 @@ def test_an_answer_cut_by_the_context_says_so_and_chat_keeps_its_history(capsys,
     model = ["--model", str(tiny_hf_dir), "--weights", "fp32", "--spec-type", "none"]
     rc, out, err = run(capsys, ["generate", *model, "-c", "64", "-n", "1000", "hello"])
     assert rc == 0 and "note: the answer stopped at the end of the 64-token context (--ctx-size)" in err
+    rc, out, err = run(capsys, ["generate", *model, "-c", "64", "-n", "1000", "--json", "hello"])  # said it nowhere
+    assert rc == 0 and "note: the answer stopped at the end of the 64-token context (--ctx-size)" in err
+    assert json.loads(out)["finish_reason"] == "length"
     rc, out, err = run_chat(capsys, monkeypatch, ["hi", "hello", ""], [*model, "-c", "256", "-n", "300", "--stop", "<"])
     assert rc == 0 and len(out) < 200  # short answers (the stop string), -n beyond the context:
     assert "outgrew" not in err  # every turn dropped all history

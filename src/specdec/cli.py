@@ -34,6 +34,8 @@ def read_prompt(args) -> str:
 
 
 def cmd_generate(args) -> int:
+    if args.compact and not args.json:
+        raise ValueError("--compact prints --json's object on one line; add --json")
     prompt = read_prompt(args)
     if not prompt:  # said before the model loads
         raise ValueError("the prompt is empty: give it as an argument, with --file or on stdin")
@@ -46,6 +48,7 @@ def cmd_generate(args) -> int:
     if args.json:
         result = engine.generate(prompt_ids, sampling, args.max_tokens, args.stop)
         print(json.dumps(result_json(engine, result), indent=None if args.compact else 2))
+        note_context_end(engine, result, args.max_tokens)
         return 0
     result = print_answer(engine, prompt_ids, sampling, args.max_tokens, args.stop)
     print(timing_line(result), file=sys.stderr)
@@ -84,10 +87,16 @@ def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop, interrupti
         result.finish_reason = "interrupted"
     sys.stdout.write(stream.finish(result.text) + "\n")
     sys.stdout.flush()
-    context = engine.cache.max_len
-    if result.finish_reason == "length" and len(result.token_ids) < max_tokens:
-        print(f"note: the answer stopped at the end of the {context}-token context (--ctx-size)", file=sys.stderr)
+    note_context_end(engine, result, max_tokens)
     return result
+
+
+def note_context_end(engine, result, max_tokens: int) -> None:
+    """Say on stderr when an answer stopped short of max_tokens because the context was full (with --json
+    too: finish_reason "length" alone does not tell it from -n)."""
+    if result.finish_reason == "length" and len(result.token_ids) < max_tokens:
+        print(f"note: the answer stopped at the end of the {engine.cache.max_len}-token context (--ctx-size)",
+              file=sys.stderr)
 
 
 def timing_line(result) -> str:
