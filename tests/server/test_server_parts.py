@@ -735,3 +735,33 @@ def test_an_error_in_the_middle_of_a_stream_is_counted_by_code(tiny_model):
     lines = [line for line in answer.text.splitlines() if line.startswith("data: ")]
     assert len(lines) > 3 and json.loads(lines[-2][6:])["error"]["code"] == "timeout"  # it streamed, then failed
     assert 'specdec_request_errors_total{code="timeout",status="504"} 1.0' in metrics
+
+
+def test_stopping_the_scheduler_counts_the_waiting_requests_it_cancels(tiny_model):
+    """stop() answered the queued requests "cancelled" without counting them in specdec_requests_total (drain()
+    and a client that went away are counted)."""
+    engine = Engine(tiny_model, max_len=256)
+    real_step = engine.step_batch
+
+    def slow_step(*args, **kwargs):
+        time.sleep(0.05)
+        return real_step(*args, **kwargs)
+
+    engine.step_batch = slow_step
+    scheduler = Scheduler(engine, max_batch=1)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        jobs = [Job([5, 6, 7], SamplingParams(), 200, (), SpecConfig(), stream=False, endpoint="completions",
+                    loop=loop) for _ in range(3)]
+        for job in jobs:
+            scheduler.submit(job)
+        deadline = time.monotonic() + 30
+        while scheduler.running < 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        await loop.run_in_executor(None, scheduler.stop)
+        return [await asyncio.wait_for(_last_event(job), 30) for job in jobs]
+
+    done = asyncio.run(main())
+    assert [d.finish_reason for d in done] == ["cancelled"] * 3
+    assert scheduler.metrics.requests.labels("completions", "cancelled")._value.get() == 3

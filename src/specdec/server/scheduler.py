@@ -321,7 +321,7 @@ class Scheduler:
             waiting, self._waiting = list(self._waiting), deque()
         for job in waiting:
             job.cancel()
-            job.put(Done("", "cancelled", len(job.prompt), 0, SpecStats(method=job.spec.method)))
+            self._cancelled(job)  # counted in requests_total as drain() counts the waiting ones it answers
         for r in list(self._running):
             r.job.cancel()
             self._end(r, cancelled=True)
