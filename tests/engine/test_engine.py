@@ -358,3 +358,34 @@ def test_n_min_counts_a_tree_s_depth_and_an_unfitting_tree_gets_no_feedback(tiny
     assert req.output == Engine(tiny_model, max_len=12).generate(prompt, SamplingParams(), max_tokens=8).token_ids
     assert len(drafter.heard) == req.stats.steps  # told only of the drafts it verified
     near_end.finish(req)
+
+
+def test_adaptive_mode_reads_a_tree_s_acceptance_per_position(tiny_model):
+    """Adaptive mode took a tree's accepted path over its node count as the acceptance: a tree whose right
+    pair always came with a wrong sibling looked 2/3 accepted, and a wider tree worse still, though every
+    position it drafted was accepted; and it priced the tree's verify as a chain of its depth."""
+    from specdec.drafters.base import Draft, DrafterBase
+    from specdec.verify.token_tree import TokenTree
+
+    prompt = [5, 6, 7, 8]
+    plain = Engine(tiny_model, max_len=64).generate(prompt, SamplingParams(), max_tokens=16).token_ids
+
+    class Forked(DrafterBase):
+        name = "forked"
+
+        def propose(self, context, draft_length):
+            done = len(context) - len(prompt)
+            nxt = plain[done : done + 2]
+            if len(nxt) < 2 or draft_length < 2:
+                return Draft()
+            return Draft(TokenTree(((nxt[0] + 1) % 100, nxt[0], nxt[1]), (-1, -1, 1)))
+
+    spec = SpecConfig(drafters=("ngram-simple",), draft_n_max=2, adaptive=True)
+    engine = Engine(tiny_model, spec, max_len=64, drafter_factory=lambda kind, s: Forked())
+    req = engine.admit(prompt, SamplingParams(), 16)
+    while not req.finished:
+        engine.step_batch([req])
+    assert req.output == plain and req.stats.drafted > 0
+    assert req.acceptance_ema > 0.9  # every drafted position was accepted (per node it read 2/3)
+    assert 1.3 < req.tree_width <= 1.5  # 3 nodes over 2 positions
+    engine.finish(req)

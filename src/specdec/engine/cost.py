@@ -8,6 +8,7 @@ acceptance rate and is worth computing rather than guessing.
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -61,12 +62,15 @@ DRAFT_MARGIN = 0.05
 
 
 def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_per_token: float, n_max: int,
-                      draft_cost_per_pass: float = 0.0, margin: float = DRAFT_MARGIN, n_min: int = 1) -> int:
+                      draft_cost_per_pass: float = 0.0, margin: float = DRAFT_MARGIN, n_min: int = 1,
+                      width: float = 1.0) -> int:
     """The k in 0 and n_min..n_max (shorter drafts are not verified: --spec-draft-n-min) with the most
     expected tokens per second: a step of k drafts costs the
     verify forward of k + 1 tokens, k * draft_cost_per_token and draft_cost_per_pass; k = 0 is plain
     decoding (one token for forward_cost[1]), which a draft must beat by `margin` (a fraction), so 0
-    means that no draft length pays at this acceptance.
+    means that no draft length pays at this acceptance. A token tree of depth k and `width` nodes a
+    position costs the forward of ceil(k * width) + 1 rows (forward_cost's widest where it ends first);
+    acceptance is then per position.
 
     >>> best_draft_length(0.9, [0, 1.0, 1.0, 1.2, 1.8, 2.4], 0.0, 5)  # 2.71 tokens / 1.2 s beats 3.44 / 1.8
     2
@@ -76,11 +80,15 @@ def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_p
     0
     >>> best_draft_length(0.9, [0, 1.0, 1.0, 1.2, 1.8, 2.4], 0.0, 5, n_min=4)  # 4.1 / 2.4 s: 2 is not allowed
     4
+    >>> best_draft_length(0.9, [0, 1.0, 1.0, 1.2, 1.8, 2.4, 3.0, 3.6], 0.0, 3, width=2)  # 1.9 / 1.2 s beats 2.71 / 2.4
+    1
     """
-    n_max = min(n_max, len(forward_cost) - 2)
+    if width <= 1.0:
+        n_max = min(n_max, len(forward_cost) - 2)
     best, best_rate = 0, (1.0 + margin) / forward_cost[1]
     for k in range(max(1, n_min), n_max + 1):
-        cost = forward_cost[k + 1] + k * draft_cost_per_token + draft_cost_per_pass
+        rows = min(math.ceil(k * width - 1e-9) + 1, len(forward_cost) - 1)
+        cost = forward_cost[rows] + k * draft_cost_per_token + draft_cost_per_pass
         rate = expected_tokens(k, acceptance) / cost
         if rate > best_rate:
             best, best_rate = k, rate

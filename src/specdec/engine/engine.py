@@ -20,6 +20,7 @@ so batching never changes an answer.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -70,10 +71,11 @@ class Request:
     skip_special: bool = True  # the answer's text leaves special tokens out (Engine.skip_special by default)
     stats: SpecStats = field(default_factory=SpecStats)
     draft_length: int = 0  # current draft length (adaptive mode moves it)
-    acceptance_ema: float = PRIOR_ACCEPTANCE  # recent per-token acceptance of drafted tokens
+    acceptance_ema: float = PRIOR_ACCEPTANCE  # recent acceptance per drafted position (a chain: per token)
+    tree_width: float = 1.0  # recent drafted nodes per position (1 for chains): the rows a draft's verify costs
     paused_steps: int = 0  # plain steps since adaptive mode paused drafting (draft_length 0) or last probed
     probe_every: int = PROBE_EVERY  # steps between probes while paused (doubles after each rejected probe)
-    # drafting seconds, tokens and steps of the steps that drafted at the chosen length, what adaptive mode
+    # drafting seconds, positions and steps of the steps that drafted at the chosen length, what adaptive mode
     # prices a draft from. Not probes: a probe's time includes catching a draft model up on every token
     # committed while drafting paused, which priced its drafts at 2-3x their cost and kept it paused
     draft_cost_s: float = 0.0
@@ -387,7 +389,7 @@ class Engine:
                          max(draft.tree.depths(), default=0))
         req.stats.lossy |= result.lossy
         req.stats.draft_s += plan.draft_s
-        self._adapt(req, len(draft), result.num_accepted, plan.draft_s)
+        self._adapt(req, len(draft), result.num_accepted, plan.draft_s, max(draft.tree.depths(), default=0))
         return self._emit(req, result.tokens)
 
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
@@ -430,31 +432,39 @@ class Engine:
             if d.hidden_layers:
                 d.on_target_hidden({layer: picked[layer] for layer in d.hidden_layers}, tokens)
 
-    def _adapt(self, req: Request, drafted: int, accepted: int, draft_s: float = 0.0) -> None:
+    def _adapt(self, req: Request, drafted: int, accepted: int, draft_s: float = 0.0, depth: int = 0) -> None:
         """Track recent acceptance (the server's batch budget reads it too); in adaptive mode pick the
         draft length with the most expected tokens per second, from it, the measured cost of verifying
-        k tokens and the drafting seconds of this request's non-probe steps (draft_s: this step's)."""
+        k tokens and the drafting seconds of this request's non-probe steps (draft_s: this step's).
+
+        drafted: the draft's nodes; depth: its positions (a chain: the same). A tree's acceptance is per
+        position (its accepted path over its depth: per node, a tree of 3 siblings a depth looked a third as
+        well accepted), and a draft of depth k verifies about k x tree_width rows."""
         if drafted == 0:
             return
-        req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / drafted)
+        depth = depth or drafted
+        req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / depth)
+        req.tree_width = 0.7 * req.tree_width + 0.3 * (drafted / depth)
         if not req.spec.adaptive:
             return
         if req.draft_length == 0:  # a probe: probe sooner after an accepted one, later after a rejected one
             req.probe_every = PROBE_EVERY if accepted else min(2 * req.probe_every, MAX_PROBE_EVERY)
         else:
             req.draft_cost_s += draft_s
-            req.draft_cost_tokens += drafted
+            req.draft_cost_tokens += depth
             req.draft_cost_steps += 1
         # before any step at a chosen length (probes only), every drafting step's time
         spent, tokens, steps = ((req.draft_cost_s, req.draft_cost_tokens, req.draft_cost_steps) if req.draft_cost_steps
-                                else (req.stats.draft_s, req.stats.drafted, req.stats.steps))
+                                else (req.stats.draft_s, sum(req.stats.drafted_at), req.stats.steps))
         per_token = per_pass = 0.0
         if req.drafters and all(d.cost_per_pass for d in req.drafters):
             per_pass = spent / max(steps, 1)  # a block costs one pass, however long
         else:
-            per_token = spent / max(tokens, 1)
-        req.draft_length = best_draft_length(req.acceptance_ema, self.forward_cost(req.spec.draft_n_max + 1),
-                                             per_token, req.spec.draft_n_max, per_pass, n_min=req.spec.draft_n_min)
+            per_token = spent / max(tokens, 1)  # per position: a tree drafts a depth's nodes in one pass
+        rows = math.ceil(req.spec.draft_n_max * req.tree_width - 1e-9) + 1
+        req.draft_length = best_draft_length(req.acceptance_ema, self.forward_cost(rows), per_token,
+                                             req.spec.draft_n_max, per_pass, n_min=req.spec.draft_n_min,
+                                             width=req.tree_width)
 
     def _emit(self, req: Request, tokens: Sequence[int]) -> list[int]:
         """Append tokens one at a time, stopping exactly where plain decoding would."""
