@@ -288,13 +288,10 @@ def test_a_short_sampled_draft_is_verified_so_n_min_keeps_the_target_law(tiny_mo
     assert law_gap(law, plain) < 1e-9
 
 
-def test_per_position_acceptance_counts_a_tree_s_depths_not_its_nodes(tiny_model):
-    """A tree 2 deep of 3 nodes was counted as 3 positions, the last never accepted (0.00 in every report)."""
+def _forked(prompt: list[int], plain: list[int]):
+    """A drafter of 2-deep trees: a wrong first sibling, then plain decoding's next two tokens."""
     from specdec.drafters.base import Draft, DrafterBase
     from specdec.verify.token_tree import TokenTree
-
-    prompt = [5, 6, 7, 8]
-    plain = Engine(tiny_model, max_len=64).generate(prompt, SamplingParams(), max_tokens=12).token_ids
 
     class Forked(DrafterBase):
         name = "forked"
@@ -304,11 +301,17 @@ def test_per_position_acceptance_counts_a_tree_s_depths_not_its_nodes(tiny_model
             nxt = plain[done : done + 2]
             if len(nxt) < 2 or draft_length < 2:
                 return Draft()
-            wrong = (nxt[0] + 1) % 100
-            return Draft(TokenTree((wrong, nxt[0], nxt[1]), (-1, -1, 1)))  # a wrong first sibling, the right pair
+            return Draft(TokenTree(((nxt[0] + 1) % 100, nxt[0], nxt[1]), (-1, -1, 1)))
 
+    return Forked()
+
+
+def test_per_position_acceptance_counts_a_tree_s_depths_not_its_nodes(tiny_model):
+    """A tree 2 deep of 3 nodes was counted as 3 positions, the last never accepted (0.00 in every report)."""
+    prompt = [5, 6, 7, 8]
+    plain = Engine(tiny_model, max_len=64).generate(prompt, SamplingParams(), max_tokens=12).token_ids
     engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=2), max_len=64,
-                    drafter_factory=lambda kind, spec: Forked())
+                    drafter_factory=lambda kind, spec: _forked(prompt, plain))
     out = engine.generate(prompt, SamplingParams(), max_tokens=12)
     assert out.token_ids == plain
     stats = out.stats
@@ -364,24 +367,10 @@ def test_adaptive_mode_reads_a_tree_s_acceptance_per_position(tiny_model):
     """Adaptive mode took a tree's accepted path over its node count as the acceptance: a tree whose right
     pair always came with a wrong sibling looked 2/3 accepted, and a wider tree worse still, though every
     position it drafted was accepted; and it priced the tree's verify as a chain of its depth."""
-    from specdec.drafters.base import Draft, DrafterBase
-    from specdec.verify.token_tree import TokenTree
-
     prompt = [5, 6, 7, 8]
     plain = Engine(tiny_model, max_len=64).generate(prompt, SamplingParams(), max_tokens=16).token_ids
-
-    class Forked(DrafterBase):
-        name = "forked"
-
-        def propose(self, context, draft_length):
-            done = len(context) - len(prompt)
-            nxt = plain[done : done + 2]
-            if len(nxt) < 2 or draft_length < 2:
-                return Draft()
-            return Draft(TokenTree(((nxt[0] + 1) % 100, nxt[0], nxt[1]), (-1, -1, 1)))
-
     spec = SpecConfig(drafters=("ngram-simple",), draft_n_max=2, adaptive=True)
-    engine = Engine(tiny_model, spec, max_len=64, drafter_factory=lambda kind, s: Forked())
+    engine = Engine(tiny_model, spec, max_len=64, drafter_factory=lambda kind, s: _forked(prompt, plain))
     req = engine.admit(prompt, SamplingParams(), 16)
     while not req.finished:
         engine.step_batch([req])
