@@ -226,11 +226,10 @@ def shipped_head_for(kind: str, name: str, path, checkpoint) -> Path | None:
     was asked by and its digest (a file's sha256, a folder's digest)."""
     from types import SimpleNamespace
 
-    from specdec.model.load import _folder_digest
-    from specdec.model.registry import cached_sha256
+    from specdec.model.load import checkpoint_digest
 
-    sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(path)
-    return shipped_head(kind, SimpleNamespace(config=checkpoint.config, info=SimpleNamespace(name=name, sha256=sha)))
+    info = SimpleNamespace(name=name, sha256=checkpoint_digest(path))
+    return shipped_head(kind, SimpleNamespace(config=checkpoint.config, info=info))
 
 
 def mtp_head_mismatch(raw: dict, target_config, target_name: str, folder) -> str | None:

@@ -94,7 +94,7 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
               f"unavailable here ({kernels.why_unavailable('gguf')})", file=sys.stderr)
     checkpoint, tokenizer = open_checkpoint(path)
     c = checkpoint.config
-    sha = cached_sha256(path) if Path(path).is_file() else _folder_digest(Path(path))
+    sha = checkpoint_digest(path)
     params = param_count(checkpoint)
     # shown only while converting (a read from the cache makes no progress calls)
     bar = tqdm(total=c.num_layers, desc=f"load {Path(path).name} ({weights_format})", unit="layer",
@@ -135,6 +135,12 @@ def open_checkpoint(path) -> tuple[object, Tokenizer]:
         raise ModelFileError(path, f"its tokenizer has {tokenizer.vocab_size} tokens but the model "
                              f"{checkpoint.config.vocab_size} token rows")
     return checkpoint, tokenizer
+
+
+def checkpoint_digest(path) -> str:
+    """What keys a checkpoint (the converted-weights cache, a shipped head's target, a resumed training run):
+    a file's sha256, a folder's _folder_digest."""
+    return cached_sha256(path) if Path(path).is_file() else _folder_digest(Path(path))
 
 
 def _folder_digest(folder: Path) -> str:

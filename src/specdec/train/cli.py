@@ -220,14 +220,6 @@ def target_info(model_name: str, path, checkpoint) -> dict:
             "num_layers": c.num_layers, "vocab_size": c.vocab_size}
 
 
-def _digest(path) -> str:
-    """The target's sha256 (a file) or folder digest (an HF folder), as the converted-weights cache keys it."""
-    from specdec.model.load import _folder_digest
-    from specdec.model.registry import cached_sha256
-
-    return cached_sha256(path) if Path(path).is_file() else _folder_digest(path)
-
-
 MIN_SEQUENCE_TOKENS = 8  # a shorter training sequence (generated or read) is too short to teach anything
 
 # the least each count may be (flags left at None keep their meaning: "the default")
@@ -295,7 +287,7 @@ def cmd_train(args) -> int:
 def _train(args, rank: int, world: int, dist_device) -> int:
     from specdec.model.device import pick_device
     from specdec.model.files import replaced
-    from specdec.model.load import open_checkpoint
+    from specdec.model.load import checkpoint_digest, open_checkpoint
     from specdec.model.registry import resolve, sha256_file
     from specdec.options import out_dir
     from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
@@ -344,7 +336,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
         raise ValueError(f"--sequences {sequences}: no such file")
     # what a resumed run must repeat: its target (a head trained half against another model), its data, and
     # everything that shapes the head or the loss (another --ttt or --anchors changed the loss half-way)
-    settings = {"target": _digest(path), "world": world, "seq_len": seq_len,
+    settings = {"target": checkpoint_digest(path), "world": world, "seq_len": seq_len,
                 "val": args.val,  # --val moves sequences between the sets
                 "data": f"--sequences sha256 {sha256_file(sequences)}" if sequences else "generated",
                 "batch": args.batch, "lr": args.lr}
