@@ -52,6 +52,11 @@ class Draft:
     def __len__(self) -> int:
         return len(self.tree)
 
+    @property
+    def depth(self) -> int:
+        """The positions the draft covers: a chain's length, a tree's deepest node (0: no draft)."""
+        return max(self.tree.depths(), default=0)
+
 
 class Drafter(Protocol):
     """What the engine needs from a drafter, and all it uses.

@@ -61,6 +61,12 @@ def expected_tokens(k: int, acceptance: float) -> float:
 DRAFT_MARGIN = 0.05
 
 
+def verify_rows(k: int, width: float = 1.0) -> int:
+    """Rows of the verify forward of a draft k positions deep with `width` nodes a position (1: a chain): its
+    nodes and the last committed token."""
+    return math.ceil(k * width - 1e-9) + 1
+
+
 def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_per_token: float, n_max: int,
                       draft_cost_per_pass: float = 0.0, margin: float = DRAFT_MARGIN, n_min: int = 1,
                       width: float = 1.0) -> int:
@@ -87,7 +93,7 @@ def best_draft_length(acceptance: float, forward_cost: list[float], draft_cost_p
         n_max = min(n_max, len(forward_cost) - 2)
     best, best_rate = 0, (1.0 + margin) / forward_cost[1]
     for k in range(max(1, n_min), n_max + 1):
-        rows = min(math.ceil(k * width - 1e-9) + 1, len(forward_cost) - 1)
+        rows = min(verify_rows(k, width), len(forward_cost) - 1)
         cost = forward_cost[rows] + k * draft_cost_per_token + draft_cost_per_pass
         rate = expected_tokens(k, acceptance) / cost
         if rate > best_rate:

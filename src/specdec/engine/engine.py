@@ -20,7 +20,6 @@ so batching never changes an answer.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
@@ -31,7 +30,7 @@ from specdec.drafters import registry
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.registry import BuildContext, DrafterSpec
 from specdec.engine.config import SpecConfig
-from specdec.engine.cost import best_draft_length, measure_forward_cost, widest_forward
+from specdec.engine.cost import best_draft_length, measure_forward_cost, verify_rows, widest_forward
 from specdec.engine.pool import DrafterPool
 from specdec.engine.stats import SpecStats
 from specdec.model.load import Model, load_model
@@ -385,11 +384,10 @@ class Engine:
         self._feed_hidden(req, out.hidden, kept, [plan.tokens[i] for i in kept])
         if drafter is not None:
             drafter.on_accept(result.num_accepted)
-        req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted,
-                         max(draft.tree.depths(), default=0))
+        req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted, draft.depth)
         req.stats.lossy |= result.lossy
         req.stats.draft_s += plan.draft_s
-        self._adapt(req, len(draft), result.num_accepted, plan.draft_s, max(draft.tree.depths(), default=0))
+        self._adapt(req, len(draft), result.num_accepted, plan.draft_s, draft.depth)
         return self._emit(req, result.tokens)
 
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
@@ -405,7 +403,7 @@ class Engine:
         context = req.prompt + req.output
         for d in req.drafters:
             draft = d.propose(context, k)
-            depth = max(draft.tree.depths(), default=0)  # a tree's positions, not its nodes, meet n_min
+            depth = draft.depth  # a tree's positions, not its nodes, meet n_min
             if depth == 0 or (depth < req.spec.draft_n_min and draft.draft_probs is None):
                 continue
             if depth > k:
@@ -461,7 +459,7 @@ class Engine:
             per_pass = spent / max(steps, 1)  # a block costs one pass, however long
         else:
             per_token = spent / max(tokens, 1)  # per position: a tree drafts a depth's nodes in one pass
-        rows = math.ceil(req.spec.draft_n_max * req.tree_width - 1e-9) + 1
+        rows = verify_rows(req.spec.draft_n_max, req.tree_width)
         req.draft_length = best_draft_length(req.acceptance_ema, self.forward_cost(rows), per_token,
                                              req.spec.draft_n_max, per_pass, n_min=req.spec.draft_n_min,
                                              width=req.tree_width)
