@@ -58,7 +58,7 @@ from torch import nn
 
 from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.hidden import HeadCache
-from specdec.model.config import llama3_rope_factors, rope_scaling_of, size_problem
+from specdec.model.config import llama3_rope_factors, rope_scaling_of, rope_theta_of, size_problem
 from specdec.model.errors import SpecdecError
 from specdec.model.files import replaced, write_text
 from specdec.model.layers import (DecoderLayer, MaskedAttention, RMSNorm, apply_rope, rms_norm, rope_rows, rope_tables,
@@ -209,8 +209,7 @@ class BlockConfig:
             target_layer_ids=tuple(int(i) for i in ids), mask_token_id=mask, block_size=int(block),
             num_target_layers=int(extra["num_target_layers"]) if extra.get("num_target_layers") else None,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta")
-                             or 1_000_000.0),
+            rope_theta=rope_theta_of(raw, 1_000_000.0),
             rope_scaling=scaling,
             max_positions=int(raw.get("max_position_embeddings") or 40960),
             input_embedding_scale=float(extra.get("input_embedding_scale", 1.0)),

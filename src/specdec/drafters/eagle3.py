@@ -32,7 +32,7 @@ from torch import nn
 
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
-from specdec.model.config import rope_scaling_of, size_problem
+from specdec.model.config import rope_scaling_of, rope_theta_of, size_problem
 from specdec.model.errors import SpecdecError
 from specdec.model.files import replaced, write_text
 from specdec.model.layers import DecoderLayer, RMSNorm
@@ -84,7 +84,7 @@ class Eagle3Config:
             head_dim=int(raw.get("head_dim") or H // heads), intermediate_size=int(raw["intermediate_size"]),
             vocab_size=int(raw["vocab_size"]), draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
-            rope_theta=float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0),
+            rope_theta=rope_theta_of(raw, 10000.0),
             max_positions=int(raw.get("max_position_embeddings") or 4096),
             target_hidden_size=target_hidden,
             taps=tuple(int(t) for t in taps) if taps else default_taps(target_layers),

@@ -144,6 +144,12 @@ def linear_rope_factors(head_dim: int, factor: float) -> tuple[float, ...]:
     return (float(factor),) * (head_dim // 2)
 
 
+def rope_theta_of(raw: dict, default: float) -> float:
+    """A config.json's RoPE base: rope_theta, or transformers 5's rope_parameters.rope_theta; `default` when
+    neither says."""
+    return float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or default)
+
+
 def rope_scaling_of(raw: dict) -> dict | None:
     """A drafter config.json's RoPE scaling: rope_scaling, or transformers 5's rope_parameters less its
     rope_theta; None for plain RoPE (absent, or type "default"). A ValueError where it is not an object."""

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.model.config import ModelConfig, linear_rope_factors, llama3_rope_factors, unsupported_reason
+from specdec.model.config import (ModelConfig, linear_rope_factors, llama3_rope_factors, rope_theta_of,
+                                  unsupported_reason)
 from specdec.model.errors import ModelFileError
 
 # model_type -> the family specdec runs it as. MiMo (Xiaomi) is a Qwen2 body whose MTP layers sit
@@ -128,7 +129,7 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
         head_dim = int(raw.get("head_dim") or hidden // heads)
         if arch == "gemma3":
             return _gemma3_config(path, raw, tensor_names)
-        theta = float(raw.get("rope_theta") or (raw.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
+        theta = rope_theta_of(raw, 10000.0)
         return ModelConfig(
             arch=arch,
             vocab_size=int(raw["vocab_size"]),
