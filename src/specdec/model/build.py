@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from specdec.model.config import ModelConfig
-from specdec.model.errors import ModelFileError
+from specdec.model.errors import ModelFileError, unread_bias
 from specdec.model.linear import WEIGHT_FORMATS, BlockRows, QLinear
 from specdec.model.transformer import Layer, Transformer
 
@@ -43,9 +43,7 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
     added = {f"{p}self_attn.{n}_proj.bias" for p in layer for n in "qkv"} if c.qkv_bias else set()
     unread = sorted(n for n in names if n.startswith(layer) and n.endswith(".bias") and n not in added)
     if unread:
-        raise ModelFileError(where, f"tensor {unread[0]}{f' (and {len(unread) - 1} more)' if len(unread) > 1 else ''}: "
-                             "specdec's layers have no such bias (only attention q/k/v biases); running without it "
-                             "would change the model's output")
+        raise unread_bias(where, unread)
 
     h, shapes = c.hidden_size, _linear_shapes(c)
 

@@ -14,6 +14,14 @@ class ModelFileError(SpecdecError):
         self.problem = problem
 
 
+def unread_bias(path, names: list[str]) -> ModelFileError:
+    """The error for bias tensors specdec's layers do not add (o_proj's, an MLP's): run without them, the model
+    would compute another output than its file's."""
+    more = f" (and {len(names) - 1} more)" if len(names) > 1 else ""
+    return ModelFileError(path, f"tensor {names[0]}{more}: specdec's layers have no such bias (only attention q/k/v "
+                          "biases); running without it would change the model's output")
+
+
 class CacheOverflowError(SpecdecError):
     """A key or value too large for the float16 KV cache (it would be stored as inf)."""
 

@@ -20,7 +20,7 @@ import torch
 from gguf import GGUFValueType
 
 from specdec.model.config import SUPPORTED_ARCHS, ModelConfig, linear_rope_factors, unsupported_reason
-from specdec.model.errors import ModelFileError
+from specdec.model.errors import ModelFileError, unread_bias
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
 SUPPORTED_GGML_TYPES = {
@@ -307,8 +307,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         if hf is not None:
             tensors[hf] = t
         elif t.name.startswith("blk.") and t.name.endswith(".bias"):  # llama.cpp adds it; dropped, it changed
-            raise ModelFileError(path, f"tensor {t.name}: specdec's layers have no such bias (only attention "
-                                 "q/k/v biases); running without it would change the model's output")
+            raise unread_bias(path, [t.name])
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     try:
         config = _config(path, arch, meta, tensors, freqs)

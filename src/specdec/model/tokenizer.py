@@ -313,6 +313,8 @@ def _end_of_generation(metadata: dict, tokens: list[str]) -> list[int]:
     ids = [int(metadata[k]) for k in _END_IDS if metadata.get(k) is not None]
     ids += [i for i, t in enumerate(tokens) if t in _END_OF_GENERATION]
     return list(dict.fromkeys(ids))
+
+
 # Gemma's turn format, for Gemma GGUF files written without `tokenizer.chat_template` (as some
 # conversions are): a system message opens the first user turn, the assistant speaks as "model",
 # every other message is trimmed. It is Gemma's published format, written here, not read from the file.
