@@ -36,6 +36,9 @@ from specdec.model import kernels
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4", "w8a8", "gguf")
 CONVERTED_FORMATS = WEIGHT_FORMATS[:-1]  # the formats any checkpoint converts to (gguf: GGUF files only)
+# torch's dense GEMMs: a row's bits depend on the rows beside it (kernels picked by the row count), so exact rows
+# are computed one at a time in these
+ROW_VARIANT_FORMATS = ("fp32", "bf16")
 # GGML types model/kernels/gguf.c computes on -> ggml type id; K-quants come in super-blocks of 256 values
 GGUF_KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 _GGUF_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
@@ -268,7 +271,7 @@ class QLinear:
             return self.prefill([x])[0]
         if self.fmt == "gguf":
             return self._gguf_matmul(x)
-        if self.fmt in ("fp32", "bf16"):  # torch's dense GEMMs pick kernels by the row count: exact rows go alone
+        if self.fmt in ROW_VARIANT_FORMATS:  # torch's dense GEMMs pick kernels by the row count: exact rows go alone
             # (bf16 rows changed with their neighbours from 1152 inputs wide on an AVX512-BF16 EPYC)
             x = x.to(self.weight.dtype)
             if exact and x.shape[0] > 1:

@@ -39,7 +39,7 @@ from specdec.model import kernels
 from specdec.model.config import MLP_ACTIVATIONS, ModelConfig
 from specdec.model.errors import CacheOverflowError
 from specdec.model.layers import RopeTable, decoder_layer, rms_norm, softcap
-from specdec.model.linear import QLinear
+from specdec.model.linear import ROW_VARIANT_FORMATS, QLinear
 
 # What the KV cache holds (--cache-type): float16, as llama.cpp keeps it by default, or float32. A step reads
 # every cached key and value of every layer, so at long contexts the cache's bytes rival the weights': after
@@ -114,7 +114,7 @@ def _linear_by_spans(linear: QLinear, x: torch.Tensor, spans: list[tuple[slice, 
     """
     if len(spans) == 1:
         return linear(x, spans[0][1])
-    if linear.fmt in ("fp32", "bf16"):  # their prefill (inexact) rows depend on the row count too
+    if linear.fmt in ROW_VARIANT_FORMATS:  # their prefill (inexact) rows depend on the row count too
         return torch.cat([linear(x[rows], exact) for rows, exact in spans])
     if all(exact for _, exact in spans):
         return linear(x, True)
