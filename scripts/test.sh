@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Set up and run the tests. `scripts/test.sh fast` skips the real-model (slow) tests.
+# -rfEs: the summary names failures and errors (pytest's default) and every skip with its reason;
+# under CI=true a skip not about the machine fails instead (tests/conftest.py, MACHINE_SKIPS).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 . .venv/bin/activate
 if [ "${1:-}" = "fast" ]; then
   shift
-  exec python -m pytest -q -m "not slow" "$@"
+  exec python -m pytest -q -rfEs -m "not slow" "$@"
 fi
 specdec pull smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b gemma3-270m
-exec python -m pytest -q "$@"
+exec python -m pytest -q -rfEs "$@"
