@@ -3,8 +3,12 @@ bad cache file (corrupt, truncated, stale, another model's, the wrong tensors) i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -264,16 +268,48 @@ def test_an_unwritable_cache_still_loads_and_warns_once(tmp_path, home, capsys):
     assert not list(home.glob("**/*.tmp"))
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into read-only folders")
-def test_a_read_only_cache_folder_still_loads(tmp_path, home, capsys):
-    src = _source(tmp_path, "gguf")
-    (home / "converted").mkdir(parents=True)
-    (home / "converted").chmod(0o500)
+NOBODY = 65534  # the uid a root test runs the load under
+
+
+@contextlib.contextmanager
+def _effective_uid(uid: int):
+    """The block runs with this effective uid (Linux checks file access by the filesystem uid, which follows
+    it, in every thread), and root's after."""
+    before = os.geteuid()
+    os.seteuid(uid)
     try:
-        assert torch.equal(_logits(_load(src)), _logits(_load(src, weight_cache=False)))
+        yield
     finally:
+        os.seteuid(before)
+
+
+def test_a_read_only_cache_folder_still_loads(tmp_path, monkeypatch, capsys):
+    """A converted/ folder its owner may search but not write: the model loads, converted, with a warning.
+    Mode bits do not stop root (this test skipped as root), so as root the cached load runs with the effective
+    uid of nobody, the folder's owner: the kernel refuses the write as it refuses any user's. tmp_path's parents
+    are root's and 0700, so that run works in a folder of the temporary directory that nobody can reach."""
+    root = os.geteuid() == 0
+    work = Path(tempfile.mkdtemp(prefix="specdec-read-only-")) if root else tmp_path
+    user = NOBODY if root else os.geteuid()
+    home = work / "home"
+    try:
+        work.chmod(0o755)
+        src = _source(work, "gguf")
+        cold = _logits(_load(src, weight_cache=False))  # the kernels are built (and kept) before the uid changes
+        monkeypatch.setenv("SPECDEC_HOME", str(home))
+        (home / "converted").mkdir(parents=True)
+        for folder in (home, home / "converted"):
+            os.chown(folder, user, -1)
+        (home / "converted").chmod(0o500)
+        with _effective_uid(user):
+            assert torch.equal(_logits(_load(src)), cold)
         (home / "converted").chmod(0o700)
-    assert "cannot write the converted-weights cache" in capsys.readouterr().err
+        assert _cache_files(home) == []
+    finally:
+        if root:
+            shutil.rmtree(work)
+    err = capsys.readouterr().err
+    assert "cannot write the converted-weights cache" in err and "Permission denied" in err  # open() refused
 
 
 def test_the_opt_outs_write_nothing(tmp_path, home, monkeypatch):
