@@ -77,6 +77,33 @@ def test_the_vnni_build_gives_the_avx2_builds_bits():
                            kernels.w8a8_matmul(x[:m], w, scale, bias, lib=avx2))
 
 
+@pytest.mark.parametrize("build, kernel, wide_only", [(kernels.w8a8_build, "w8a8", r"\bvpdpbusd\b"),
+                                                     (kernels.gguf_build, "gguf", r"\bvpdpbusd\b"),
+                                                     (kernels.attend_build, "attend", r"\bvfmadd\w+ps\b.*%zmm")],
+                         ids=["w8a8", "gguf", "attend"])
+def test_the_vnni_builds_hold_their_instructions_on_any_cpu(build, kernel, wide_only):
+    """The VNNI builds' bits are compared with the AVX2 builds' only where the CPU runs them (the tests that
+    skip on AVX2 alone); every machine with a compiler still builds them, so a compiler error or a lost #if in
+    their code shows there: vpdpbusd in the VNNI build, never in the AVX2 build; attend.c's fmas on zmm
+    registers, which only its AVX-512 intrinsics make (-ffp-contract=off: the compiler fuses no mul and add)."""
+    import re
+    import shutil
+    import subprocess
+
+    avx2, wide = build(False), build(True)
+    if avx2 is None or wide is None:
+        pytest.skip(f"{kernel} kernel unavailable: {kernels.why_unavailable(kernel)}")
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("no objdump (binutils) here to read the builds' instructions")
+
+    def code(lib) -> str:
+        return subprocess.run([objdump, "-d", "--no-show-raw-insn", lib._name], capture_output=True, text=True,
+                              check=True, timeout=120).stdout
+
+    assert re.search(wide_only, code(wide)) and not re.search(wide_only, code(avx2))
+
+
 def test_without_the_kernel_w8a8_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(kernels, "w8a8", lambda: None)
     monkeypatch.setattr(kernels, "why_unavailable", lambda: "no C compiler (cc) found; install gcc")
