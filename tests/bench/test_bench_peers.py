@@ -245,6 +245,19 @@ def test_a_url_peer_gets_the_prompt_without_the_bos_its_server_adds(short_prompt
     assert sent == [tok.decode(ids[1:]) for ids in rendered] and not any(text.startswith(bos) for text in sent)
 
 
+def test_a_url_peer_gets_the_whole_prompt_from_a_tokenizer_without_bos(tiny_model, short_prompts):
+    """The tiny model's BPE tokenizer adds no BOS: nothing is cut from the prompt's text."""
+    from specdec.bench.cli import bench
+    from specdec.bench.prompts import load_prompts
+
+    tok = tiny_model.tokenizer
+    client, seen = _server({})
+    bench(tiny_model, str(short_prompts), "none", temperatures=[0.0], max_tokens=4, repeats=1, warmup=False,
+          ctx_size=256, peer_urls=["http://localhost:9999"], url_client=client, progress=False)
+    rendered = [p.render(tok) for p in load_prompts(str(short_prompts))]
+    assert not tok.add_bos and [body["prompt"] for _, body in seen] == [tok.decode(ids) for ids in rendered]
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--peer-url", "http://127.0.0.1:abc"], "--peer-url 'http://127.0.0.1:abc' is not a valid URL"),
     (["--peer-url", "localhost:8080"], "--peer-url 'localhost:8080' is not an http"),
