@@ -60,8 +60,10 @@ def published_head(seed: int = 0) -> dict[str, torch.Tensor]:
     return {
         "fc.weight": w(H, 3 * H, scale=0.08),
         "midlayer.input_layernorm.weight": norm(H), "midlayer.hidden_norm.weight": norm(H),
-        "midlayer.self_attn.q_proj.weight": w(HEADS * HD, 2 * H), "midlayer.self_attn.k_proj.weight": w(KV_HEADS * HD, 2 * H),
-        "midlayer.self_attn.v_proj.weight": w(KV_HEADS * HD, 2 * H), "midlayer.self_attn.o_proj.weight": w(H, HEADS * HD),
+        "midlayer.self_attn.q_proj.weight": w(HEADS * HD, 2 * H),
+        "midlayer.self_attn.k_proj.weight": w(KV_HEADS * HD, 2 * H),
+        "midlayer.self_attn.v_proj.weight": w(KV_HEADS * HD, 2 * H),
+        "midlayer.self_attn.o_proj.weight": w(H, HEADS * HD),
         "midlayer.post_attention_layernorm.weight": norm(H),
         "midlayer.mlp.gate_proj.weight": w(INTER, H), "midlayer.mlp.up_proj.weight": w(INTER, H),
         "midlayer.mlp.down_proj.weight": w(H, INTER),
