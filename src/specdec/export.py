@@ -19,6 +19,7 @@ from pathlib import Path
 from specdec.drafters import registry
 from specdec.drafters.describe import BLOCK_KINDS, block_facts
 from specdec.drafters.ngram import NgramSimple
+from specdec.drafters.tree import most_nodes
 from specdec.engine.config import SpecConfig
 
 
@@ -195,6 +196,10 @@ def _sglang(spec: SpecConfig, args: list[str]) -> dict:
             # k steps of topk candidates each; the verified tokens: the tree (a chain when topk is 1) + the root
             tree = registry.entry(chosen).trees and spec.tree_topk > 1
             drafted = spec.effective_tree_budget if tree else spec.draft_n_max
+            if tree and drafted > most_nodes(spec.tree_topk, spec.draft_n_max):
+                drafted = most_nodes(spec.tree_topk, spec.draft_n_max)
+                notes.append(f"a tree of topk {spec.tree_topk} and depth {spec.draft_n_max} holds at most {drafted} "
+                             f"nodes (SGLang refuses more, specdec leaves the rest of --spec-tree-budget unused)")
             args += ["--speculative-num-steps", str(spec.draft_n_max),
                      "--speculative-eagle-topk", str(spec.tree_topk if tree else 1),
                      "--speculative-num-draft-tokens", str(drafted + 1)]

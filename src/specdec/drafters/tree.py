@@ -29,6 +29,12 @@ from specdec.drafters.base import Draft, TokenTree
 from specdec.sampling import SamplingParams, sample_tokens
 
 
+def most_nodes(topk: int, max_depth: int) -> int:
+    """The most nodes grow_tree can draft: topk children of the root, then topk children for each of the
+    topk nodes expanded at every later depth (SGLang's EAGLE tree has the same room)."""
+    return topk + (max_depth - 1) * topk * topk if max_depth > 0 else 0
+
+
 def grow_tree(root_logits: torch.Tensor, root_feat: torch.Tensor, expand: Callable, max_depth: int, topk: int,
               budget: int, sampling: SamplingParams, generator: torch.Generator,
               process: Callable[[torch.Tensor], torch.Tensor], p_min: float = 0.0) -> Draft:
