@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from helpers.models import real_model
+from helpers.models import fast_gguf_reader, real_model
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
 
@@ -28,8 +28,9 @@ def _hf(model):
 
     path = model.info.path
     folder, file = os.path.dirname(path), os.path.basename(path)
-    tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
-    hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
+    with fast_gguf_reader():
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+        hf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32)
     hf.eval()
     return tok, hf
 
