@@ -1,7 +1,8 @@
 """Servers for the server tests: the app in-process on uvicorn, 127.0.0.1, a free port, a background thread.
 
 `smollm_server` (session): the real smollm2-135m (int8) with ngram-simple speculation, no API key.
-`tiny_server` (session): the tiny random model with an API key, for the cheap auth checks.
+`tiny_server` (session): the tiny random model with an API key, for the cheap checks (auth, bad input)
+that run in the fast suite too.
 """
 
 from __future__ import annotations
@@ -97,11 +98,11 @@ class Reference:
     Call it only while the server is idle: the two engines share the model's weights and CPU.
     """
 
-    def __init__(self, model):
+    def __init__(self, model, max_len: int = SMOLLM_CONTEXT):
         from specdec.engine.engine import Engine
 
         self.model = model
-        self.engine = Engine(model, max_len=SMOLLM_CONTEXT)
+        self.engine = Engine(model, max_len=max_len)
         self._memo: dict = {}
 
     def prompt_ids(self, prompt: str) -> list[int]:
@@ -152,12 +153,20 @@ def scrape():
     return scrape_metrics
 
 
+TINY_CONTEXT = 256
+
+
 @pytest.fixture(scope="session")
 def tiny_server(tiny_model):
     from specdec.engine.config import SpecConfig
     from specdec.engine.engine import Engine
 
-    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",)), max_len=256, max_sequences=4)
+    engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",)), max_len=TINY_CONTEXT, max_sequences=4)
     thread, served = _serve(engine, "tiny", API_KEY)
     yield served
     thread.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tiny_model):
+    return Reference(tiny_model, TINY_CONTEXT)

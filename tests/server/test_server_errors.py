@@ -7,12 +7,28 @@ import json
 import openai
 import pytest
 
-pytestmark = pytest.mark.slow
+from server.conftest import TINY_CONTEXT
 
-CONTEXT = 1024  # the smollm test server's context (conftest.SMOLLM_CONTEXT)
+CONTEXT = TINY_CONTEXT  # the tiny test server's: these checks run in the fast suite
+MODEL = "tiny"
 OK_PROMPT = "The capital of France is"
 LONG_PROMPT = "word " * (CONTEXT + 50)
 CHAT = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture
+def served(tiny_server):
+    return tiny_server
+
+
+@pytest.fixture
+def reference(tiny_reference):
+    return tiny_reference
+
+
+def authed(served):
+    """An HTTP client that sends the server's API key (a missing key is test_server_parts' subject)."""
+    return served.http(headers={"Authorization": f"Bearer {served.api_key}"})
 
 
 def assert_error(response, status: int, code=None, param=None):
@@ -32,7 +48,7 @@ def assert_error(response, status: int, code=None, param=None):
 
 def assert_served_normally(served, reference):
     """A normal request right after the bad one succeeds with the right text."""
-    resp = served.client().completions.create(model="smollm2-135m", prompt=OK_PROMPT, max_tokens=2, temperature=0)
+    resp = served.client().completions.create(model=MODEL, prompt=OK_PROMPT, max_tokens=2, temperature=0)
     expected = reference.generate(reference.prompt_ids(OK_PROMPT), 2, spec=served.engine.spec)
     assert resp.choices[0].text == expected.text
 
@@ -49,7 +65,7 @@ CASES = [
      "temperature"),
     ("stream a string", "/v1/chat/completions", {"messages": CHAT, "stream": "yes"}, 400, "invalid_type", "stream"),
     ("messages a string", "/v1/chat/completions", {"messages": "hello"}, 400, None, "messages"),
-    ("messages missing", "/v1/chat/completions", {"model": "smollm2-135m"}, 400, "missing_required_parameter",
+    ("messages missing", "/v1/chat/completions", {"model": MODEL}, 400, "missing_required_parameter",
      "messages"),
     ("unknown role", "/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400,
      "invalid_value", "messages.0.role"),
@@ -141,56 +157,56 @@ CASES = [
 
 
 @pytest.mark.parametrize("name, path, body, status, code, param", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_is_an_openai_error_and_the_server_goes_on(smollm_server, reference, name, path, body, status,
+def test_bad_input_is_an_openai_error_and_the_server_goes_on(served, reference, name, path, body, status,
                                                              code, param):
-    assert smollm_server.engine.cache.max_len == CONTEXT
+    assert served.engine.cache.max_len == CONTEXT
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    with smollm_server.http() as http:
+    with authed(served) as http:
         response = http.post(path, content=content, headers={"content-type": "application/json"})
     assert_error(response, status, code, param)
-    assert_served_normally(smollm_server, reference)
+    assert_served_normally(served, reference)
 
 
-def test_an_empty_body_is_told_what_to_send(smollm_server, reference):
-    with smollm_server.http() as http:
+def test_an_empty_body_is_told_what_to_send(served, reference):
+    with authed(served) as http:
         response = http.post("/v1/completions", content=b"", headers={"content-type": "application/json"})
     error = assert_error(response, 400)
     assert error["message"] == "The request body must be a JSON object." and error["param"] is None
-    assert_served_normally(smollm_server, reference)
+    assert_served_normally(served, reference)
 
 
 @pytest.mark.parametrize("path, body, message", [
     ("/v1/completions", {"prompt": "x", "temperature": float("nan")}, "Input should be a finite number"),
     ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens must be"),
 ])
-def test_the_message_names_what_was_sent(smollm_server, path, body, message):
-    with smollm_server.http() as http:
+def test_the_message_names_what_was_sent(served, path, body, message):
+    with authed(served) as http:
         response = http.post(path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
     assert message in assert_error(response, 400)["message"]
 
 
-def test_openai_client_raises_its_own_exceptions(smollm_server, reference):
-    client = smollm_server.client()
+def test_openai_client_raises_its_own_exceptions(served, reference):
+    client = served.client()
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="gpt-4o", messages=CHAT, max_tokens=2)
     assert err.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model="smollm2-135m", prompt=LONG_PROMPT, max_tokens=2)
+        client.completions.create(model=MODEL, prompt=LONG_PROMPT, max_tokens=2)
     assert err.value.code == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError) as err:  # also when streaming: the error comes before the stream
-        client.completions.create(model="smollm2-135m", prompt="x", max_tokens=-1, stream=True)
+        client.completions.create(model=MODEL, prompt="x", max_tokens=-1, stream=True)
     assert err.value.param == "max_tokens"
-    assert_served_normally(smollm_server, reference)
+    assert_served_normally(served, reference)
 
 
-def test_other_servers_fields_at_their_neutral_values_are_served(smollm_server, reference):
+def test_other_servers_fields_at_their_neutral_values_are_served(served, reference):
     """Clients written for vLLM / llama.cpp send their fields at defaults; those change nothing."""
     body = {"prompt": OK_PROMPT, "max_tokens": 2, "temperature": 0, "user": "u1", "repetition_penalty": 1.0,
             "ignore_eos": False, "skip_special_tokens": True, "min_tokens": 0, "guided_json": None,
             "stop_token_ids": [], "chat_template_kwargs": {}}
-    with smollm_server.http() as http:
+    with authed(served) as http:
         response = http.post("/v1/completions", content=json.dumps(body).encode(),
                              headers={"content-type": "application/json"})
     assert response.status_code == 200, response.text
-    expected = reference.generate(reference.prompt_ids(OK_PROMPT), 2, spec=smollm_server.engine.spec)
+    expected = reference.generate(reference.prompt_ids(OK_PROMPT), 2, spec=served.engine.spec)
     assert response.json()["choices"][0]["text"] == expected.text
