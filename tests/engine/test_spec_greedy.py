@@ -49,8 +49,7 @@ def test_model_free_drafters_keep_greedy_output(engine, plain, kind):
         assert out.token_ids == plain[p], f"{kind} changed the output of {p[:30]!r}"
         drafted += out.stats.drafted
         assert out.stats.accepted <= out.stats.drafted
-    if kind in ("ngram-simple", "suffix", "ngram-cache"):
-        assert drafted > 0, f"{kind} never drafted on an editing prompt"
+    assert drafted > 0, f"{kind} never drafted on these prompts (an editing prompt among them)"
 
 
 def test_editing_prompt_engages_ngram_and_accepts(engine, plain):
