@@ -111,11 +111,12 @@ def tree_samples(smollm, tree_case):
     return get
 
 
-@pytest.mark.parametrize("kind", ["mtp", "eagle3"])
-def test_sampled_tree_keeps_the_target_distribution(tree_case, tree_samples, kind):
-    """Seeded chi-square: (t1, t2, t3) sampled with a shipped head's trees vs the exact target law."""
+def test_sampled_tree_keeps_the_target_distribution(tree_case, tree_samples):
+    """Seeded chi-square: (t1, t2, t3) sampled with the shipped EAGLE-3 head's trees and the real generator vs
+    the exact target law. One head is enough here: both heads' laws are enumerated exactly below, and the
+    same trees and verifier run for both (these samples also serve the power check at the end)."""
     _, law = tree_case
-    counts, accepted = tree_samples(kind)
+    counts, accepted = tree_samples("eagle3")
     assert accepted > MIN_ACCEPTED, "tree drafts were (almost) never accepted: the test would not exercise trees"
     assert fit_pvalue(counts, law) > 1e-3, f"sampled continuations do not follow the target's law: {counts}"
 
