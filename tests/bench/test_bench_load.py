@@ -342,13 +342,16 @@ def test_a_load_run_of_another_model_is_not_joined_to_a_bench(tmp_path, capsys, 
 
 
 class _Sleeper(LocalServer):
-    """A LocalServer whose process is a sleeping Python that never answers /health."""
+    """A LocalServer whose process is a sleeping Python that never answers /health. It ends on SIGINT as
+    `specdec serve` does (uvicorn sets its own handler): a child of a shell's background job inherits SIGINT
+    ignored, and a plain Python then sleeps through stop()'s SIGINT until its SIGTERM 20 s later."""
 
     @property
     def command(self) -> list[str]:
         import sys
 
-        return [sys.executable, "-c", "import time; time.sleep(120)"]
+        return [sys.executable, "-c",
+                "import signal, sys, time; signal.signal(signal.SIGINT, lambda *a: sys.exit(130)); time.sleep(120)"]
 
 
 def test_an_interrupted_start_stops_the_server(tmp_path, monkeypatch):
