@@ -194,7 +194,8 @@ def test_cross_tokenizer_drafting_is_lossless(tmp_path, tiny_model):
     spec = SpecConfig(drafters=("draft-simple",), draft_model=str(other), cross_tokenizer=True)
     out = engine.generate(ids, SamplingParams(), max_tokens=20, spec=spec)
     assert out.token_ids == plain.token_ids
-    assert out.stats.configured
+    # the draft has the target's weights (seed 0): its tokens, once turned into the target's, are mostly taken
+    assert out.stats.configured and out.stats.drafted > 0 and out.stats.accepted > 0, out.stats
 
 
 @pytest.mark.parametrize("kwargs, message", [
