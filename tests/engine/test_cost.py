@@ -21,11 +21,35 @@ def test_cheap_verification_favours_long_drafts_and_costly_short_ones():
     assert best_draft_length(0.8, flat, 0.5, 5) < 5
 
 
-def test_measured_cost_grows_and_frees_its_slot(tiny_model):
+def test_measured_cost_is_positive_and_frees_its_slot(tiny_model):
     cache = tiny_model.transformer.new_cache(256)
     cost = measure_forward_cost(tiny_model.transformer, cache, 4, context=16, repeats=1)
     assert len(cost) == 5 and cost[0] == 0.0 and all(c > 0 for c in cost[1:])
     assert cache.free_slots == [0] and cache.lengths == [0]
+
+
+def test_measured_cost_grows_as_the_forwards_do(tiny_model, monkeypatch):
+    """cost[t] is the median of the t-token forwards' seconds: read off a clock that each real forward of t
+    tokens moves by 1 + t/4 seconds, plus 0.5 in the first round and 10 in the second (a slow spell)."""
+    import types
+
+    from specdec.engine import cost as cost_module
+
+    transformer, real = tiny_model.transformer, tiny_model.transformer.forward
+    clock, rounds = [0.0], {}
+
+    def forward(tokens, *args, **kwargs):
+        out = real(tokens, *args, **kwargs)
+        if kwargs.get("exact", True):  # the timed forwards (the context's prefill is not timed)
+            t = tokens.shape[1]
+            rounds[t] = rounds.get(t, -1) + 1
+            clock[0] += 1 + t / 4 + (0.5, 10.0, 0.0)[rounds[t]]
+        return out
+
+    monkeypatch.setattr(transformer, "forward", forward)
+    monkeypatch.setattr(cost_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    cost = measure_forward_cost(transformer, transformer.new_cache(256), 4, context=16, repeats=3)
+    assert cost == [0.0, 1.75, 2.0, 2.25, 2.5]
 
 
 def test_the_widths_take_turns(tiny_model, monkeypatch):
