@@ -66,16 +66,18 @@ def test_the_earliest_stop_string_wins_when_one_step_ends_two(tiny_model):
     """stop=("ld", "o w") on "Hello world": a step that completes both (Qwen's " world" token, or a verify
     that commits several) cut at the first of the list ('Hello wor', which still holds "o w"); the text is
     cut before the earliest, as llama-server cuts."""
-    import types
-
     from specdec.engine.engine import Engine
 
     tok = tiny_model.tokenizer
     ids = tok.encode("Hello world", add_bos=False)
-    engine = types.SimpleNamespace(model=tiny_model, skip_special=True)
-    req = types.SimpleNamespace(text=None, output=list(ids), stop=("ld", "o w"), stop_text=None, skip_special=True)
-    assert Engine._hit_stop(engine, req)  # all the tokens in one step (a verify commits several)
-    assert req.stop_text == "Hell"
+    engine = Engine(tiny_model, max_len=64)
+    req = engine.admit(tok.encode("Say it:", add_bos=False), stop=("ld", "o w"))
+    try:
+        req.output.extend(ids)  # all the tokens in one step (a verify commits several)
+        assert engine._hit_stop(req)
+        assert req.stop_text == "Hell"
+    finally:
+        engine.finish(req)
 
 
 def test_chat_templates_get_transformers_environment(tiny_model):
