@@ -1,0 +1,51 @@
+"""The exact law of engine.generate with what a tree verifier did along the way.
+
+generate_law (helpers/distribution.py) gives the law of the tokens and the expected accepted count;
+this gives also the probability that a kept draft node was not its parent's first child: a later
+sibling tried after a rejected one, the branch recursive rejection sampling exists for. Every random
+draw is enumerated (helpers/branches.py); generate is replayed once per branch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from helpers.branches import Branches
+from helpers.distribution import prefill_once
+from specdec.engine import engine as engine_module
+from specdec.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class Law:
+    tokens: dict[tuple[int, ...], float]  # P(emitted tokens)
+    accepted: float  # E[accepted draft tokens]
+    later_sibling: float  # P(some kept node was a later sibling)
+
+
+def exact_law(monkeypatch, engine, prompt: list[int], spec=None, max_tokens: int = 3, **sampling) -> Law:
+    branches = Branches(monkeypatch, multinomial=True)
+    params = SamplingParams(**sampling, seed=0)  # the seed is never drawn from
+    real_verify = engine_module.verify_tree_sampling
+    seen = {"later": False}
+
+    def verify(target_probs, tree, draft_probs, generator):
+        result = real_verify(target_probs, tree, draft_probs, generator)
+        for node in result.accepted_path:
+            seen["later"] |= tree.children(tree.parents[node])[0] != node
+        return result
+
+    monkeypatch.setattr(engine_module, "verify_tree_sampling", verify)
+
+    def run():
+        seen["later"] = False
+        r = engine.generate(prompt, params, max_tokens=max_tokens, spec=spec)
+        return tuple(r.token_ids), r.stats.accepted, seen["later"]
+
+    with prefill_once(engine.model.transformer):
+        outcomes = branches.distribution(run)
+    law: dict[tuple[int, ...], float] = {}
+    for (tokens, _, _), p in outcomes.items():
+        law[tokens] = law.get(tokens, 0.0) + p
+    return Law(law, sum(p * a for (_, a, _), p in outcomes.items()),
+               sum(p for (_, _, later), p in outcomes.items() if later))
