@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import pytest
-import torch
 
 from helpers.distribution import engine_law, law_gap
 from helpers.drafts import (Biased, likely_bias, looping_prompt, permuted_vocab_model, perturbed_hf_model,
@@ -40,6 +39,8 @@ from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SAMPLING = dict(temperature=1.0, top_k=2)
 TOLERANCE = 1e-6  # float32 rounding is ~1e-8; the bugs these tests catch move the law by 1e-3 or more
 SHORT = [9, 10, 11, 12, 13]
@@ -52,16 +53,6 @@ class Case:
     prompt: list[int]
     max_tokens: int
     factory: Callable | None = None  # () -> a new drafter; None: the registry builds it
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops take microseconds; a second torch thread only adds a barrier to each, which
-    costs milliseconds when the other core is busy (the enumerations replay generate ~100 times)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
