@@ -3,7 +3,9 @@
 generate_law (helpers/distribution.py) gives the law of the tokens and the expected accepted count;
 this gives also the probability that a kept draft node was not its parent's first child: a later
 sibling tried after a rejected one, the branch recursive rejection sampling exists for. Every random
-draw is enumerated (helpers/branches.py); generate is replayed once per branch.
+draw is enumerated (helpers/branches.py); generate is replayed once per branch, each replay with drafters
+that forget the answers of the replays before it (suffix and ngram-cache learn from earlier answers, and
+a replay must draft what the first one did).
 """
 
 from __future__ import annotations
@@ -23,8 +25,24 @@ class Law:
     later_sibling: float  # P(some kept node was a later sibling)
 
 
+class _Forgetful:
+    """A drafter whose end() does nothing: it keeps no memory of one request's answer for the next."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def end(self, output) -> None:
+        pass
+
+
 def exact_law(monkeypatch, engine, prompt: list[int], spec=None, max_tokens: int = 3, **sampling) -> Law:
+    """The law of engine.generate(prompt, ...) (an engine whose drafters are not built yet)."""
     branches = Branches(monkeypatch, multinomial=True)
+    build = engine.drafter_factory
+    monkeypatch.setattr(engine, "drafter_factory", lambda drafter_spec, spec: _Forgetful(build(drafter_spec, spec)))
     params = SamplingParams(**sampling, seed=0)  # the seed is never drawn from
     real_verify = engine_module.verify_tree_sampling
     seen = {"later": False}
