@@ -2,7 +2,7 @@
 drafts that are accepted at some steps and REJECTED at others, so that the recovered token (from the
 residual distribution) is drawn too.
 
-Exact, not statistical: on the tiny random target (vocabulary 512, temperature 1, top-k 2, 3-4 tokens)
+Exact, not statistical: on the tiny random target (vocabulary 512, temperature 1, top-k 2, 4 tokens)
 every random draw of Engine.generate is enumerated (helpers/tree_law.py) and the law of the tokens it
 emits is compared with plain decoding's, enumerated the same way. The drafts:
 
