@@ -6,9 +6,9 @@ different prompts and answer lengths, each with its own drafter set; the third j
 prefills its prompt in the forward that verifies the others' drafts. Each answer must be the plain
 greedy answer (which promise 1 holds the solo speculative answer to).
 
-Prompts are prefilled whole here: a prompt prefilled in chunks reads the earlier chunks' keys and values
-back from the float16 cache, where a whole prefill has them in float32, so its answer may differ from
-generate's (on smollm2's GGUF blocks it does); the scheduler's test below prefills in chunks.
+Prompts are prefilled whole here, as generate prefills them: a prefill's GEMMs on quantized weights have
+bits that depend on their row count (QLinear.prefill), so a prompt prefilled in other chunks may get
+another answer (on smollm2's GGUF blocks this one does); the scheduler's test below prefills in chunks.
 
 Through the server's Scheduler on the tiny model, for a few kinds: jobs joining as others finish stream
 exactly the text they give alone."""
