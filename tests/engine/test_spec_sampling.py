@@ -2,8 +2,7 @@
 
 The exact distribution of the first three tokens under the target (top-k 2, so 8
 sequences) is enumerated with the model itself; plain sampling and speculative
-sampling (one-hot n-gram drafts, and a draft model with its own probabilities) must
-both fit it.
+sampling with one-hot n-gram drafts must both fit it.
 """
 
 from __future__ import annotations
@@ -46,10 +45,9 @@ def test_plain_sampling_fits_the_target_distribution(target_dist, plain_counts):
     assert fit_pvalue(plain_counts, dist) > 1e-3
 
 
-@pytest.mark.parametrize("spec", [
-    SpecConfig(drafters=("ngram-simple",), draft_n_max=2),
-    SpecConfig(drafters=("draft-simple",), draft_model="smollm2-135m", draft_n_max=2),
-], ids=["ngram-one-hot", "draft-model-probs"])
+# A draft model's sampled law is enumerated exactly in tests/lossless/test_law_matrix.py, with a draft that
+# differs from the target (the target as its own draft, as here before, never samples the residual).
+@pytest.mark.parametrize("spec", [SpecConfig(drafters=("ngram-simple",), draft_n_max=2)], ids=["ngram-one-hot"])
 def test_speculative_sampling_fits_the_target_distribution(engine, target_dist, spec):
     ids, dist = target_dist
     counts, drafted, _ = sample_continuations(engine, ids, SAMPLES, spec, **PARAMS)
