@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 . .venv/bin/activate
 specdec pull smollm2-135m
-python -m specdec.demo "$@"
+specdec demo "$@"

@@ -22,7 +22,7 @@ common=(--model "$model" --name "$model" --generate "${GENERATE:-4096}" --gen-to
 if [[ -n "${SEQUENCES:-}" ]]; then
     data=(--sequences "$SEQUENCES")
 else
-    "$py" -m specdec.train.cli mtp "${common[@]}" --steps 0 --out "$out/mtp"
+    "$py" -m specdec.cli train mtp "${common[@]}" --steps 0 --out "$out/mtp"
     data=(--sequences "$out/mtp/data.rank0.npz")
 fi
 
@@ -33,10 +33,10 @@ if [[ -n "${DEADLINE:-}" ]]; then
 fi
 
 # 2. both heads on that data
-"$py" -m specdec.train.cli mtp "${common[@]}" "${data[@]}" --steps 100000 --batch 32 --lr 5e-4 --ttt 3 \
+"$py" -m specdec.cli train mtp "${common[@]}" "${data[@]}" --steps 100000 --batch 32 --lr 5e-4 --ttt 3 \
     --save-every "${SAVE_EVERY:-500}" --max-minutes "$minutes" --out "$out/mtp" > "$out/mtp.log" 2>&1 &
 mtp=$!
-"$py" -m specdec.train.cli eagle3 "${common[@]}" "${data[@]}" --steps 100000 --batch 64 --lr 5e-4 --ttt 4 \
+"$py" -m specdec.cli train eagle3 "${common[@]}" "${data[@]}" --steps 100000 --batch 64 --lr 5e-4 --ttt 4 \
     --draft-vocab 4096 --save-every "${SAVE_EVERY:-500}" --max-minutes "$minutes" --out "$out/eagle3" \
     > "$out/eagle3.log" 2>&1 &
 eagle=$!

@@ -226,7 +226,7 @@ def test_an_answer_cut_by_the_context_says_so_and_chat_keeps_its_history(capsys,
 def test_seed_minus_one_is_random_as_in_llama_cpp_and_a_capped_context_is_noted(capsys, tiny_hf_dir):
     import argparse
 
-    from specdec.options import add_sampling_args, sampling_from_args
+    from specdec.cli.options import add_sampling_args, sampling_from_args
 
     parser = argparse.ArgumentParser()
     add_sampling_args(parser)
@@ -298,3 +298,13 @@ def test_the_default_context_is_not_noted_as_asked_for(capsys, tiny_hf_dir):
     rc, _, err = run(capsys, ["generate", "--model", str(tiny_hf_dir), "--weights", "fp32", "-n", "2",
                               "--spec-type", "none", "hi"])
     assert rc == 0 and "--ctx-size" not in err
+
+
+def test_the_command_table_fails_loudly_on_a_command_no_module_adds(monkeypatch):
+    """cli.py loaded its commands through importlib and skipped a missing one silently."""
+    import specdec.cli as cli
+
+    assert set(cli.build_parser()._subparsers._group_actions[0].choices) == set(cli.COMMANDS)
+    monkeypatch.setitem(cli.COMMANDS, "tune", cli.pull)
+    with pytest.raises(RuntimeError, match="cli.COMMANDS lists tune, which no module added"):
+        cli.build_parser()

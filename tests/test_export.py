@@ -8,7 +8,7 @@ import pytest
 
 from specdec.cli import main
 from specdec.engine.config import SpecConfig, SpecFlags, spec_config_from_flags
-from specdec.export import export, format_export
+from specdec.cli.export import export, format_export
 
 
 def _flag(args, name):

@@ -22,7 +22,7 @@ import pytest
 
 from specdec.drafters.registry import DrafterSpec
 from specdec.engine.config import SpecConfig
-from specdec.export import export
+from specdec.cli.export import export
 
 
 class Refused(ValueError):

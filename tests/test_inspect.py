@@ -11,7 +11,7 @@ import torch
 from helpers.tiny import make_gguf_model, make_hf_model, random_eagle3_head
 from specdec.drafters.eagle3 import save_eagle3_head
 from specdec.cli import main
-from specdec.inspect import format_report, inspect_model
+from specdec.cli.inspect import format_report, inspect_model
 from specdec.model.registry import MODELS
 
 

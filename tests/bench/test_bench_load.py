@@ -408,7 +408,7 @@ with Told([], {str(tmp_path / "server.log")!r}, start_timeout_s=60):
 
 def test_a_method_bench_keeps_the_load_run_in_its_out(tmp_path, capsys, short_prompts, tiny_model):
     """Run after a load run into the same --out, the method bench rewrote results.json without it."""
-    from specdec.bench.cli import bench
+    from specdec.cli.bench import bench
 
     out = tmp_path / "o"
     main(["bench", "--concurrency", "1", "--url", f"http://127.0.0.1:{free_port()}/v1", "--requests", "1",

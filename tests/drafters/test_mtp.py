@@ -179,7 +179,7 @@ def test_a_mimo_checkpoint_runs_as_a_target_and_its_mtp_layers_light_up(tmp_path
     """model_type mimo (a Qwen2 body + model.mtp_layers.*) was refused; it loads, and auto drafts with its MTP."""
     from specdec.engine.auto import decide_spec_for_model
     from specdec.engine.config import SpecFlags
-    from specdec.inspect import inspect_model
+    from specdec.cli.inspect import inspect_model
 
     import json
 

@@ -45,7 +45,7 @@ class ServerThread:
         """grace: serve as `specdec serve` does (GracefulServer), with this shutdown grace period."""
         import uvicorn
 
-        from specdec.server.cli import GracefulServer
+        from specdec.cli.serve import GracefulServer
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))

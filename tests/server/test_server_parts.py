@@ -580,7 +580,7 @@ def test_serve_subcommand_is_wired(capsys):
 def test_cmd_serve_builds_the_app_and_binds_localhost(tiny_hf_dir, monkeypatch):
     import uvicorn
 
-    from specdec.server import cli as server_cli
+    from specdec.cli import serve as server_cli
 
     calls = {}
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets=None: calls.update(config=self.config,

@@ -22,7 +22,7 @@ COMMON = ["--generate", "64", "--gen-tokens", "48", "--corpus-seqs", "8", "--bat
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny target with an MTP head trained beside it (where auto finds it) and an EAGLE-3 head."""
-    from specdec.train.cli import main
+    from specdec.cli.train import main
 
     root = tmp_path_factory.mktemp("train")
     folder = make_hf_model(root / "tiny", layers=6)
@@ -48,7 +48,7 @@ def test_training_writes_loadable_heads_and_learns(trained):
 
 
 def test_resume_continues_from_the_saved_step(trained, tmp_path):
-    from specdec.train.cli import main
+    from specdec.cli.train import main
 
     folder, eagle_dir = trained
     out = tmp_path / "r"
@@ -72,7 +72,7 @@ def test_a_trained_head_or_a_model_in_out_is_never_written_over(trained, tmp_pat
     """A new run into a folder holding a head wrote over it at its first checkpoint; --out set to the
     target's folder replaced the model's weights; --steps 0 saved an untrained head; a diverged run saved
     NaN weights; another kind's state.pt was 'resumed'. Each is refused now and leaves the files as they were."""
-    from specdec.train.cli import main
+    from specdec.cli.train import main
 
     folder, eagle_dir = trained
     data = eagle_dir / "data.rank0.npz"  # the fixture's sequences: no generation here
@@ -115,7 +115,7 @@ def test_resume_refuses_other_data_or_settings(tiny_hf_dir, tmp_path):
     --mask-token-id, or another --seq-len: a head trained half on one thing, half on another (an EAGLE-3
     head's draft vocabulary comes from its data: its loss and its saved map disagreed). Each is refused now,
     before any data is generated, and the state is kept."""
-    from specdec.train.cli import main
+    from specdec.cli.train import main
     from specdec.train.data import save_sequences
 
     a, b = tmp_path / "a.npz", tmp_path / "b.npz"
@@ -163,7 +163,7 @@ def test_resume_refuses_other_data_or_settings(tiny_hf_dir, tmp_path):
 
 
 def test_steps_0_never_replaces_the_data_of_a_trained_head(tiny_hf_dir, tmp_path):
-    from specdec.train.cli import main
+    from specdec.cli.train import main
 
     out = tmp_path / "mtp"
     args = ["mtp", "--model", str(tiny_hf_dir), "--out", str(out), "--generate", "4", "--gen-tokens", "16",
@@ -177,7 +177,7 @@ def test_steps_0_never_replaces_the_data_of_a_trained_head(tiny_hf_dir, tmp_path
 
 def test_save_every_checkpoints_without_validation(tiny_hf_dir, tmp_path, monkeypatch):
     """--save-every saved only where validation ran: with --val 0 a long run checkpointed at its end only."""
-    from specdec.train.cli import main
+    from specdec.cli.train import main
     from specdec.train.data import save_sequences
     from specdec.train.loop import Trainer
 
@@ -206,7 +206,7 @@ def test_corpus_and_prompt_edges(tiny_hf_dir, tiny_model, tmp_path):
     import argparse
     import random
 
-    from specdec.train.cli import _train, add_arguments, main
+    from specdec.cli.train import _train, add_arguments, main
     from specdec.train.data import corpus_chunks, load_sequences
 
     words = " ".join(f"word{i % 97} and more{i % 13}." for i in range(800))  # one document, no blank line
@@ -257,7 +257,7 @@ def test_a_failed_write_keeps_the_previous_file_whole(tmp_path):
 def test_sequences_files_and_lengths_that_crashed_mid_training(tmp_path):
     """Sequences under 8 tokens or past the context (IndexError in the RoPE tables) in a --sequences file, a
     --gen-tokens past the context, and a file where the MTP sidecar folder goes (each a traceback before)."""
-    from specdec.train.cli import main
+    from specdec.cli.train import main
     from specdec.train.data import save_sequences
 
     folder = make_hf_model(tmp_path / "m")  # context 512
@@ -292,7 +292,7 @@ def test_torchrun_trains_data_parallel(trained, tmp_path, kind):
 
     from safetensors.torch import load_file
 
-    from specdec.train.cli import frequent_tokens
+    from specdec.cli.train import frequent_tokens
     from specdec.train.data import load_sequences
 
     folder, _ = trained
@@ -300,7 +300,7 @@ def test_torchrun_trains_data_parallel(trained, tmp_path, kind):
     corpus = tmp_path / "c.txt"
     corpus.write_text("Some plain text for the corpus, repeated. " * 40)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "specdec.train.cli", kind, "--model", str(folder), "--out", str(out), "--steps", "6",
+           "-m", "specdec.cli", "train", kind, "--model", str(folder), "--out", str(out), "--steps", "6",
            "--save-every", "3", "--max-minutes", "5", "--draft-vocab", "64", "--data", str(corpus)] + COMMON
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -373,7 +373,7 @@ def test_sampled_tree_keeps_the_target_distribution(trained, kind):
 
 def test_eagle3_trains_on_a_two_layer_target(tiny_hf_dir, tmp_path):
     """Its default taps included layer -1 (N - 3): a KeyError at the first step."""
-    from specdec.train.cli import main
+    from specdec.cli.train import main
 
     out = tmp_path / "eagle3"
     assert main(["eagle3", "--model", str(tiny_hf_dir), "--out", str(out), "--steps", "2", "--draft-vocab", "64"]
@@ -395,7 +395,7 @@ def test_eagle3_trains_on_a_two_layer_target(tiny_hf_dir, tmp_path):
 def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
     import numpy as np
 
-    from specdec.train.cli import main
+    from specdec.cli.train import main
     from specdec.train.data import load_sequences, save_sequences
 
     garbage = tmp_path / "garbage.npz"
@@ -435,7 +435,7 @@ def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
     (["--seed", str(2**70)], "--seed must be between -2**62 and 2**62"),  # 'Overflow when unpacking long long'
 ])
 def test_block_training_settings_are_checked_before_any_data_is_generated(tiny_hf_dir, tmp_path, flags, message):
-    from specdec.train.cli import main
+    from specdec.cli.train import main
 
     out = tmp_path / "o"
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -444,7 +444,7 @@ def test_block_training_settings_are_checked_before_any_data_is_generated(tiny_h
 
 
 def test_counts_and_files_that_leave_nothing_to_train_on_are_refused_before_generating(tiny_hf_dir, tmp_path):
-    from specdec.train.cli import main
+    from specdec.cli.train import main
 
     out = tmp_path / "o"
     base = ["mtp", "--model", str(tiny_hf_dir), "--out", str(out), "--device", "cpu", "--steps", "1"]
@@ -530,7 +530,7 @@ def test_a_resumed_run_trains_the_head_a_straight_run_trains(tiny_hf_dir, tmp_pa
     killed there leaves it, and resumed."""
     import shutil
 
-    from specdec.train.cli import main
+    from specdec.cli.train import main
     from specdec.train.data import save_sequences
     from specdec.train.loop import Trainer
 
@@ -613,7 +613,7 @@ def test_the_torchrun_entry_point_says_a_bad_flag_in_one_line(tiny_hf_dir):
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "specdec.train.cli", "mtp", "--model", str(tiny_hf_dir), "--steps",
+    run = subprocess.run([sys.executable, "-m", "specdec.cli", "train", "mtp", "--model", str(tiny_hf_dir), "--steps",
                           "-1"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr
-    assert run.stderr.strip() == "specdec train: error: --steps must be at least 0, got -1"
+    assert run.stderr.strip() == "specdec: error: --steps must be at least 0, got -1"

@@ -20,7 +20,7 @@ COMMON = ["--generate", "64", "--gen-tokens", "48", "--corpus-seqs", "8", "--bat
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from specdec.train.cli import main
+    from specdec.cli.train import main
 
     root = tmp_path_factory.mktemp("train-block")
     folder = make_hf_model(root / "tiny", layers=6)
@@ -56,7 +56,7 @@ def test_block_loss_sees_the_context_strictly_before_the_anchor(tiny_model):
     """A token at or after the anchor moves no draft of that block's loss through the context (only
     through the labels); a token before it does."""
     from specdec.model.load import open_checkpoint
-    from specdec.train.cli import build_block_model
+    from specdec.cli.train import build_block_model
     from specdec.train.loop import block_loss
     from specdec.train.target import DenseTarget
 

@@ -18,7 +18,7 @@ from specdec.drafters.mtp import make_mtp_drafter
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.model.load import load_model, open_checkpoint
-from specdec.train.cli import main
+from specdec.cli.train import main
 from specdec.train.target import DenseTarget
 
 COMMON = ["--generate", "32", "--gen-tokens", "48", "--corpus-seqs", "8", "--batch", "8", "--val", "8",

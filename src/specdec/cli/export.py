@@ -225,7 +225,7 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     from specdec.model.errors import SpecdecError
     from specdec.model.load import open_checkpoint
     from specdec.model.registry import resolve
-    from specdec.options import spec_flags
+    from specdec.cli.options import spec_flags
 
     flags = spec_flags(args)
     if not flags.auto:  # what generate refuses is refused here too (ngram-simple's order_min above its order_max)
@@ -296,7 +296,7 @@ def shipped_drafter(spec: SpecConfig, model: str) -> tuple[SpecConfig, list[str]
 
 def cmd_export(args) -> int:
     from specdec.model.registry import MODELS, model_path
-    from specdec.options import check_ctx_size
+    from specdec.cli.options import check_ctx_size
 
     check_ctx_size(args.ctx_size)
     spec, notes = spec_for_export(args)
@@ -324,7 +324,7 @@ def cmd_export(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from specdec.options import add_model_args, add_spec_args
+    from specdec.cli.options import add_model_args, add_spec_args
 
     p = sub.add_parser("export-config", help="print llama.cpp, vLLM and SGLang flags for these speculative settings")
     add_model_args(p)

@@ -113,7 +113,7 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
     from specdec.bench.prompts import load_prompts, prompts_meta
     from specdec.bench.methods import bench_engine, parse_methods
     from specdec.bench.runner import run_bench
-    from specdec.options import context_size, note_capped_context
+    from specdec.cli.options import context_size, note_capped_context
 
     prompts = load_prompts(prompts_spec, per_category)
     if out_dir is not None:
@@ -181,7 +181,7 @@ def cmd_load(args) -> int:
     from specdec.bench.load import LoadSettings, LocalServer, base_url, choose_model, run_load
     from specdec.bench.prompts import load_prompts
     from specdec.bench.report import check_load_joins, load_table, write_load
-    from specdec.options import out_dir
+    from specdec.cli.options import out_dir
 
     given = ["--" + name.replace("_", "-") for name, default in METHOD_ONLY.items() if getattr(args, name) != default]
     if given:
@@ -277,7 +277,7 @@ def cmd_bench(args) -> int:
     from specdec.bench.prompts import load_prompts
     from specdec.model.device import pick_device
     from specdec.model.load import load_model
-    from specdec.options import out_dir
+    from specdec.cli.options import out_dir
 
     # check the settings before spending a minute loading the model
     given = ["--" + name.replace("_", "-") for name in LOAD_ONLY if getattr(args, name) is not None]
@@ -346,7 +346,7 @@ def cmd_bench(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from specdec.options import add_model_args
+    from specdec.cli.options import add_model_args
 
     p = sub.add_parser("bench", help="measure plain vs speculative decoding (and peers) on shipped prompt sets")
     add_model_args(p)

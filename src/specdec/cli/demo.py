@@ -1,6 +1,6 @@
 """The main job: one speculative generation on the default model, beside plain decoding.
 
-    python -m specdec.demo [--model M] [--spec-type ngram-simple] [--repeats 3]
+    specdec demo [--model M] [--spec-type ngram-simple] [--repeats 3]
 
 Plain and speculative runs alternate in one process; the report gives medians, the
 speed-up, acceptance, and whether the greedy outputs are identical token for token.
@@ -8,11 +8,16 @@ speed-up, acceptance, and whether the greedy outputs are identical token for tok
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 
 import torch
+
+from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
+from specdec.engine.config import SpecConfig, parse_spec_types
+from specdec.engine.engine import Engine
+from specdec.model.device import pick_device
+from specdec.model.load import load_model
+from specdec.sampling import SamplingParams
 
 PROMPT = """Rename the function `get_user` to `fetch_user` everywhere in this code, and return the full code.
 
@@ -37,15 +42,8 @@ def _on_device(model) -> str:
     return f" ({str(model.transformer.dtype).removeprefix('torch.')} on {model.info.device})"
 
 
-def main(argv=None) -> int:
-    from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
-    from specdec.engine.config import SpecConfig, parse_spec_types
-    from specdec.engine.engine import Engine
-    from specdec.model.device import pick_device
-    from specdec.model.load import load_model
-    from specdec.sampling import SamplingParams
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_parser(sub) -> None:
+    p = sub.add_parser("demo", help="the main job: a speculative generation beside plain decoding, with the speed-up")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--weights", default=None, help="in-memory weight format (default: gguf for a GGUF file)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when torch sees a GPU)")
@@ -53,8 +51,10 @@ def main(argv=None) -> int:
     p.add_argument("--draft-n-max", type=int, default=DEFAULT_DRAFT_LENGTH)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args(argv)
+    p.set_defaults(func=cmd_demo)
 
+
+def cmd_demo(args) -> int:
     model = load_model(args.model, args.weights, device=pick_device(args.device))
     tok = model.tokenizer
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]), add_bos=False)
@@ -83,6 +83,3 @@ def main(argv=None) -> int:
     print(f"greedy output identical to plain decoding: {'yes' if same else 'NO'} ({len(fast.token_ids)} tokens)")
     return 0 if same else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())
