@@ -24,7 +24,7 @@ LAYERS = [
     {"specdec.engine"},
     {"specdec.train.target", "specdec.train.data", "specdec.train.loop", "specdec.bench.methods",
      "specdec.bench.memory", "specdec.bench.prompts", "specdec.bench.runner", "specdec.bench.peers",
-     "specdec.bench.report", "specdec.server.app", "specdec.server.worker", "specdec.server.metrics",
+     "specdec.bench.report", "specdec.server.app", "specdec.server.jobs", "specdec.server.metrics",
      "specdec.server.schemas", "specdec.server.overrides", "specdec.server.scheduler", "specdec.cli.options",
      "specdec.bench.load"},
     {"specdec.cli", "specdec.cli.__main__"} | COMMAND_MODULES,

@@ -25,7 +25,7 @@ from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
 from specdec.server.scheduler import Scheduler
-from specdec.server.worker import Delta, Done, Job
+from specdec.server.jobs import Delta, Done, Job
 
 # (prompt name, answer tokens, step at which the request joins)
 BATCH = [("edit", 16, 0), ("assign", 10, 0), ("cat", 12, 2)]

@@ -19,7 +19,7 @@ from specdec.server.overrides import resolve_spec
 from specdec.server.schemas import APIError, SpeculativeOverride
 from specdec.server.scheduler import QueueFull, Scheduler
 from specdec.model.tokenizer import TextStream
-from specdec.server.worker import Delta, Done, Failed, Job
+from specdec.server.jobs import Delta, Done, Failed, Job
 
 CHAT = [{"role": "user", "content": "Hi"}]
 

@@ -54,7 +54,7 @@ from specdec.server.overrides import resolve_spec
 from specdec.server.scheduler import DEFAULT_PREFILL_CHUNK, QueueFull, Scheduler, ServerStopping
 from specdec.server.schemas import (APIError, ChatCompletionRequest, CompletionRequest, GenerationRequest,
                                     answer_changing)
-from specdec.server.worker import Delta, Done, Failed, Job
+from specdec.server.jobs import Delta, Done, Failed, Job
 
 log = logging.getLogger("specdec.server")
 

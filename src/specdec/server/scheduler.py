@@ -42,7 +42,7 @@ from specdec.engine.engine import Engine, Request
 from specdec.engine.stats import SpecStats
 from specdec.server.metrics import ServerMetrics
 from specdec.model.tokenizer import TextStream
-from specdec.server.worker import Delta, Done, Failed, Job, StepFailed
+from specdec.server.jobs import Delta, Done, Failed, Job, StepFailed
 
 log = logging.getLogger("specdec.server")
 

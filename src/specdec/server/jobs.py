@@ -73,7 +73,7 @@ class Job:
         self.cancelled.set()
 
     def put(self, event) -> None:
-        """Hand an event to the asyncio side (called from the worker thread)."""
+        """Hand an event to the asyncio side (called from the scheduler thread)."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
