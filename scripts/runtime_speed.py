@@ -239,7 +239,7 @@ def report(args, results: dict, peer_version: str | None, fidelity: list[str], t
 
     from specdec.cli.bench import cpu_model
     from specdec.model import kernels
-    from specdec.model.registry import resolve
+    from specdec.model.catalogue import resolve
 
     formats = args.formats.split(",")
     lines = [
@@ -342,7 +342,7 @@ def main() -> None:
 
     import torch
 
-    from specdec.model.registry import resolve
+    from specdec.model.catalogue import resolve
 
     torch.set_num_threads(args.threads)
     python = args.llama_cpp

@@ -199,14 +199,14 @@ def test_draft_mtp_without_any_head_is_refused_as_generate_refuses_it(tiny_hf_di
     assert not captured.out
 
 
-def test_a_registry_name_is_not_downloaded_to_print_flags(tmp_path, capsys, monkeypatch):
-    from specdec.model import registry
+def test_a_catalogue_name_is_not_downloaded_to_print_flags(tmp_path, capsys, monkeypatch):
+    from specdec.model import catalogue
 
     def no_pull(*args, **kwargs):
         raise AssertionError("export-config pulled a model")
 
-    monkeypatch.setattr(registry, "pull", no_pull)
-    monkeypatch.setattr(registry, "model_path", lambda name: tmp_path / f"{name}.gguf")  # not pulled here
+    monkeypatch.setattr(catalogue, "pull", no_pull)
+    monkeypatch.setattr(catalogue, "model_path", lambda name: tmp_path / f"{name}.gguf")  # not pulled here
     assert main(["export-config", "--model", "smollm2-135m", "--spec-type", "suffix", "--json"]) == 0
     captured = capsys.readouterr()
     pulled_to = str(tmp_path / "smollm2-135m.gguf")

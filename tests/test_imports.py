@@ -26,7 +26,8 @@ LAYERS = [
      "specdec.bench.memory", "specdec.bench.prompts", "specdec.bench.runner", "specdec.bench.peers",
      "specdec.bench.report", "specdec.server.app", "specdec.server.jobs", "specdec.server.metrics",
      "specdec.server.schemas", "specdec.server.overrides", "specdec.server.scheduler", "specdec.cli.options",
-     "specdec.bench.load"},
+     "specdec.bench.load",
+     "specdec.server.job_builder", "specdec.server.responses", "specdec.server.errors", "specdec.server.middleware"},
     {"specdec.cli", "specdec.cli.__main__"} | COMMAND_MODULES,
 ]
 COMMANDS = LAYERS[-1]

@@ -12,7 +12,7 @@ from helpers.tiny import make_gguf_model, make_hf_model, random_eagle3_head
 from specdec.drafters.eagle3 import save_eagle3_head
 from specdec.cli import main
 from specdec.cli.inspect import format_report, inspect_model
-from specdec.model.registry import MODELS
+from specdec.model.catalogue import MODELS
 
 
 def _mtp_tensors(layer: int, hidden: int = 64) -> dict:

@@ -229,7 +229,7 @@ def test_a_url_peer_gets_the_prompt_without_the_bos_its_server_adds(short_prompt
     from helpers.models import real_model
     from specdec.cli.bench import bench
     from specdec.bench.prompts import load_prompts
-    from specdec.model.registry import model_path
+    from specdec.model.catalogue import model_path
 
     if not model_path("gemma3-270m").is_file():
         pytest.skip("gemma3-270m is not pulled (specdec pull gemma3-270m)")

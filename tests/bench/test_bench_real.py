@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench_helpers import validate_results
-from specdec.model.registry import MODELS
+from specdec.model.catalogue import MODELS
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ import torch
 from helpers.tiny import make_gguf_model, make_hf_model
 from specdec.model.errors import ModelFileError, SpecdecError
 from specdec.model.load import load_model
-from specdec.model.registry import MODELS, model_path, resolve
+from specdec.model.catalogue import MODELS, model_path, resolve
 
 
 def _load(path):
@@ -421,7 +421,7 @@ def test_unknown_weight_format(tiny_hf_dir):
 def test_a_damaged_digest_book_is_a_cache_miss_and_is_rewritten(tmp_path, monkeypatch, book):
     import hashlib
 
-    from specdec.model.registry import cached_sha256
+    from specdec.model.catalogue import cached_sha256
 
     monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
     (tmp_path / "sha256.json").write_text(book)

@@ -13,7 +13,7 @@ from specdec.engine.engine import Engine
 from specdec.model import kernels
 from specdec.model.linear import CONVERTED_FORMATS
 from specdec.model.load import load_model
-from specdec.model.registry import model_path
+from specdec.model.catalogue import model_path
 from specdec.model.transformer import Segment
 from specdec.sampling import SamplingParams
 

@@ -255,10 +255,10 @@ GEMMA_TEXTS = [
 
 @pytest.fixture(scope="module")
 def gemma_file():
-    from specdec.model import registry
+    from specdec.model import catalogue
 
-    if "gemma3-270m" in registry.MODELS:
-        path = registry.model_path("gemma3-270m")
+    if "gemma3-270m" in catalogue.MODELS:
+        path = catalogue.model_path("gemma3-270m")
         reason = f"{path} is not present; run `specdec pull gemma3-270m`"
     else:
         path = os.environ.get("SPECDEC_GEMMA3_GGUF", "")

@@ -134,7 +134,7 @@ def test_real_gguf_tokenizers_match_their_models_prompts():
     """Qwen's GGUF tokenizer skipped the NFC normalization its tokenizer.json (and transformers) applies:
     "a" + U+0301 was two tokens where the model saw "á". Gemma's chat template writes <bos> and training
     prompts added another (serving prompts have one)."""
-    from specdec.model.registry import model_path
+    from specdec.model.catalogue import model_path
     from specdec.model.tokenizer import read_gguf_tokenizer
     from specdec.train.data import chat_prompt_ids
 

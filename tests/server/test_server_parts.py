@@ -420,7 +420,7 @@ def test_a_failed_step_is_a_server_error_not_a_bad_request(tiny_model, monkeypat
     """An exception inside a batched step fails the requests that ran in it with a 500 naming the cause
     (a ValueError from deep in a step used to become a 400 blaming the client), frees their slots, and
     the server goes on serving the next request."""
-    from specdec.server.app import _worker_error
+    from specdec.server.errors import as_api_error
 
     engine = Engine(tiny_model, max_len=256)
     scheduler = Scheduler(engine)
@@ -449,7 +449,7 @@ def test_a_failed_step_is_a_server_error_not_a_bad_request(tiny_model, monkeypat
     finally:
         scheduler.stop()
     assert isinstance(failed, Failed)
-    error = _worker_error(failed.error)
+    error = as_api_error(failed.error)
     assert error.status == 500 and error.code == "internal_error"
     assert "ValueError: shapes do not match" in str(error.message)
     assert isinstance(served, Done) and served.completion_tokens == 4
@@ -505,7 +505,7 @@ def test_draft_budget_shrinks_drafts_when_rows_cost_more_than_they_return(tiny_m
     scheduler = Scheduler(engine)
     a, b = engine.admit([1, 2, 3]), engine.admit([4, 5, 6])
     a.prefilled, b.prefilled = 3, 3  # as if prefilled: the budget only reads the counters
-    a.acceptance_ema, b.acceptance_ema = 0.9, 0.3
+    a.draft_policy.acceptance, b.draft_policy.acceptance = 0.9, 0.3
     engine._forward_cost = [0.0] + [1.0] * 12  # flat
     assert scheduler.draft_caps([a, b]) == [4, 4]
     engine._forward_cost = [0.0] + [1.0 + 0.5 * t for t in range(12)]  # each row costs half a forward

@@ -129,7 +129,7 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
     peer_objs = []
     if peers:
         from specdec.bench.peers import HF_PEERS, HFModels, HFPeer
-        from specdec.model.registry import resolve
+        from specdec.model.catalogue import resolve
 
         unknown = [p for p in peers if p not in HF_PEERS]
         if unknown:
@@ -246,7 +246,7 @@ def cmd_load(args) -> int:
 
 def _artifact_of(model: str) -> dict:
     """The file the started server loads and its sha256, when it resolves without a download."""
-    from specdec.model.registry import cached_sha256, resolve
+    from specdec.model.catalogue import cached_sha256, resolve
 
     try:
         path = resolve(model, auto_pull=False)

@@ -224,7 +224,7 @@ def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     from specdec.engine.config import spec_config_from_flags
     from specdec.model.errors import SpecdecError
     from specdec.model.load import open_checkpoint
-    from specdec.model.registry import resolve
+    from specdec.model.catalogue import resolve
     from specdec.cli.options import spec_flags
 
     flags = spec_flags(args)
@@ -249,7 +249,7 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     from specdec.drafters.mtp import shipped_head_for
     from specdec.model.facts import mtp_info, sidecar_path
     from specdec.model.load import open_checkpoint
-    from specdec.model.registry import resolve
+    from specdec.model.catalogue import resolve
 
     if "draft-mtp" not in spec.types:
         return None
@@ -280,7 +280,7 @@ def shipped_drafter(spec: SpecConfig, model: str) -> tuple[SpecConfig, list[str]
     SGLang load). A model with none is refused, as generate refuses it; the commands had no draft model."""
     from specdec.drafters.mtp import SHIPPED_KINDS, shipped_head_for
     from specdec.model.load import open_checkpoint
-    from specdec.model.registry import resolve
+    from specdec.model.catalogue import resolve
 
     if spec.draft_model or spec.model_kind not in _SHIPPED:
         return spec, []
@@ -295,7 +295,7 @@ def shipped_drafter(spec: SpecConfig, model: str) -> tuple[SpecConfig, list[str]
 
 
 def cmd_export(args) -> int:
-    from specdec.model.registry import MODELS, model_path
+    from specdec.model.catalogue import MODELS, model_path
     from specdec.cli.options import check_ctx_size
 
     check_ctx_size(args.ctx_size)

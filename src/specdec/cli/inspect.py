@@ -31,7 +31,7 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
     from specdec.engine.auto import decide_spec, runnable_model_drafters
     from specdec.engine.config import SpecFlags
     from specdec.model.load import open_checkpoint
-    from specdec.model.registry import cached_sha256, resolve
+    from specdec.model.catalogue import cached_sha256, resolve
 
     from specdec.model.load import weights_format_for
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec.model.registry import pull
+from specdec.model.catalogue import pull
 
 
 def cmd_pull(args) -> int:

@@ -212,7 +212,7 @@ def frequent_tokens(seqs: list[list[int]], size: int, vocab: int, device="cpu", 
 
 
 def target_info(model_name: str, path, checkpoint) -> dict:
-    from specdec.model.registry import cached_sha256
+    from specdec.model.catalogue import cached_sha256
 
     c = checkpoint.config
     sha = cached_sha256(path) if Path(path).is_file() else None
@@ -288,7 +288,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     from specdec.model.device import pick_device
     from specdec.model.files import replaced
     from specdec.model.load import checkpoint_digest, open_checkpoint
-    from specdec.model.registry import resolve, sha256_file
+    from specdec.model.catalogue import resolve, sha256_file
     from specdec.cli.options import out_dir
     from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
     from specdec.train.loop import Trainer, check_resume

@@ -157,7 +157,7 @@ def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str
 def drafter_facts(name_or_path: str, target_checkpoint, target_tokenizer, target_name: str = "target"
                   ) -> DrafterFacts:
     """describe_drafter for auto: the kind, and whether it fits the target."""
-    from specdec.model.registry import resolve
+    from specdec.model.catalogue import resolve
 
     d = describe_drafter(resolve(name_or_path), target_checkpoint, target_tokenizer, target_name, name_or_path)
     return DrafterFacts(name_or_path, d["kind"], d["compatible"], d["reason"] or "")

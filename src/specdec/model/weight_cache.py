@@ -35,7 +35,7 @@ import torch
 from specdec.model.build import build_transformer, transformer_from_tensors, transformer_tensors
 from specdec.model.config import ModelConfig
 from specdec.model.files import replaced
-from specdec.model.registry import specdec_home
+from specdec.model.catalogue import specdec_home
 from specdec.model.transformer import Transformer
 
 # Bump whenever the conversion changes what it produces (model/build.py, model/linear.py, the loaders'

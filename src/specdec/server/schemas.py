@@ -141,7 +141,7 @@ class GenerationRequest(BaseModel):
     speculative: SpeculativeOverride | None = None
     skip_special_tokens: bool = True  # vLLM's: false keeps special tokens' text (<|im_end|>) in the answer
     # Fields that change what the client gets back: read so that a request using them is refused
-    # (app._make_job), never served as if they had not been sent.
+    # (job_builder.make_job), never served as if they had not been sent.
     logit_bias: dict[str, float] | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None

@@ -146,7 +146,7 @@ def _kernel_folders():
     """Where built kernels are kept: $SPECDEC_HOME/kernels, then (when that one cannot be written, a read-only
     home) a folder in the temporary directory that belongs to this user alone (another user's, or one others
     can write, could hold a library that is not ours)."""
-    from specdec.model.registry import specdec_home
+    from specdec.model.catalogue import specdec_home
 
     yield specdec_home() / "kernels"
     own = Path(tempfile.gettempdir()) / f"specdec-kernels-{os.getuid()}"

@@ -1,0 +1,145 @@
+"""A Job -> its HTTP response: one JSON body when it is done, or OpenAI's SSE stream of its events.
+
+    return await answer(worker, job, body, request, model_name, chat=False)
+
+A stream sends "spec" on its last chunk (the one with finish_reason) and "usage" only when the client
+asks for stream_options.include_usage, on the usage-only chunk (choices: []) that follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from fastapi import Request
+from starlette.background import BackgroundTask
+from starlette.responses import Response, StreamingResponse
+
+from specdec.server.errors import as_api_error
+from specdec.server.jobs import Delta, Done, Failed, Job
+from specdec.server.metrics import ServerMetrics
+from specdec.server.scheduler import QueueFull, Scheduler, ServerStopping
+from specdec.server.schemas import APIError, GenerationRequest
+
+_DISCONNECT_POLL_S = 0.25  # how often a waiting handler checks that its client is still there
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _next_event(job: Job, request: Request):
+    """The job's next event; cancels the job and raises _ClientGone when the client disconnects first."""
+    getter = asyncio.ensure_future(job.events.get())
+    try:
+        while True:
+            done, _ = await asyncio.wait({getter}, timeout=_DISCONNECT_POLL_S)
+            if done:
+                return getter.result()
+            if await request.is_disconnected():
+                job.cancel()
+                raise _ClientGone
+    finally:
+        if not getter.done():
+            getter.cancel()
+
+
+def _usage(done: Done) -> dict:
+    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens}
+
+
+async def answer(worker: Scheduler, job: Job, body: GenerationRequest, request: Request, model_name: str,
+                 chat: bool):
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    created = int(time.time())
+    try:
+        worker.submit(job)
+    except QueueFull as full:
+        raise APIError(503, str(full), type="server_error", code="server_busy",
+                       headers={"Retry-After": str(full.retry_after_s)}) from None
+    except ServerStopping as stopping:
+        raise as_api_error(stopping) from None
+    streaming = False
+    try:
+        event = await _next_event(job, request)
+        if isinstance(event, Failed):
+            raise as_api_error(event.error)
+        if isinstance(event, Done) and event.finish_reason == "cancelled":
+            raise APIError(503, "the request was cancelled: the server is stopping",
+                           type="server_error", code="cancelled")
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            streaming = True
+            return StreamingResponse(
+                _sse(job, event, rid, created, model_name, chat, include_usage, request.app.state.metrics),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                background=BackgroundTask(job.cancel))  # also when the stream never started
+        while not isinstance(event, Done):
+            event = await _next_event(job, request)
+            if isinstance(event, Failed):
+                raise as_api_error(event.error)
+    except _ClientGone:
+        return Response(status_code=499)  # nobody reads this; the worker has been told to stop
+    finally:
+        if not streaming:
+            job.cancel()  # a no-op when the job is done; stops it when this handler ends early
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": event.text}, "logprobs": None,
+                  "finish_reason": event.finish_reason}
+    else:
+        choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+    return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": model_name, "choices": [choice], "usage": _usage(event), "spec": event.stats.to_dict()}
+
+
+async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: bool, include_usage: bool,
+               metrics: ServerMetrics):
+    """OpenAI's SSE stream: `data: {chunk}` lines, then `data: [DONE]`. The job is cancelled if this stops early."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, finish_reason: str | None = None, role: bool = False, **extra) -> str:
+        if chat:
+            delta = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return _data({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice],
+                      **extra})
+
+    try:
+        if chat:
+            yield chunk("", role=True)
+        event = first
+        while True:
+            if isinstance(event, Delta):
+                if event.text:
+                    yield chunk(event.text)
+            elif isinstance(event, Done):
+                if event.text:
+                    yield chunk(event.text)
+                spec = event.stats.to_dict()
+                yield chunk(None, event.finish_reason, spec=spec)
+                if include_usage:  # OpenAI's usage-only chunk, the one place a stream carries usage
+                    yield _data({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [],
+                                 "usage": _usage(event), "spec": spec})
+                break
+            elif isinstance(event, Failed):  # counted by code as the error handler counts one before the stream
+                err = as_api_error(event.error)
+                metrics.record_error(err.status, err.code)
+                yield _data(err.body(), ascii=True)
+                break
+            event = await job.events.get()
+        yield "data: [DONE]\n\n"
+    finally:
+        job.cancel()  # a no-op when the job is done; stops generation when the client went away
+
+
+def _data(obj: dict, ascii: bool = False) -> str:
+    """One SSE event. ascii: escape non-ASCII (an error message may quote a lone surrogate the client sent)."""
+    return f"data: {json.dumps(obj, ensure_ascii=ascii)}\n\n"
