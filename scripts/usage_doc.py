@@ -82,15 +82,30 @@ def _subcommands(parser: argparse.ArgumentParser):
                 yield name, helps.get(name) or "", sub
 
 
+def _rows(parser: argparse.ArgumentParser, actions) -> list[str]:
+    shown = [a for a in actions
+             if a.help != argparse.SUPPRESS and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+    if not shown:
+        return []
+    return (["| flag | default | what it does |", "|---|---|---|"]
+            + [f"| {_flags(a)} | {_default(a)} | {_help(parser, a)} |" for a in shown] + [""])
+
+
 def _table(prog: str, summary: str, parser: argparse.ArgumentParser, level: int = 3) -> list[str]:
+    """A subcommand's section: its flags in one table, then one table per titled argument group."""
     lines = [f"{'#' * level} `{prog}`", ""]
     if summary:
         lines += [summary[0].upper() + summary[1:] + ".", ""]
-    rows = [a for a in parser._actions
-            if a.help != argparse.SUPPRESS and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
-    lines += ["| flag | default | what it does |", "|---|---|---|"]
-    lines += [f"| {_flags(a)} | {_default(a)} | {_help(parser, a)} |" for a in rows]
-    lines.append("")
+    builtin = parser._action_groups[:2]  # argparse's own: positional arguments, options
+    grouped = {id(a) for g in parser._action_groups[2:] for a in g._group_actions}
+    lines += _rows(parser, [a for a in parser._actions if id(a) not in grouped])
+    for group in parser._action_groups:
+        if group in builtin:
+            continue
+        rows = _rows(parser, group._group_actions)
+        if rows:
+            title = f"*{_cell(group.title)}*" + (f": {_cell(group.description)}" if group.description else "")
+            lines += [title, "", *rows]
     for name, help_text, sub in _subcommands(parser):  # a subcommand's own subcommands, if it grows any
         lines += _table(f"{prog} {name}", help_text, sub, level + 1)
     return lines
