@@ -107,13 +107,12 @@ def test_gguf_nextn_tensors_load_like_the_hf_layout(tmp_path, blocks):
 
 
 def test_config_declares_mtp_but_the_file_lacks_it(tmp_path):
-    from specdec.engine.auto import decide_spec_for_model
-    from specdec.engine.config import SpecFlags
+    from helpers.spec import spec_for_model
 
     m = _model(tmp_path, "nomtp", {})
     with pytest.raises(MTPError, match="declares 1 MTP layer\\(s\\) but the file has no MTP weights"):
         make_mtp_drafter(m)
-    spec, reasons = decide_spec_for_model(SpecFlags(), m)
+    spec, reasons = spec_for_model(m)
     assert "draft-mtp" not in spec.types
     assert any("lacks their weights" in r for r in reasons)
     out = Engine(m, spec, max_len=128).generate(list(range(5, 15)), max_tokens=8)
@@ -121,11 +120,10 @@ def test_config_declares_mtp_but_the_file_lacks_it(tmp_path):
 
 
 def test_auto_turns_mtp_on_and_says_so(tmp_path, blocks):
-    from specdec.engine.auto import decide_spec_for_model
-    from specdec.engine.config import SpecFlags
+    from helpers.spec import spec_for_model
 
     m = _model(tmp_path, "ds", deepseek_layout(blocks, LAYERS))
-    spec, reasons = decide_spec_for_model(SpecFlags(), m)
+    spec, reasons = spec_for_model(m)
     assert "draft-mtp" in spec.types
     assert any("draft-mtp, used without being asked" in r for r in reasons)
 
@@ -177,8 +175,7 @@ def test_drafts_are_what_a_from_scratch_head_run_predicts(tmp_path, blocks):
 
 def test_a_mimo_checkpoint_runs_as_a_target_and_its_mtp_layers_light_up(tmp_path):
     """model_type mimo (a Qwen2 body + model.mtp_layers.*) was refused; it loads, and auto drafts with its MTP."""
-    from specdec.engine.auto import decide_spec_for_model
-    from specdec.engine.config import SpecFlags
+    from helpers.spec import spec_for_model
     from specdec.cli.inspect import inspect_model
 
     import json
@@ -190,7 +187,7 @@ def test_a_mimo_checkpoint_runs_as_a_target_and_its_mtp_layers_light_up(tmp_path
     (folder / "config.json").write_text(json.dumps(raw))
     m = load_model(str(folder), "fp32", progress=False)
     assert m.config.arch == "qwen2" and m.config.qkv_bias and m.config.mtp_layers_declared == 1
-    spec, reasons = decide_spec_for_model(SpecFlags(), m)
+    spec, reasons = spec_for_model(m)
     assert spec.types == ("suffix", "draft-mtp")
     assert any("model carries MTP layers: draft-mtp, used without being asked" in r for r in reasons)
     prompt = list(range(5, 40))
@@ -205,7 +202,7 @@ def test_a_damaged_head_beside_the_model_is_not_offered_and_is_named_when_asked(
     """An interrupted `specdec train mtp` leaves a truncated model.safetensors beside the model: auto does
     not count it as MTP layers (plain runs go on), and asking for draft-mtp names the file."""
     from specdec.model.errors import SpecdecError
-    from specdec.model.facts import sidecar_path, target_facts
+    from specdec.model.checkpoint_facts import sidecar_path, target_facts
 
     folder = make_hf_model(tmp_path / "m")
     side = sidecar_path(folder)

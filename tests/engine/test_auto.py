@@ -9,10 +9,11 @@ import torch
 from safetensors.torch import save_file
 
 from specdec.drafters import registry
-from specdec.engine.auto import (FACTS, SLOWER, DrafterFacts, Fact, TargetFacts, choose_auto, decide_spec_for_model,
+from helpers.spec import spec_for_model
+from specdec.engine.auto import (FACTS, SLOWER, DrafterFacts, Fact, TargetFacts, choose_auto,
                                  lookup_fact, runnable_model_drafters)
-from specdec.engine.config import SpecFlags
-from specdec.model.facts import target_facts
+from specdec.engine.spec_request import AutoTarget, SpecRequest, build_spec
+from specdec.model.checkpoint_facts import target_facts
 
 PLAIN = TargetFacts("m", weights_format="int8")
 FAST_DRAFT = FACTS + (Fact("draft-simple", "cpu", "int8", "faster", "test"),)
@@ -152,21 +153,22 @@ def test_target_facts_of_a_checkpoint(tiny_model, tmp_path):
     (None, None, '{"method": "ngram"}', False),
 ])
 def test_auto_requested(spec_type, draft, config, expected):
-    assert SpecFlags(spec_type=spec_type, model_draft=draft, speculative_config=config).auto is expected
+    request = SpecRequest.from_flags(spec_type=spec_type, model_draft=draft, speculative_config=config)
+    assert request.wants_auto is expected
 
 
 def test_auto_cannot_be_combined():
     with pytest.raises(ValueError, match="cannot be combined"):
-        SpecFlags(spec_type="auto,suffix").auto
+        SpecRequest.from_flags(spec_type="auto,suffix")
     with pytest.raises(ValueError, match="contradicts"):
-        SpecFlags(spec_type="auto", speculative_config='{"method": "ngram"}').auto
+        SpecRequest.from_flags(spec_type="auto", speculative_config='{"method": "ngram"}')
 
 
 def test_flags_on_top_of_auto(tiny_model):
-    spec, notes = decide_spec_for_model(SpecFlags(draft_n_max=5, draft_n_min=2, typical=True), tiny_model)
+    spec, notes = spec_for_model(tiny_model, draft_n_max=5, draft_n_min=2, typical=True)
     assert spec.types == ("suffix",) and spec.adaptive and (spec.draft_n_max, spec.draft_n_min) == (5, 2)
     assert spec.acceptance == "typical" and notes[0] == "auto: auto chose suffix"
-    explicit, _ = decide_spec_for_model(SpecFlags(spec_type="ngram-simple"), tiny_model)
+    explicit, _ = spec_for_model(tiny_model, spec_type="ngram-simple")
     assert explicit.types == ("ngram-simple",) and not explicit.adaptive
 
 
@@ -187,14 +189,14 @@ def test_generate_defaults_to_auto_and_prints_the_choice(tiny_hf_dir, capsys):
 
 
 def test_tree_flags_apply_only_when_auto_chose_a_tree_drafter(tiny_model):
-    with pytest.raises(ValueError, match="auto chose suffix; name the drafter"):
-        decide_spec_for_model(SpecFlags(tree_topk=2), tiny_model)
+    with pytest.raises(ValueError, match="auto chose suffix: token trees .* suffix drafts none; name the drafter"):
+        spec_for_model(tiny_model, tree_topk=2)
 
 
 def test_p_min_applies_only_when_auto_chose_a_model_drafter(tiny_model):
     """--spec-draft-p-min was dropped without a word when auto chose suffix (ngram-simple refuses it)."""
-    with pytest.raises(ValueError, match="auto chose suffix, which drafts without one; name a model drafter"):
-        decide_spec_for_model(SpecFlags(draft_p_min=0.5), tiny_model)
+    with pytest.raises(ValueError, match="auto chose suffix: --spec-draft-p-min .* suffix drafts without one"):
+        spec_for_model(tiny_model, draft_p_min=0.5)
 
 
 def test_a_given_mtp_head_beside_mtp_layers_is_explained_truly():
@@ -219,10 +221,12 @@ def test_a_given_mtp_head_that_cannot_draft_leaves_the_checkpoint_s_mtp_layers_d
 
 def test_auto_refuses_a_tree_topk_of_0_as_the_explicit_path_does(tmp_path, monkeypatch):
     """--spec-tree-topk 0 became 1 under auto; --spec-type draft-mtp --spec-tree-topk 0 is an error."""
-    import specdec.engine.auto as auto
+    import specdec.engine.spec_request as spec_request
 
-    monkeypatch.setattr(auto, "target_facts", lambda *a, **k: TargetFacts("m", mtp_declared=1, mtp_weights=True))
+    monkeypatch.setattr(spec_request, "target_facts", lambda *a, **k: TargetFacts("m", mtp_declared=1,
+                                                                                   mtp_weights=True))
+    target = AutoTarget(None, None, tmp_path, "m", "int8")
     with pytest.raises(ValueError, match="--spec-tree-topk must be at least 1, got 0"):
-        auto.decide_spec(SpecFlags(spec_type="auto", tree_topk=0), None, None, tmp_path, "m", "int8")
-    spec, _ = auto.decide_spec(SpecFlags(spec_type="auto", tree_topk=2), None, None, tmp_path, "m", "int8")
+        build_spec(SpecRequest.from_flags(spec_type="auto", tree_topk=0), target)
+    spec, _ = build_spec(SpecRequest.from_flags(spec_type="auto", tree_topk=2), target)
     assert spec.tree_topk == 2 and "draft-mtp" in spec.types

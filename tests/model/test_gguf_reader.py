@@ -69,7 +69,7 @@ def test_the_quantization_label_is_the_same_at_every_run():
 
 
 def test_a_gguf_specdec_cannot_run_is_labelled_by_its_matrices(tmp_path):
-    from specdec.model.facts import raw_checkpoint
+    from specdec.model.checkpoint_facts import raw_checkpoint
 
     path = make_gguf_model(tmp_path / "m.gguf", tensor_type="Q8_0")
     assert raw_checkpoint(path).quant == "Q8_0"

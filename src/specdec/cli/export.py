@@ -16,11 +16,20 @@ import shlex
 import sys
 from pathlib import Path
 
+from specdec.cli.options import add_model_args, add_spec_args, check_ctx_size, check_explicit, spec_request
 from specdec.drafters import registry
-from specdec.drafters.describe import BLOCK_KINDS, block_facts
+from specdec.drafters.describe import block_facts
+from specdec.drafters.mtp import shipped_head_for
 from specdec.drafters.ngram import NgramSimple
 from specdec.drafters.tree import most_nodes
 from specdec.engine.config import SpecConfig
+from specdec.engine.spec_request import AutoTarget, build_spec
+from specdec.model.errors import SpecdecError
+from specdec.model.checkpoint_facts import mtp_info, sidecar_path
+from specdec.model.load import open_checkpoint, weights_format_for
+from specdec.model import catalogue
+
+NGRAM = registry.from_vllm("ngram")  # the n-gram kind every engine has (prompt lookup): the nearest to the others
 
 
 def export(spec: SpecConfig, model: str = "MODEL", ctx_size: int | None = None, specdec_mtp: str | None = None) -> dict:
@@ -38,7 +47,7 @@ def export(spec: SpecConfig, model: str = "MODEL", ctx_size: int | None = None, 
            "llama.cpp": _llama_cpp(spec, _start("llama.cpp", model, ctx_size), model),
            "vllm": _vllm(spec, _start("vllm", model, ctx_size), model),
            "sglang": _sglang(spec, _start("sglang", model, ctx_size))}
-    if specdec_mtp and "draft-mtp" in spec.types:
+    if specdec_mtp and spec.model_kind and registry.entry(spec.model_kind).own_layers:
         for engine in ("llama.cpp", "vllm", "sglang"):
             out[engine]["notes"].append(f"the MTP head is specdec's own ({specdec_mtp}); this engine reads MTP "
                                         "layers only from the model's checkpoint, so this command cannot run it")
@@ -71,17 +80,12 @@ def _common_notes(spec: SpecConfig, engine: str) -> list[str]:
             notes.append(f"{engine} has no minimum draft length (--spec-draft-n-min {spec.draft_n_min}); dropped")
         if spec.draft_p_min and engine == "SGLang":  # vLLM's line says so where it keeps a model drafter
             notes.append(f"SGLang has no draft probability floor (--spec-draft-p-min {spec.draft_p_min}); dropped")
-    sizes = next((d.options for d in spec.drafters if d.kind == "ngram-simple" and d.options), None)
+    sizes = next((d.options for d in spec.drafters if d.kind == NGRAM and d.options), None)
     if sizes and engine != "vLLM":  # vLLM takes them as prompt_lookup_min/max
-        notes.append(f"the n-gram sizes of ngram-simple ({', '.join(f'{k}={v}' for k, v in sizes)}) are not "
+        notes.append(f"the n-gram sizes of {NGRAM} ({', '.join(f'{k}={v}' for k, v in sizes)}) are not "
                      f"carried over to {engine}; it uses its own" + (" (--spec-ngram-simple-size-n: one size)"
                                                                      if engine == "llama.cpp" else ""))
     return notes
-
-
-# llama.cpp's n-gram kinds draft up to their own m-gram length; --spec-draft-n-max sets a draft model's only
-_LLAMA_CPP_SIZE_M = {"ngram-simple": "--spec-ngram-simple-size-m", "ngram-map-k": "--spec-ngram-map-k-size-m",
-                     "ngram-map-k4v": "--spec-ngram-map-k4v-size-m"}
 
 
 def _llama_cpp(spec: SpecConfig, args: list[str], model: str) -> dict:
@@ -93,18 +97,21 @@ def _llama_cpp(spec: SpecConfig, args: list[str], model: str) -> dict:
     if spec.enabled:
         types = []
         for t in spec.types:
-            if t == "suffix":
-                notes.append("llama.cpp has no suffix decoding; nearest: ngram-simple")
-                t = "ngram-simple"
-            if t not in types:
-                types.append(t)
+            name = registry.entry(t).llama_cpp
+            if name is None:
+                name = registry.entry(NGRAM).llama_cpp
+                notes.append(f"llama.cpp has no {t} ({registry.entry(t).summary}); nearest: {name}")
+            if name not in types:
+                types.append(name)
         args += ["--spec-type", ",".join(types)]
         if spec.draft_model:
             args += ["-md", spec.draft_model]
+        # llama.cpp's n-gram kinds draft up to their own m-gram length; --spec-draft-n-max sets the others'
+        size_m = {e.llama_cpp: e.llama_cpp_size_m for e in registry.entries()}
         for t in types:
-            if t in _LLAMA_CPP_SIZE_M:
-                args += [_LLAMA_CPP_SIZE_M[t], str(spec.draft_n_max)]
-        if any(t not in _LLAMA_CPP_SIZE_M for t in types):
+            if size_m[t]:
+                args += [size_m[t], str(spec.draft_n_max)]
+        if any(not size_m[t] for t in types):
             args += ["--spec-draft-n-max", str(spec.draft_n_max)]
         if spec.draft_n_min:
             args += ["--spec-draft-n-min", str(spec.draft_n_min)]
@@ -121,10 +128,10 @@ def _vllm(spec: SpecConfig, args: list[str], model: str) -> dict:
     if spec.enabled:
         chosen = _one_method(spec, notes, "vLLM runs one method")
         method = registry.entry(chosen).vllm
-        if method == "ngram" and chosen != "ngram-simple":
+        if method == "ngram" and chosen != NGRAM:
             notes.append(f"vLLM has no {chosen}; nearest: ngram (prompt lookup)")
         config = {"method": method, "num_speculative_tokens": spec.draft_n_max}
-        if spec.draft_model and registry.entry(chosen).model and chosen != "draft-mtp":
+        if spec.draft_model and registry.entry(chosen).model and not registry.entry(chosen).own_layers:
             config["model"] = spec.draft_model
         if method == "ngram":
             config.update(_prompt_lookup(spec))
@@ -136,10 +143,10 @@ def _vllm(spec: SpecConfig, args: list[str], model: str) -> dict:
 
 
 def _prompt_lookup(spec: SpecConfig) -> dict:
-    """vLLM's n-gram sizes: ngram-simple's orders (its options, else its defaults)."""
+    """vLLM's n-gram sizes: the n-gram kind's orders (its options, else its defaults)."""
     options = {"order_min": NgramSimple.order_min, "order_max": NgramSimple.order_max}
     for d in spec.drafters:
-        if d.kind == "ngram-simple":
+        if d.kind == NGRAM:
             options.update(d.options)
     return {"prompt_lookup_min": options["order_min"], "prompt_lookup_max": options["order_max"]}
 
@@ -156,7 +163,7 @@ def _one_method(spec: SpecConfig, notes: list[str], what: str) -> str:
 def _block_notes(spec: SpecConfig, chosen: str) -> list[str]:
     """A DFlash / DSpark folder's block drafts a fixed number of tokens; say so when the draft length differs."""
     folder = Path(spec.draft_model or "")
-    if chosen not in BLOCK_KINDS or not (folder / "config.json").is_file():
+    if not registry.entry(chosen).block or not (folder / "config.json").is_file():
         return []
     try:
         facts = block_facts(json.loads((folder / "config.json").read_text()))
@@ -178,11 +185,11 @@ def _sglang(spec: SpecConfig, args: list[str]) -> dict:
         if algorithm is None:  # a kind registered without an SGLang name (registry.register)
             notes.append(f"SGLang has no {chosen}: this command runs without speculation")
         elif algorithm == "NGRAM":
-            if chosen != "ngram-simple":
+            if chosen != NGRAM:
                 notes.append(f"SGLang has no {chosen}; nearest: NGRAM")
             notes.append("SGLang's NGRAM runs on CUDA only")
             args += ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(spec.draft_n_max + 1)]
-        elif algorithm in ("DFLASH", "DSPARK"):
+        elif registry.entry(chosen).block:
             # one block a step: the verified tokens are the block (the last token + its drafts)
             args += ["--speculative-algorithm", algorithm]
             if spec.draft_model:
@@ -191,7 +198,7 @@ def _sglang(spec: SpecConfig, args: list[str]) -> dict:
             notes += _block_notes(spec, chosen)
         else:
             args += ["--speculative-algorithm", algorithm]
-            if spec.draft_model and chosen != "draft-mtp":
+            if spec.draft_model and not registry.entry(chosen).own_layers:
                 args += ["--speculative-draft-model-path", spec.draft_model]
             # k steps of topk candidates each; the verified tokens: the tree (a chain when topk is 1) + the root
             tree = registry.entry(chosen).trees and spec.tree_topk > 1
@@ -220,42 +227,26 @@ def format_export(out: dict) -> str:
 
 def spec_for_export(args) -> tuple[SpecConfig, list[str]]:
     """The SpecConfig `generate` would run with these flags; auto reads the model's files (no weights built)."""
-    from specdec.engine.auto import decide_spec
-    from specdec.engine.config import spec_config_from_flags
-    from specdec.model.errors import SpecdecError
-    from specdec.model.load import open_checkpoint
-    from specdec.model.catalogue import resolve
-    from specdec.cli.options import spec_flags
-
-    flags = spec_flags(args)
-    if not flags.auto:  # what generate refuses is refused here too (ngram-simple's order_min above its order_max)
-        spec, notes = spec_config_from_flags(flags)
-        for drafter in spec.drafters:
-            registry.check_options(drafter)
-        return spec, notes
+    request = spec_request(args)
+    explicit = check_explicit(request)  # what generate refuses is refused here too
+    if explicit is not None:
+        return explicit
     try:  # auto reads the model's files; printing flags never downloads them
-        path = resolve(args.model, auto_pull=False)
+        path = catalogue.resolve(args.model, auto_pull=False)
     except SpecdecError as exc:
         raise SpecdecError(f"{exc} (auto reads the model's files to choose), or name a --spec-type") from None
     checkpoint, tokenizer = open_checkpoint(path)
-    from specdec.model.load import weights_format_for
-
-    return decide_spec(flags, checkpoint, tokenizer, path, args.model, weights_format_for(path, args.weights))
+    return build_spec(request, AutoTarget(checkpoint, tokenizer, path, args.model, weights_format_for(path, args.weights)))
 
 
 def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     """Where draft-mtp's head comes from when it is not MTP layers in the checkpoint (None when they are,
     or when draft-mtp is not used)."""
-    from specdec.drafters.mtp import shipped_head_for
-    from specdec.model.facts import mtp_info, sidecar_path
-    from specdec.model.load import open_checkpoint
-    from specdec.model.catalogue import resolve
-
-    if "draft-mtp" not in spec.types:
+    if spec.model_kind is None or not registry.entry(spec.model_kind).own_layers:
         return None
     if spec.draft_model:
         return f"a trained head, {spec.draft_model}"
-    path = resolve(model, auto_pull=False)
+    path = catalogue.resolve(model, auto_pull=False)
     checkpoint = open_checkpoint(path)[0]
     if mtp_info(checkpoint)["weights_present"]:
         return None
@@ -263,7 +254,7 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     if side.is_dir():
         return f"a head beside the model, {side}"
     # where specdec generate finds a head (drafters/mtp.mtp_source), without building the model
-    shipped = shipped_head_for("mtp", model, path, checkpoint)
+    shipped = shipped_head_for(registry.entry(spec.model_kind).head, model, path, checkpoint)
     if shipped is not None:
         return f"a head shipped with specdec, {shipped}"
     raise ValueError(f"{model} has no MTP layers, no MTP head beside it and none shipped with specdec, so draft-mtp "
@@ -271,22 +262,16 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
                      "mtp`, or use another --spec-type")
 
 
-_SHIPPED = {"draft-eagle3": "an EAGLE-3 head", "draft-dflash": "a DFlash drafter", "draft-dspark": "a DSpark drafter"}
-
-
 def shipped_drafter(spec: SpecConfig, model: str) -> tuple[SpecConfig, list[str]]:
     """Without -md, draft-eagle3 / -dflash / -dspark run the head shipped with specdec for the model (as generate
     does): the exported commands name its folder as the draft model (an EAGLE-3 head is in the layout vLLM and
     SGLang load). A model with none is refused, as generate refuses it; the commands had no draft model."""
-    from specdec.drafters.mtp import SHIPPED_KINDS, shipped_head_for
-    from specdec.model.load import open_checkpoint
-    from specdec.model.catalogue import resolve
-
-    if spec.draft_model or spec.model_kind not in _SHIPPED:
+    entry = registry.entry(spec.model_kind) if spec.model_kind else None
+    if spec.draft_model or entry is None or entry.head is None or entry.own_layers:
         return spec, []
-    what = _SHIPPED[spec.model_kind]
-    path = resolve(model, auto_pull=False)
-    head = shipped_head_for(SHIPPED_KINDS[spec.model_kind], model, path, open_checkpoint(path)[0])
+    what = entry.noun
+    path = catalogue.resolve(model, auto_pull=False)
+    head = shipped_head_for(entry.head, model, path, open_checkpoint(path)[0])
     if head is None:
         raise ValueError(f"--spec-type {spec.model_kind} needs {what} for {model} and specdec ships none for it "
                          "(specdec generate refuses it too): pass its folder with -md")
@@ -295,9 +280,6 @@ def shipped_drafter(spec: SpecConfig, model: str) -> tuple[SpecConfig, list[str]
 
 
 def cmd_export(args) -> int:
-    from specdec.model.catalogue import MODELS, model_path
-    from specdec.cli.options import check_ctx_size
-
     check_ctx_size(args.ctx_size)
     spec, notes = spec_for_export(args)
     spec, shipped = shipped_drafter(spec, args.model)
@@ -311,12 +293,12 @@ def cmd_export(args) -> int:
         print(note, file=sys.stderr)
     mtp = specdec_mtp_source(spec, args.model)  # reads the checkpoint only for draft-mtp
     # a registry name becomes the path it is pulled to; printing flags does not download it
-    model = str(model_path(args.model)) if args.model in MODELS else args.model
-    if spec.draft_model in MODELS:
-        spec = spec.with_overrides(draft_model=str(model_path(spec.draft_model)))
+    model = str(catalogue.model_path(args.model)) if args.model in catalogue.MODELS else args.model
+    if spec.draft_model in catalogue.MODELS:
+        spec = spec.with_overrides(draft_model=str(catalogue.model_path(spec.draft_model)))
     for name in (args.model, spec.draft_model):
-        if name in MODELS and not model_path(name).is_file():
-            print(f"note: {name} is not pulled yet; `specdec pull {name}` puts it at {model_path(name)}",
+        if name in catalogue.MODELS and not catalogue.model_path(name).is_file():
+            print(f"note: {name} is not pulled yet; `specdec pull {name}` puts it at {catalogue.model_path(name)}",
                   file=sys.stderr)
     out = export(spec, model, args.ctx_size, mtp)
     print(json.dumps(out, indent=2) if args.json else format_export(out))
@@ -324,8 +306,6 @@ def cmd_export(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from specdec.cli.options import add_model_args, add_spec_args
-
     p = sub.add_parser("export-config", help="print llama.cpp, vLLM and SGLang flags for these speculative settings")
     add_model_args(p)
     add_spec_args(p)

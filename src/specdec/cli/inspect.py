@@ -7,7 +7,7 @@ Reads the file's header and tensor names only (no weights are built), so it is f
 
 The checkpoint facts come from model/facts.py (MTP layers declared, present, or saved beside
 the model), the drafter's from drafters/describe.py, and the auto line from the same
-engine/auto.decide_spec that generate runs.
+engine/spec_request.build_spec that generate runs.
 """
 
 from __future__ import annotations
@@ -15,30 +15,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdec.bench.memory import default_kv_cache, estimate_weight_bytes, gguf_tensor_bytes, kv_bytes_per_token
 from specdec.drafters import registry
 from specdec.drafters.describe import describe_drafter
+from specdec.drafters.mtp import shipped_head_for
+from specdec.engine.auto import runnable_model_drafters
+from specdec.engine.spec_request import AutoTarget, SpecRequest, build_spec
 from specdec.model.errors import ModelFileError
-from specdec.model.facts import mtp_info, param_count, raw_checkpoint, target_facts
+from specdec.model.checkpoint_facts import mtp_info, param_count, raw_checkpoint, target_facts
 from specdec.model.linear import WEIGHT_FORMATS
+from specdec.model.load import open_checkpoint, weights_format_for
+from specdec.model import catalogue
+
+DRAFT_MODEL = registry.with_flag("draft_model")[0]  # what a plain language model given with -md drafts as
+MTP = registry.kind_of_head("mtp")
 
 
 # -- the report ---------------------------------------------------------------------------------
 def inspect_model(name_or_path: str, draft: str | None = None, weights: str | None = None) -> dict:
     """Everything `specdec inspect` prints, as a dict (the --json output). weights: the in-memory format
     (None: what specdec loads the model in by default, model/load.py weights_format_for)."""
-    from specdec.bench.memory import default_kv_cache, estimate_weight_bytes, gguf_tensor_bytes, kv_bytes_per_token
-    from specdec.drafters.mtp import SHIPPED_KINDS, shipped_head_for
-    from specdec.engine.auto import decide_spec, runnable_model_drafters
-    from specdec.engine.config import SpecFlags
-    from specdec.model.load import open_checkpoint
-    from specdec.model.catalogue import cached_sha256, resolve
-
-    from specdec.model.load import weights_format_for
-
-    path = Path(resolve(name_or_path))
+    path = Path(catalogue.resolve(name_or_path))
     target_weights = weights_format_for(path, weights)
     report: dict = {"model": name_or_path, "path": str(path),
-                    "sha256": cached_sha256(path) if path.is_file() else None,
+                    "sha256": catalogue.cached_sha256(path) if path.is_file() else None,
                     "file_bytes": path.stat().st_size if path.is_file() else
                     sum(f.stat().st_size for f in path.glob("*.safetensors"))}
     try:
@@ -87,7 +87,7 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
         if not runnable:
             drafter = {"path": draft, "kind": None, "compatible": False, "reason": "the target cannot be loaded"}
         else:
-            d = describe_drafter(resolve(draft), checkpoint, tokenizer, name_or_path, draft)
+            d = describe_drafter(catalogue.resolve(draft), checkpoint, tokenizer, name_or_path, draft)
             drafter = {k: d[k] for k in ("kind", "compatible", "reason")}
             drafter["path"] = draft
             if d.get("block"):
@@ -96,7 +96,7 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
             if dc is not None:
                 drafter["parameters"] = param_count(d["checkpoint"])
                 # as the engine loads a draft: the target's format, or its own default beside a gguf target
-                dfmt = weights_format_for(resolve(draft), None if target_weights == "gguf" else target_weights)
+                dfmt = weights_format_for(catalogue.resolve(draft), None if target_weights == "gguf" else target_weights)
                 drafter["weights_bytes"] = estimate_weight_bytes(dc, dfmt, gguf_tensor_bytes(d["checkpoint"]))
                 drafter["weights_format"] = dfmt
                 drafter["kv_bytes_per_1k_tokens"] = kv_bytes_per_token(dc, default_kv_cache(dfmt)) * 1024
@@ -110,32 +110,32 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
         for name in registry.model_free_kinds():
             methods.append({"method": name, "runs": True, "note": "model-free"})
     if drafter is None:
-        methods.append({"method": "draft-simple", "runs": False, "note": "no draft model given (--draft-model)"})
-    elif drafter["kind"] == "draft-simple":
+        methods.append({"method": DRAFT_MODEL, "runs": False, "note": "no draft model given (--draft-model)"})
+    elif drafter["kind"] == DRAFT_MODEL:
         note = "same tokenizer" if drafter["compatible"] else (
             f"{drafter['reason']}" + ("" if "cannot load" in (drafter["reason"] or "") else
                                      "; runs only with --spec-cross-tokenizer"))
-        methods.append({"method": "draft-simple", "runs": bool(drafter["compatible"] and runnable), "note": note})
+        methods.append({"method": DRAFT_MODEL, "runs": bool(drafter["compatible"] and runnable), "note": note})
     runnable_models = runnable_model_drafters()
     facts = target_facts(checkpoint, path, name_or_path, target_weights)  # an MTP head beside the model counts
     # heads shipped with specdec for this model, which --spec-type <kind> runs without -md (as generate does)
-    shipped = {kind: head for kind, short in SHIPPED_KINDS.items()
-               if c is not None and (head := shipped_head_for(short, name_or_path, path, checkpoint)) is not None}
-    if "draft-mtp" in shipped and not facts.mtp_weights:
-        methods.append({"method": "draft-mtp", "runs": runnable and "draft-mtp" in runnable_models,
-                        "note": f"MTP head shipped with specdec, {shipped['draft-mtp']} (used without -md)"})
+    shipped = {e.kind: head for e in registry.entries()
+               if e.head and c is not None and (head := shipped_head_for(e.head, name_or_path, path, checkpoint))}
+    if MTP in shipped and not facts.mtp_weights:
+        methods.append({"method": MTP, "runs": runnable and MTP in runnable_models,
+                        "note": f"MTP head shipped with specdec, {shipped[MTP]} (used without -md)"})
     elif facts.mtp_weights or facts.mtp_declared:
         if not facts.mtp_weights:
             note = "the config declares MTP layers but the file lacks their weights"
-        elif "draft-mtp" not in runnable_models:
+        elif MTP not in runnable_models:
             note = "model declares MTP but specdec cannot run it yet"
         else:
             note = facts.mtp_source or "MTP layers present"
-        runs = runnable and facts.mtp_weights and "draft-mtp" in runnable_models
+        runs = runnable and facts.mtp_weights and MTP in runnable_models
         if facts.mtp_weights and not runnable:
             note += "; the model itself cannot run here"
-        methods.append({"method": "draft-mtp", "runs": runs, "note": note})
-    if drafter is not None and drafter["kind"] not in (None, "draft-simple"):
+        methods.append({"method": MTP, "runs": runs, "note": note})
+    if drafter is not None and drafter["kind"] not in (None, DRAFT_MODEL):
         kind = drafter["kind"]
         if kind not in runnable_models:
             note = f"drafter given; specdec cannot run {kind} yet"
@@ -146,13 +146,13 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
         methods.append({"method": kind, "note": note,
                         "runs": runnable and kind in runnable_models and bool(drafter["compatible"])})
     for kind, head in shipped.items():
-        if kind != "draft-mtp" and not any(m["method"] == kind for m in methods):
+        if kind != MTP and not any(m["method"] == kind for m in methods):
             methods.append({"method": kind, "runs": runnable and kind in runnable_models,
                             "note": f"head shipped with specdec, {head} (used without -md)"})
     report["methods"] = methods
     if runnable:  # what `generate --spec-type auto [-md DRAFT]` would run
-        spec, reasons = decide_spec(SpecFlags(spec_type="auto", model_draft=draft), checkpoint, tokenizer, path,
-                                    name_or_path, target_weights)
+        spec, reasons = build_spec(SpecRequest(auto=True, draft_model=draft),
+                                   AutoTarget(checkpoint, tokenizer, path, name_or_path, target_weights))
         report["auto"] = {"types": list(spec.types), "method": spec.method,
                           "reasons": [r.removeprefix("auto: ") for r in reasons]}
     return report

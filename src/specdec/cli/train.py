@@ -303,7 +303,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     if args.out is None:
         if args.kind != "mtp":
             raise ValueError(f"specdec train {args.kind} needs --out DIR")
-        from specdec.model.facts import sidecar_path
+        from specdec.model.checkpoint_facts import sidecar_path
 
         args.out = str(sidecar_path(path))
         out_dir(args.out)  # a file there, or a folder that cannot be written: said now, not after generating

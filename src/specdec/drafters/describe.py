@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from specdec.drafters import registry
 from specdec.model.errors import ModelFileError
 
-BLOCK_KINDS = ("draft-dflash", "draft-dspark")
-_HEAD_KINDS = (("eagle3", "draft-eagle3"), ("eagle", "draft-eagle3"), ("dflash", "draft-dflash"),
-               ("dspark", "draft-dspark"))
+_DRAFT_MODEL_KIND = registry.with_flag("draft_model")[0]  # what a plain language model given with -md drafts as
+
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,9 @@ def head_kind(path) -> str | None:
 def _kind_from_config(raw: dict) -> str | None:
     written = raw.get("specdec")
     if isinstance(written, dict) and written.get("kind") == "mtp":  # `specdec train mtp --out`
-        return "draft-mtp"
+        return registry.kind_of_head("mtp")
     text = " ".join([str(raw.get("model_type", ""))] + [str(a) for a in raw.get("architectures") or []]).lower()
-    for needle, kind in _HEAD_KINDS:
-        if needle in text:
-            return kind
-    return None
+    return registry.head_kind_of(text)
 
 
 def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str | None = None,
@@ -62,7 +59,7 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str 
     """Why a drafter head trained on some target's hidden states cannot serve this target (None: it can)."""
     if target_config is None:
         return None
-    if kind == "draft-eagle3" and path is not None:  # the loader's own checks, without building the head
+    if kind == registry.kind_of_head("eagle3") and path is not None:  # the loader's own checks, without building the head
         from specdec.drafters.eagle3 import Eagle3Error, check_eagle3_folder
 
         try:
@@ -70,13 +67,13 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str 
         except Eagle3Error as exc:
             return str(exc)
         return None
-    if kind == "draft-mtp":
+    if kind == registry.kind_of_head("mtp"):
         from specdec.drafters.mtp import mtp_head_mismatch
 
         if path is not None and not (Path(path) / "model.safetensors").is_file():  # as generate refuses it
             return f"the MTP head {path} has no model.safetensors"
         return mtp_head_mismatch(raw, target_config, target_name, draft_name)
-    if kind in BLOCK_KINDS:
+    if kind is not None and registry.entry(kind).block:
         from specdec.drafters.dflash import BlockConfig, DFlashError, fit_problem
 
         try:
@@ -100,7 +97,8 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str 
 def block_draft_length(path) -> int | None:
     """Drafts one pass of the DFlash / DSpark drafter in folder `path` gives (None: not such a folder)."""
     cfg = Path(path) / "config.json"
-    if head_kind(path) not in BLOCK_KINDS:
+    kind = head_kind(path)
+    if kind is None or not registry.entry(kind).block:
         return None
     facts = block_facts(json.loads(cfg.read_text()))
     return None if facts is None else facts["drafts_per_block"]
@@ -127,7 +125,7 @@ def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str
     checkpoint/tokenizer are the draft model's (draft-simple only), for callers that report its size;
     a DFlash / DSpark folder adds "block" (block_facts).
     """
-    from specdec.model.facts import raw_checkpoint
+    from specdec.model.checkpoint_facts import raw_checkpoint
     from specdec.model.load import open_checkpoint
 
     path = Path(path)
@@ -137,20 +135,20 @@ def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str
         reason = _head_mismatch(raw, getattr(target_checkpoint, "config", None), target_name, draft_name or path,
                                 kind, path)
         return {"path": str(path), "kind": kind, "compatible": reason is None, "reason": reason,
-                "checkpoint": None, "tokenizer": None, "block": block_facts(raw) if kind in BLOCK_KINDS else None}
+                "checkpoint": None, "tokenizer": None, "block": block_facts(raw) if registry.entry(kind).block else None}
     try:
         checkpoint, tokenizer = open_checkpoint(path)
     except ModelFileError as exc:
         raw = raw_checkpoint(path)
         kind = _kind_from_config(getattr(raw, "raw_config", None) or {"model_type": raw.arch})
         if kind is None:
-            return {"path": str(path), "kind": "draft-simple", "compatible": False,
+            return {"path": str(path), "kind": _DRAFT_MODEL_KIND, "compatible": False,
                     "reason": f"specdec cannot load it: {exc}", "checkpoint": None, "tokenizer": None}
         return {"path": str(path), "kind": kind, "compatible": True, "reason": None, "checkpoint": None,
                 "tokenizer": None}
     ok, reason = draft_compatibility(target_checkpoint, target_tokenizer, target_name, checkpoint, tokenizer,
                                      draft_name or str(path))
-    return {"path": str(path), "kind": "draft-simple", "compatible": ok, "reason": reason, "checkpoint": checkpoint,
+    return {"path": str(path), "kind": _DRAFT_MODEL_KIND, "compatible": ok, "reason": reason, "checkpoint": checkpoint,
             "tokenizer": tokenizer}
 
 

@@ -524,7 +524,7 @@ class BlockDrafter(DrafterBase):
 def read_config(path) -> BlockConfig:
     """The BlockConfig of a drafter folder (config.json only)."""
     from specdec.model.errors import ModelFileError
-    from specdec.model.facts import read_json_object
+    from specdec.model.files import read_json_object
 
     path = Path(path)
     cfg_file = path / "config.json"
@@ -543,7 +543,7 @@ def load_block_drafter(path, target: TargetParts, target_config, target_name: st
     from safetensors import safe_open
 
     from specdec.model.errors import ModelFileError
-    from specdec.model.facts import safetensors_header
+    from specdec.model.files import safetensors_header
 
     path = Path(path)
     cfg = read_config(path)

@@ -211,7 +211,7 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
     from safetensors import safe_open
 
     from specdec.model.errors import ModelFileError
-    from specdec.model.facts import read_json_object, safetensors_header
+    from specdec.model.files import read_json_object, safetensors_header
 
     path, c = Path(path), target_config
     cfg_file = path / "config.json"

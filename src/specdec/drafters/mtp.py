@@ -34,7 +34,7 @@ from torch import nn
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
 from specdec.model.errors import SpecdecError
-from specdec.model.facts import sidecar_path
+from specdec.model.checkpoint_facts import sidecar_path
 from specdec.model.files import replaced, write_text
 from specdec.model.layers import DecoderLayer, RMSNorm, rms_norm
 
@@ -217,9 +217,6 @@ def shipped_head(kind: str, model) -> Path | None:
     return None
 
 
-# the drafter kinds whose heads specdec ships (specdec/heads/<model>/<folder>), and their folder names
-SHIPPED_KINDS = {"draft-mtp": "mtp", "draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}
-
 
 def shipped_head_for(kind: str, name: str, path, checkpoint) -> Path | None:
     """shipped_head for a target not built yet (inspect, export-config): its checkpoint's config, the name it
@@ -248,7 +245,7 @@ def mtp_head_mismatch(raw: dict, target_config, target_name: str, folder) -> str
 
 def given_head_source(folder, model) -> tuple[object, str]:
     """The MTP weights in a head folder the user gave (-md), checked against the target; MTPError if unfit."""
-    from specdec.model.facts import read_json_object
+    from specdec.model.files import read_json_object
 
     folder = Path(folder)
     cfg = folder / "config.json"
@@ -285,7 +282,7 @@ def mtp_source(model) -> tuple[object, str] | None:
 
 class _SafetensorsSource:
     def __init__(self, path: Path):
-        from specdec.model.facts import safetensors_names
+        from specdec.model.files import safetensors_names
 
         self.path = path
         self._names = safetensors_names(path)

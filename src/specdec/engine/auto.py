@@ -9,10 +9,9 @@ build can run it and the facts table does not say it slows decoding on this hard
     4. always                                                     -> + the model-free drafter(s)
                                                                      (tried first each step)
 
-`choose_auto` is a pure function of what is known about the target and the drafter;
-`decide_spec` is the one function every command calls (generate, chat, serve, bench,
-export-config, inspect): explicit flags -> their SpecConfig; auto -> the checkpoint's facts
-(model/facts.py) and the drafter's (drafters/describe.py) -> choose_auto -> the user's flags on top.
+`choose_auto` is a pure function of what is known about the target and the drafter; every command
+reaches it through engine/spec_request.build_spec, which reads those facts from the checkpoint
+(model/facts.py) and the drafter's files (drafters/describe.py) and puts the user's settings on top.
 
     >>> spec, reasons = choose_auto(TargetFacts("m", weights_format="int8"))
     >>> spec.types
@@ -32,10 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.drafters import registry
-from specdec.drafters.describe import BLOCK_KINDS, DrafterFacts, drafter_facts
+from specdec.drafters.describe import DrafterFacts
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
-from specdec.engine.config import SpecConfig, SpecFlags, block_draft_n_max, spec_config_from_flags
-from specdec.model.facts import TargetFacts, target_facts
+from specdec.engine.config import SpecConfig
+from specdec.model.checkpoint_facts import TargetFacts
 
 FASTER, SLOWER, UNMEASURED = "faster", "slower", "unmeasured"
 
@@ -83,8 +82,6 @@ FACTS: tuple[Fact, ...] = (
          "cut by --spec-draft-p-min); no drafter is shipped or measured here yet"),
 )
 
-# The model-free drafters auto adds, in the order the engine tries them.
-AUTO_MODEL_FREE = ("suffix",)
 
 
 def runnable_model_drafters() -> frozenset[str]:
@@ -105,16 +102,19 @@ def lookup_fact(method: str, hardware: str, weights: str, facts=FACTS) -> Fact:
 
 
 def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *, hardware: str = "cpu", facts=None,
-                runnable=None, model_free=AUTO_MODEL_FREE, draft_n_max: int = DEFAULT_DRAFT_LENGTH,
+                runnable=None, model_free=None, draft_n_max: int = DEFAULT_DRAFT_LENGTH,
                 ) -> tuple[SpecConfig, list[str]]:
     """The SpecConfig auto runs for `model`, and one reason per decision (for people).
 
     target: TargetFacts (model/facts.py target_facts).
     draft_model: the drafter the user gave, described by `drafter_facts`, or None.
     facts, runnable: default to this module's FACTS and runnable_model_drafters() (read at call time).
+    model_free: the model-free kinds auto adds (default: the registry's entries marked auto).
     """
     facts = FACTS if facts is None else facts
     runnable = runnable_model_drafters() if runnable is None else runnable
+    model_free = registry.with_flag("auto") if model_free is None else model_free
+    mtp = registry.kind_of_head("mtp")
     reasons: list[str] = []
 
     def allowed(method: str) -> tuple[bool, Fact]:
@@ -125,19 +125,19 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
     given_used = False  # the drafter the user gave drafts
     # 1. MTP layers in the checkpoint (a trained MTP head the user gave goes to 2., when it can run: one that
     # does not fit the model left auto with no MTP at all)
-    given_mtp = (draft_model is not None and draft_model.kind == "draft-mtp" and draft_model.compatible
-                 and "draft-mtp" in runnable and allowed("draft-mtp")[0])
+    given_mtp = (draft_model is not None and draft_model.kind == mtp and draft_model.compatible
+                 and mtp in runnable and allowed(mtp)[0])
     if target.mtp_weights and not given_mtp:
-        ok, fact = allowed("draft-mtp")
-        if "draft-mtp" not in runnable:
+        ok, fact = allowed(mtp)
+        if mtp not in runnable:
             reasons.append(f"model declares {target.mtp_declared or 'its'} MTP layer(s) and carries their weights, "
                            "but specdec cannot run MTP yet")
         elif not ok:
             reasons.append(f"MTP measured slower than plain decoding on {hardware}: {fact.evidence}")
         else:
-            model_type = "draft-mtp"
+            model_type = mtp
             where = target.mtp_source or "model carries MTP layers"
-            reasons.append(f"{where}: draft-mtp, used without being asked ({fact.verdict})")
+            reasons.append(f"{where}: {mtp}, used without being asked ({fact.verdict})")
     elif target.mtp_weights:  # and the user gave a trained MTP head: that one drafts
         reasons.append("the checkpoint's MTP layers are not used: the MTP head given with -md drafts instead")
     elif target.mtp_declared:
@@ -182,45 +182,3 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
                        "acceptance (adaptive; 0: drafting pauses while no length pays, with 1-token probes, fewer "
                        "while they fail)")
     return spec, reasons
-
-
-def decide_spec(flags: SpecFlags, checkpoint, tokenizer, model_path, name: str, weights_format: str,
-                hardware: str = "cpu") -> tuple[SpecConfig, list[str]]:
-    """The SpecConfig these flags run on this target, and notes for people (auto's reasons included).
-
-    checkpoint, tokenizer: the target's, opened (model/load.open_checkpoint) or from a loaded Model;
-    model_path: its file or folder (an MTP head saved beside it counts); weights_format: in memory;
-    hardware: "cpu" or "cuda", the facts table's rows for where the target runs.
-    """
-    if not flags.auto:
-        return spec_config_from_flags(flags)
-    target = target_facts(checkpoint, model_path, name, weights_format)
-    draft = drafter_facts(flags.model_draft, checkpoint, tokenizer, name) if flags.model_draft else None
-    n_max = DEFAULT_DRAFT_LENGTH if flags.draft_n_max is None else flags.draft_n_max
-    spec, reasons = choose_auto(target, draft, hardware=hardware, draft_n_max=n_max)
-    if flags.draft_n_max is None and spec.model_kind in BLOCK_KINDS:  # as an explicit --spec-type runs it
-        block, note = block_draft_n_max(spec.draft_model)
-        if block is not None:
-            spec, reasons = choose_auto(target, draft, hardware=hardware, draft_n_max=block)
-            reasons.append(note)
-    changes = {"draft_n_min": flags.draft_n_min or 0, "draft_p_min": flags.draft_p_min or 0.0,
-               "adaptive": spec.adaptive or flags.adaptive, "cross_tokenizer": flags.cross_tokenizer,
-               "acceptance": "typical" if flags.typical else "exact"}
-    if flags.draft_p_min and not any(registry.entry(k).model for k in spec.types):
-        raise ValueError(f"--spec-draft-p-min is where a model drafter stops drafting for want of confidence, but "
-                         f"auto chose {spec.method}, which drafts without one; name a model drafter with --spec-type")
-    if flags.tree_topk is not None or flags.tree_budget is not None:
-        if not any(registry.entry(k).trees for k in spec.types):
-            tree_kinds = " and ".join(e.kind for e in registry.entries() if e.trees)
-            raise ValueError(f"--spec-tree-topk/--spec-tree-budget shape the trees of {tree_kinds}, but auto "
-                             f"chose {spec.method}; name the drafter with --spec-type")
-        # a given 0 stays 0 (SpecConfig refuses it, as the explicit path does); it became 1
-        changes.update(tree_topk=1 if flags.tree_topk is None else flags.tree_topk,
-                       tree_budget=flags.tree_budget or 0)
-    return spec.with_overrides(**changes), [f"auto: {r}" for r in reasons]
-
-
-def decide_spec_for_model(flags: SpecFlags, model) -> tuple[SpecConfig, list[str]]:
-    """decide_spec for a loaded Model."""
-    return decide_spec(flags, model.checkpoint, model.tokenizer, model.info.path, model.info.name,
-                       model.info.weights_dtype, model.info.device.split(":")[0])

@@ -1,4 +1,9 @@
-"""Writing a file so that a reader never sees half of it: into a temporary file beside it, then renamed over it.
+"""Reading and writing specdec's files.
+
+Reading: a folder's JSON settings (config.json, tokenizer_config.json) and a safetensors file's header,
+each failure a ModelFileError that names the file.
+
+Writing a file so that a reader never sees half of it: into a temporary file beside it, then renamed over it.
 
     with replaced(folder / "model.safetensors") as tmp:
         save_file(tensors, str(tmp))
@@ -10,10 +15,13 @@ as the file written in place did.
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+
+from specdec.model.errors import ModelFileError
 
 
 @contextmanager
@@ -34,3 +42,35 @@ def write_text(path, text: str) -> None:
     """path.write_text(text), atomically."""
     with replaced(path) as tmp:
         tmp.write_text(text)
+
+
+def read_json_object(file: Path) -> dict:
+    """A folder's JSON settings file (config.json, tokenizer_config.json) as a dict; a ModelFileError naming
+    the file where it is not valid UTF-8 JSON or not an object."""
+    try:
+        raw = json.loads(Path(file).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(file, f"not valid JSON ({exc})") from None
+    except OSError as exc:
+        raise ModelFileError(file, f"cannot be read ({exc.strerror})") from None
+    if not isinstance(raw, dict):
+        raise ModelFileError(file, f"holds a JSON {type(raw).__name__}, not an object of settings")
+    return raw
+
+
+def safetensors_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """{tensor name: (dtype, shape)} of a safetensors file, read from its header (no tensor data); a
+    ModelFileError where the file is truncated or damaged."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {name: (str(f.get_slice(name).get_dtype()), tuple(f.get_slice(name).get_shape()))
+                    for name in f.keys()}
+    except Exception as exc:  # safetensors' own error type
+        raise ModelFileError(file, f"not a readable safetensors file ({exc})") from None
+
+
+def safetensors_names(file: Path) -> list[str]:
+    """The tensor names of a safetensors file; a ModelFileError where it is truncated or damaged."""
+    return list(safetensors_header(file))

@@ -46,7 +46,7 @@ class HFModel:
 
 
 def read_hf_folder(path: str | os.PathLike) -> HFModel:
-    from specdec.model.facts import read_json_object, safetensors_header
+    from specdec.model.files import read_json_object, safetensors_header
 
     path = Path(path)
     cfg_file = path / "config.json"

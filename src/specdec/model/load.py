@@ -8,7 +8,7 @@ from pathlib import Path
 
 from specdec.model.build import build_transformer
 from specdec.model.errors import ModelFileError
-from specdec.model.facts import param_count
+from specdec.model.checkpoint_facts import param_count
 from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.catalogue import cached_sha256, resolve
 from specdec.model.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder

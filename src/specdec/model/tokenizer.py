@@ -332,7 +332,7 @@ GEMMA_TEMPLATE = (
 def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
     from tokenizers import Tokenizer as Backend
 
-    from specdec.model.facts import read_json_object
+    from specdec.model.files import read_json_object
 
     file = Path(path) / "tokenizer.json"
     if not file.is_file():

@@ -11,7 +11,6 @@ often drop them.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from specdec.model.errors import ModelFileError
+from specdec.model.files import read_json_object, safetensors_header, safetensors_names
 
 _HF_MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 
@@ -107,38 +107,6 @@ def param_count(checkpoint) -> int:
     files = set(checkpoint._files.values())
     shapes = {name: shape for file in files for name, (_, shape) in safetensors_header(file).items()}
     return sum(math.prod(shapes[name]) for name in checkpoint._files)
-
-
-def read_json_object(file: Path) -> dict:
-    """A folder's JSON settings file (config.json, tokenizer_config.json) as a dict; a ModelFileError naming
-    the file where it is not valid UTF-8 JSON or not an object."""
-    try:
-        raw = json.loads(Path(file).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(file, f"not valid JSON ({exc})") from None
-    except OSError as exc:
-        raise ModelFileError(file, f"cannot be read ({exc.strerror})") from None
-    if not isinstance(raw, dict):
-        raise ModelFileError(file, f"holds a JSON {type(raw).__name__}, not an object of settings")
-    return raw
-
-
-def safetensors_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """{tensor name: (dtype, shape)} of a safetensors file, read from its header (no tensor data); a
-    ModelFileError where the file is truncated or damaged."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            return {name: (str(f.get_slice(name).get_dtype()), tuple(f.get_slice(name).get_shape()))
-                    for name in f.keys()}
-    except Exception as exc:  # safetensors' own error type
-        raise ModelFileError(file, f"not a readable safetensors file ({exc})") from None
-
-
-def safetensors_names(file: Path) -> list[str]:
-    """The tensor names of a safetensors file; a ModelFileError where it is truncated or damaged."""
-    return list(safetensors_header(file))
 
 
 def raw_checkpoint(path: Path) -> SimpleNamespace:
