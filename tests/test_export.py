@@ -7,7 +7,8 @@ import json
 import pytest
 
 from specdec.cli import main
-from specdec.engine.config import SpecConfig, SpecFlags, spec_config_from_flags
+from helpers.spec import spec_of
+from specdec.engine.config import SpecConfig
 from specdec.cli.export import export, format_export
 
 
@@ -24,7 +25,7 @@ def test_vllm_config_round_trips_through_our_own_parser(types, draft):
     spec = SpecConfig(drafters=types, draft_n_max=4, draft_model=draft)
     vllm = export(spec, "/m/target.gguf")["vllm"]
     text = _flag(vllm["args"], "--speculative-config")
-    back, _ = spec_config_from_flags(SpecFlags(speculative_config=text))
+    back, _ = spec_of(speculative_config=text)
     assert back.types == types and back.draft_n_max == 4 and back.draft_model == draft
     assert json.loads(text) == vllm["speculative_config"]
 
@@ -39,7 +40,7 @@ def test_llama_cpp_flags():
         == ("5", "2", "0.5")
     suffix = export(SpecConfig(drafters=("suffix",)), "t")["llama.cpp"]
     assert _flag(suffix["args"], "--spec-type") == "ngram-simple"
-    assert any("no suffix decoding" in n for n in suffix["notes"])
+    assert any("llama.cpp has no suffix (" in n for n in suffix["notes"])
 
 
 def test_sglang_flags():

@@ -310,12 +310,12 @@ def test_the_registry_builds_it_from_the_draft_model_flag(tiny_model, folder, la
 def test_flags_without_a_draft_length_draft_the_whole_block(folder, layout):
     """One drafter pass gives a whole block: the default draft length is its drafts, not 3."""
     from specdec.drafters.describe import block_draft_length
-    from specdec.engine.config import SpecFlags, spec_config_from_flags
+    from helpers.spec import spec_of
 
     block = block_draft_length(folder)
-    spec, notes = spec_config_from_flags(SpecFlags(spec_type=f"draft-{layout}", model_draft=str(folder)))
+    spec, notes = spec_of(spec_type=f"draft-{layout}", model_draft=str(folder))
     assert spec.draft_n_max == block and any("draft length" in n for n in notes)
-    spec, _ = spec_config_from_flags(SpecFlags(spec_type=f"draft-{layout}", model_draft=str(folder), draft_n_max=2))
+    spec, _ = spec_of(spec_type=f"draft-{layout}", model_draft=str(folder), draft_n_max=2)
     assert spec.draft_n_max == 2
 
 
@@ -323,18 +323,17 @@ def test_auto_drafts_the_whole_block_too(tiny_model, tmp_path, layout):
     """auto with the folder as -md kept the default draft length 3, where --spec-type draft-<layout> drafts the
     whole block."""
     from specdec.drafters.describe import block_draft_length
-    from specdec.engine.auto import decide_spec_for_model
-    from specdec.engine.config import SpecFlags
+    from helpers.spec import spec_for_model
 
     cfg = replace(tiny_cfg(tiny_model, layout), block_size=7)
     folder = save_block_drafter(random_model(tiny_model, cfg), tmp_path / layout, dtype=torch.float32)
     block = block_draft_length(folder)
     assert block in (6, 7)  # not the default 3
-    spec, reasons = decide_spec_for_model(SpecFlags(spec_type="auto", model_draft=str(folder)), tiny_model)
+    spec, reasons = spec_for_model(tiny_model, spec_type="auto", model_draft=str(folder))
     assert spec.model_kind == f"draft-{layout}" and spec.draft_n_max == block
     assert any(f"draft length {block}: the drafts of one" in r for r in reasons)
     assert any(f"draft length 0..{block} chosen each step" in r for r in reasons)
-    spec, _ = decide_spec_for_model(SpecFlags(spec_type="auto", model_draft=str(folder), draft_n_max=2), tiny_model)
+    spec, _ = spec_for_model(tiny_model, spec_type="auto", model_draft=str(folder), draft_n_max=2)
     assert spec.draft_n_max == 2
 
 

@@ -63,9 +63,9 @@ def test_shipped_heads_keep_greedy_output_identical(smollm, kind, topk, budget):
 
 def test_shipped_heads_through_the_cli_flags(smollm):
     """--spec-type draft-eagle3 with a tree shape, built by the engine's own drafter factory."""
-    from specdec.engine.config import SpecFlags, spec_config_from_flags
+    from helpers.spec import spec_of
 
-    spec, _ = spec_config_from_flags(SpecFlags("draft-eagle3", tree_topk=2, tree_budget=4))
+    spec, _ = spec_of("draft-eagle3", tree_topk=2, tree_budget=4)
     engine = Engine(smollm, spec, max_len=1024)
     prompt = chat_ids(smollm, PROMPTS[0])
     result = engine.generate(prompt, max_tokens=24)

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.spec import spec_of as spec_config_from_flags
 from specdec.drafters.registry import DrafterSpec
-from specdec.engine.config import SpecConfig, SpecFlags
-from specdec.engine.config import spec_config_from_flags as config_of_flags
-
-
-def spec_config_from_flags(**flags):
-    return config_of_flags(SpecFlags(**flags))
+from specdec.engine.config import SpecConfig
+from specdec.engine.spec_request import SpecRequest, build_spec
 
 
 def test_llama_cpp_flags():
@@ -87,9 +84,10 @@ def test_tree_shape_from_flags_and_json():
 
 
 def test_defaults_and_none():
-    spec, _ = spec_config_from_flags()
-    assert not spec.enabled and spec.method == "none" and spec.draft_n_max == 3
     assert not spec_config_from_flags(spec_type="none")[0].enabled
+    assert SpecConfig().method == "none" and SpecConfig().draft_n_max == 3
+    with pytest.raises(ValueError, match="auto reads the target model's files to choose; name a --spec-type"):
+        spec_config_from_flags()  # nothing said is auto, which needs the target
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -337,12 +337,11 @@ def test_trained_heads_draft_and_greedy_equals_plain(trained, kind, topk):
 
 
 def test_auto_finds_the_mtp_head_beside_the_model(trained):
-    from specdec.engine.auto import decide_spec_for_model
-    from specdec.engine.config import SpecFlags
+    from helpers.spec import spec_for_model
 
     folder, _ = trained
     m = load_model(str(folder), "fp32", progress=False)
-    spec, reasons = decide_spec_for_model(SpecFlags(), m)
+    spec, reasons = spec_for_model(m)
     assert "draft-mtp" in spec.types
     assert any("MTP head beside the model" in r for r in reasons)
 
@@ -468,24 +467,23 @@ def test_a_trained_mtp_head_given_with_md_drafts_for_a_target_without_one(traine
     import shutil
 
     from specdec.drafters.mtp import MTPError
-    from specdec.engine.auto import decide_spec_for_model
-    from specdec.engine.config import SpecFlags
+    from helpers.spec import spec_for_model
 
     folder, _ = trained
     target, head = tmp_path / "target", tmp_path / "head"
     shutil.copytree(folder, target)  # no head beside this copy
     shutil.copytree(folder.with_name(folder.name + ".mtp"), head)
     m = load_model(str(target), "fp32", progress=False)
-    assert "draft-mtp" not in decide_spec_for_model(SpecFlags(), m)[0].types
+    assert "draft-mtp" not in spec_for_model(m)[0].types
     prompt = list(range(10, 30))
     plain = Engine(m, SpecConfig(), max_len=256).generate(prompt, max_tokens=32).token_ids
-    for flags in (SpecFlags(model_draft=str(head)), SpecFlags(spec_type="draft-mtp", model_draft=str(head))):
-        spec, _ = decide_spec_for_model(flags, m)
+    for flags in (dict(model_draft=str(head)), dict(spec_type="draft-mtp", model_draft=str(head))):
+        spec, _ = spec_for_model(m, **flags)
         assert spec.types == ("draft-mtp",) and spec.draft_model == str(head)
         result = Engine(m, spec, max_len=256).generate(prompt, max_tokens=32)
         assert result.token_ids == plain and result.stats.accepted > 0
     with pytest.raises(ValueError, match="that is not an MTP head folder"):
-        decide_spec_for_model(SpecFlags(spec_type="draft-mtp", model_draft=str(target)), m)
+        spec_for_model(m, spec_type="draft-mtp", model_draft=str(target))
     cfg = json.loads((head / "config.json").read_text())
     cfg["specdec"]["target"]["num_layers"] = 7
     (head / "config.json").write_text(json.dumps(cfg))

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from specdec.drafters import registry
 from specdec.drafters.base import DrafterBase
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH, DrafterSpec
-from specdec.engine.config import SpecConfig, SpecFlags
+from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
+from specdec.engine.spec_request import AutoTarget, SpecRequest, build_spec
 from specdec.sampling import SamplingParams
 
 BASELINE = "none"
@@ -34,45 +35,22 @@ class Method:
     reasons: tuple[str, ...] = ()  # auto's reasons
 
 
-# options a model drafter takes in --methods, and the SpecConfig fields they set
-_MODEL_OPTIONS = {"topk": "tree_topk", "budget": "tree_budget", "adaptive": "adaptive"}
-
-
 def parse_methods(text: str, draft_model: str | None = None, draft_n_max: int = DEFAULT_DRAFT_LENGTH, model=None,
                   draft_lengths: list[int] | None = None) -> list[Method]:
-    """Methods from --methods; the baseline 'none' is always first. `model` is needed for 'auto'."""
+    """Methods from --methods; the baseline 'none' is always first. `model` is needed for 'auto'.
+    Each entry is read by SpecRequest.from_method and checked by build_spec, as every other surface is."""
     methods: list[Method] = []
     for entry in [e.strip() for e in text.split(",") if e.strip()]:
         if entry == BASELINE:
             continue
-        if entry == "auto":
+        request = SpecRequest.from_method(entry, draft_model, draft_n_max)
+        if request.auto:
             if model is None:
                 raise ValueError("method 'auto' needs the target model")
-            from specdec.engine.auto import decide_spec_for_model
-
-            flags = SpecFlags(spec_type="auto", model_draft=draft_model, draft_n_max=draft_n_max)
-            spec, reasons = decide_spec_for_model(flags, model)
+            spec, reasons = build_spec(request, AutoTarget.of_model(model))
             methods.append(Method(f"auto ({spec.method})", spec, "auto", tuple(reasons)))
             continue
-        drafters, settings = [], {}
-        for part in entry.split("+"):
-            d = DrafterSpec.parse(part)
-            try:
-                e = registry.entry(d.kind)
-            except ValueError:
-                raise ValueError(f"unknown method {d.kind!r} in --methods; valid: none, auto, "
-                                 f"{', '.join(registry.kinds())}") from None
-            if e.model:
-                settings.update(_model_drafter_settings(e, dict(d.options), part))
-                d = DrafterSpec(d.kind)
-            else:  # a bad option is an error before the model loads, not after the baseline
-                registry.check_options(d)
-            drafters.append(d)
-        uses_draft = any(d.kind == "draft-simple" for d in drafters)
-        if uses_draft and draft_model is None:
-            raise ValueError("method draft-simple needs --draft-model")
-        spec = SpecConfig(drafters=tuple(drafters), draft_n_max=draft_n_max,
-                          draft_model=draft_model if uses_draft else None, **settings)
+        spec, _notes = build_spec(request)
         methods.append(Method(entry, spec, entry))
     if len({m.label for m in methods}) != len(methods):
         raise ValueError(f"--methods lists a method twice: {text}")
@@ -82,15 +60,6 @@ def parse_methods(text: str, draft_model: str | None = None, draft_n_max: int = 
             if k != m.spec.draft_n_max and m.spec.enabled:
                 out.append(Method(f"{m.label} k={k}", m.spec.with_overrides(draft_n_max=k), m.base, m.reasons))
     return out
-
-
-def _model_drafter_settings(e: registry.Entry, options: dict, entry: str) -> dict:
-    """SpecConfig fields from a model drafter's options: draft-eagle3:topk=2:budget=3, draft-mtp:adaptive=1."""
-    allowed = {"adaptive"} | ({"topk", "budget"} if e.trees else set())
-    bad = set(options) - allowed
-    if bad:
-        raise ValueError(f"{e.kind} takes the options {', '.join(sorted(allowed))} in --methods (got {entry!r})")
-    return {_MODEL_OPTIONS[k]: (bool(v) if k == "adaptive" else v) for k, v in options.items()}
 
 
 # -- drafters: fresh state per run ---------------------------------------------------------------

@@ -13,7 +13,7 @@ import statistics
 import torch
 
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
-from specdec.engine.config import SpecConfig, parse_spec_types
+from specdec.engine.spec_request import SpecRequest, build_spec
 from specdec.engine.engine import Engine
 from specdec.model.device import pick_device
 from specdec.model.load import load_model
@@ -59,7 +59,7 @@ def cmd_demo(args) -> int:
     tok = model.tokenizer
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}]), add_bos=False)
     engine = Engine(model, max_len=2048)
-    spec = SpecConfig(drafters=parse_spec_types(args.spec_type), draft_n_max=args.draft_n_max)
+    spec, _notes = build_spec(SpecRequest.from_flags(spec_type=args.spec_type, draft_n_max=args.draft_n_max))
     greedy = SamplingParams()
     engine.generate(ids, greedy, max_tokens=8)  # warm-up
     plain_tps, spec_tps, ratios = [], [], []

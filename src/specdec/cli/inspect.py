@@ -5,7 +5,7 @@ Reads the file's header and tensor names only (no weights are built), so it is f
     specdec inspect qwen2.5-coder-1.5b --draft-model qwen2.5-coder-0.5b
     specdec inspect ./my-model-folder --json
 
-The checkpoint facts come from model/facts.py (MTP layers declared, present, or saved beside
+The checkpoint facts come from model/checkpoint_facts.py (MTP layers declared, present, or saved beside
 the model), the drafter's from drafters/describe.py, and the auto line from the same
 engine/spec_request.build_spec that generate runs.
 """

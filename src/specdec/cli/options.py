@@ -1,7 +1,7 @@
 """Command-line flags the commands share, turned into typed settings once.
 
     add_model_args(parser); add_spec_args(parser); add_sampling_args(parser)
-    flags = spec_flags(args)                # SpecFlags: what the user said about speculation
+    request = spec_request(args)            # SpecRequest: what the user said about speculation
     engine, sampling = build_engine(args)   # target loaded, speculation decided (auto included)
 
 generate, chat and serve build their engine here; export-config, inspect and bench read the
@@ -17,8 +17,11 @@ from pathlib import Path
 
 from specdec.drafters import registry
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
-from specdec.engine.config import SpecFlags
+from specdec.engine.engine import Engine
+from specdec.engine.spec_request import AutoTarget, SpecRequest, build_spec
+from specdec.model.device import pick_device
 from specdec.model.linear import WEIGHT_FORMATS
+from specdec.model.load import load_model
 from specdec.model.transformer import CACHE_TYPES
 from specdec.sampling import SamplingParams
 
@@ -79,15 +82,26 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
 
-def spec_flags(args: argparse.Namespace) -> SpecFlags:
-    """The speculative flags of `add_spec_args` as SpecFlags."""
-    return SpecFlags(
+def spec_request(args: argparse.Namespace) -> SpecRequest:
+    """The speculative flags of `add_spec_args` as a SpecRequest."""
+    return SpecRequest.from_flags(
         spec_type=args.spec_type, model_draft=args.model_draft, draft_n_max=args.spec_draft_n_max,
         draft_n_min=args.spec_draft_n_min, draft_p_min=args.spec_draft_p_min,
         speculative_config=args.speculative_config, adaptive=args.spec_adaptive,
         cross_tokenizer=args.spec_cross_tokenizer, typical=args.spec_typical, tree_topk=args.spec_tree_topk,
         tree_budget=args.spec_tree_budget,
     )
+
+
+def check_explicit(request: SpecRequest):
+    """The SpecConfig of a request that names its drafters, checked before any model loads (a model-free
+    drafter's options too); None for auto, which reads the model's files to choose."""
+    if request.wants_auto:
+        return None
+    spec, notes = build_spec(request)
+    for drafter in spec.drafters:
+        registry.check_options(drafter)
+    return spec, notes
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
@@ -101,22 +115,14 @@ def build_engine(args: argparse.Namespace):
 
     Returns (engine, sampling). Explicit flags are checked before the model loads.
     """
-    from specdec.engine.auto import decide_spec_for_model
-    from specdec.engine.config import spec_config_from_flags
-    from specdec.engine.engine import Engine
-    from specdec.model.device import pick_device
-    from specdec.model.load import load_model
-
-    flags = spec_flags(args)
-    if not flags.auto:  # a bad flag, or a model-free drafter's bad option, is an error before a minute of loading
-        for drafter in spec_config_from_flags(flags)[0].drafters:
-            registry.check_options(drafter)
+    request = spec_request(args)
+    check_explicit(request)  # a bad flag is an error before a minute of loading
     check_ctx_size(args.ctx_size)
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     sampling = sampling_from_args(args)
     model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
-    spec, notes = decide_spec_for_model(flags, model)
+    spec, notes = build_spec(request, AutoTarget.of_model(model))
     for note in notes:
         print(note if note.startswith("auto: ") else f"note: {note}", file=sys.stderr)
     engine = Engine(model, spec, max_len=context_size(args.ctx_size), max_sequences=getattr(args, "max_batch", 1))

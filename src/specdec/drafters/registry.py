@@ -95,6 +95,15 @@ class Entry:
     vllm: str | None = None
     sglang: str | None = None
     summary: str = ""
+    draft_model: bool = False  # drafts with a separate language model given with -md (--spec-cross-tokenizer applies)
+    block: bool = False  # one drafter pass drafts a whole block (the folder's block size is its draft length)
+    head: str | None = None  # a head trained on the target's hidden states: its folder name under heads/<model>/
+    config_names: tuple[str, ...] = ()  # words in a head folder's config.json model_type / architectures
+    auto: bool = False  # auto adds this model-free kind (it drafts only where the text repeats)
+    own_layers: bool = False  # drafts with layers the target's checkpoint carries (no model path to give others)
+    noun: str = ""  # what its folder holds, for people: "an EAGLE-3 head"
+    llama_cpp: str | None = None  # llama.cpp's --spec-type name (None: llama.cpp has no such kind)
+    llama_cpp_size_m: str | None = None  # llama.cpp's flag for this n-gram kind's draft length
 
     @property
     def runnable(self) -> bool:
@@ -132,6 +141,25 @@ def entry(kind: str) -> Entry:
 
 def model_free_kinds() -> list[str]:
     return [e.kind for e in entries() if not e.model]
+
+
+def with_flag(flag: str) -> list[str]:
+    """The kinds whose entry sets `flag` (an Entry field: model, trees, draft_model, block, head), sorted."""
+    return [e.kind for e in entries() if getattr(e, flag)]
+
+
+def kind_of_head(head: str) -> str:
+    """The kind whose heads are stored as `head` (mtp, eagle3, dflash, dspark)."""
+    return next(e.kind for e in entries() if e.head == head)
+
+
+def head_kind_of(config_text: str) -> str | None:
+    """The head kind whose config names appear in `config_text` (a config.json's model_type and architectures,
+    lower case), in registration order, so that "eagle3" wins over "eagle"; None when none does."""
+    for e in _entries.values():
+        if any(name in config_text for name in e.config_names):
+            return e.kind
+    return None
 
 
 def from_vllm(method: str) -> str:
@@ -250,24 +278,32 @@ def _block(kind: str) -> Callable[..., Drafter]:
 
 for _entry in (
     Entry("ngram-simple", _model_free(NgramSimple), vllm="ngram", sglang="NGRAM",
-          summary="copy what followed the last earlier occurrence of the context's tail"),
+          summary="copy what followed the last earlier occurrence of the context's tail",
+          llama_cpp="ngram-simple", llama_cpp_size_m="--spec-ngram-simple-size-m"),
     Entry("ngram-map-k", _model_free(NgramMapK), vllm="ngram", sglang="NGRAM",
-          summary="n-gram -> last position map; drafts after min_hits sightings"),
+          summary="n-gram -> last position map; drafts after min_hits sightings",
+          llama_cpp="ngram-map-k", llama_cpp_size_m="--spec-ngram-map-k-size-m"),
     Entry("ngram-map-k4v", _model_free(NgramMapK4V), vllm="ngram", sglang="NGRAM",
-          summary="n-gram -> up to 4 continuations; drafts a clear winner"),
+          summary="n-gram -> up to 4 continuations; drafts a clear winner",
+          llama_cpp="ngram-map-k4v", llama_cpp_size_m="--spec-ngram-map-k4v-size-m"),
     Entry("ngram-cache", _model_free(NgramCache), vllm="ngram", sglang="NGRAM",
-          summary="context, earlier outputs and a static corpus (llama.cpp's three tiers)"),
+          summary="context, earlier outputs and a static corpus (llama.cpp's three tiers)", llama_cpp="ngram-cache"),
     Entry("suffix", _model_free(SuffixDrafter), vllm="suffix", sglang="NGRAM",
-          summary="suffix trees over this request and earlier outputs"),
+          summary="suffix trees over this request and earlier outputs", auto=True),
     Entry("draft-simple", _draft_model, model=True, vllm="draft_model", sglang="STANDALONE",
-          summary="a smaller model with the same tokenizer"),
+          summary="a smaller model with the same tokenizer", draft_model=True, noun="a draft model",
+          llama_cpp="draft-simple"),
     Entry("draft-mtp", _mtp, model=True, trees=True, vllm="mtp", sglang="NEXTN",
-          summary="the model's own multi-token-prediction layers (or a trained MTP head)"),
+          summary="the model's own multi-token-prediction layers (or a trained MTP head)", head="mtp",
+          own_layers=True, noun="an MTP head", llama_cpp="draft-mtp"),
     Entry("draft-eagle3", _eagle3, model=True, trees=True, vllm="eagle3", sglang="EAGLE3",
-          summary="an EAGLE-3 head on three of the target's hidden layers"),
+          summary="an EAGLE-3 head on three of the target's hidden layers", head="eagle3",
+          config_names=("eagle3", "eagle"), noun="an EAGLE-3 head", llama_cpp="draft-eagle3"),
     Entry("draft-dflash", _block("draft-dflash"), model=True, vllm="dflash", sglang="DFLASH",
-          summary="a block drafter conditioned on the target's hidden states"),
+          summary="a block drafter conditioned on the target's hidden states", block=True, head="dflash",
+          config_names=("dflash",), noun="a DFlash drafter", llama_cpp="draft-dflash"),
     Entry("draft-dspark", _block("draft-dspark"), model=True, vllm="dspark", sglang="DSPARK",
-          summary="DFlash plus a Markov correction and a confidence head"),
+          summary="DFlash plus a Markov correction and a confidence head", block=True, head="dspark",
+          config_names=("dspark",), noun="a DSpark drafter", llama_cpp="draft-dspark"),
 ):
     register(_entry)

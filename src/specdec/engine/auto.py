@@ -11,7 +11,7 @@ build can run it and the facts table does not say it slows decoding on this hard
 
 `choose_auto` is a pure function of what is known about the target and the drafter; every command
 reaches it through engine/spec_request.build_spec, which reads those facts from the checkpoint
-(model/facts.py) and the drafter's files (drafters/describe.py) and puts the user's settings on top.
+(model/checkpoint_facts.py) and the drafter's files (drafters/describe.py) and puts the user's settings on top.
 
     >>> spec, reasons = choose_auto(TargetFacts("m", weights_format="int8"))
     >>> spec.types
@@ -106,7 +106,7 @@ def choose_auto(target: TargetFacts, draft_model: DrafterFacts | None = None, *,
                 ) -> tuple[SpecConfig, list[str]]:
     """The SpecConfig auto runs for `model`, and one reason per decision (for people).
 
-    target: TargetFacts (model/facts.py target_facts).
+    target: TargetFacts (model/checkpoint_facts.py target_facts).
     draft_model: the drafter the user gave, described by `drafter_facts`, or None.
     facts, runnable: default to this module's FACTS and runnable_model_drafters() (read at call time).
     model_free: the model-free kinds auto adds (default: the registry's entries marked auto).

@@ -1,5 +1,6 @@
-"""SpecConfig: what speculation to run; SpecFlags: what the user said (llama.cpp-style flags,
-vLLM-style JSON), before auto; `spec_config_from_flags` turns explicit flags into a SpecConfig.
+"""SpecConfig: the speculation that runs, every setting checked against the others when it is made.
+What people ask for (flags, JSON, a bench method, a server override) becomes one through
+engine/spec_request.build_spec.
 
     SpecConfig(drafters=("ngram-simple",), draft_n_max=4)
     SpecConfig(drafters=(DrafterSpec.of("ngram-map-k", min_hits=3), "draft-simple"), draft_model="small")
@@ -7,11 +8,9 @@ vLLM-style JSON), before auto; `spec_config_from_flags` turns explicit flags int
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 
 from specdec.drafters import registry
-from specdec.drafters.describe import BLOCK_KINDS, block_draft_length, head_kind
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH, DrafterSpec
 from specdec.sampling import is_whole
 
@@ -19,9 +18,6 @@ from specdec.sampling import is_whole
 # return on any hardware specdec runs on, and adaptive mode measures every length up to the maximum.
 MAX_DRAFT_LENGTH = 32
 MAX_TREE_NODES = 64
-
-_JSON_KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min", "draft_p_min",
-              "adaptive", "tree_topk", "tree_budget"}
 
 
 @dataclass(frozen=True)
@@ -99,13 +95,21 @@ class SpecConfig:
             raise ValueError(f"a draft tree holds at most {MAX_TREE_NODES} nodes (--spec-tree-budget, or topk x draft "
                              f"length when it is 0), got {self.effective_tree_budget}")
         if self.has_tree_settings and specs and not any(e.trees for e in entries):
-            tree_kinds = " and ".join(e.kind for e in registry.entries() if e.trees)
-            raise ValueError(f"token trees (--spec-tree-topk/--spec-tree-budget) are drafted by {tree_kinds}; "
-                             f"--spec-type is {self.method}")
+            raise ValueError(f"token trees (--spec-tree-topk/--spec-tree-budget) are drafted by "
+                             f"{' and '.join(registry.with_flag('trees'))}; {self.method} drafts none; name the "
+                             "drafter with --spec-type")
         if self.acceptance == "typical" and self.tree_topk > 1:
             raise ValueError("typical acceptance (--spec-typical) verifies chains; drop --spec-tree-topk")
-        if "draft-simple" in kinds and not self.draft_model:
-            raise ValueError("--spec-type draft-simple needs a draft model (-md/--model-draft)")
+        for e in entries:
+            if e.draft_model and not self.draft_model:
+                raise ValueError(f"--spec-type {e.kind} needs a draft model (-md/--model-draft)")
+        if self.draft_p_min and specs and not models:
+            raise ValueError(f"--spec-draft-p-min (draft_p_min) is where a model drafter stops drafting for want of "
+                             f"confidence; {self.method} drafts without one, so it would do nothing")
+        if self.cross_tokenizer and specs and not any(e.draft_model for e in entries):
+            raise ValueError(f"--spec-cross-tokenizer lets {' and '.join(registry.with_flag('draft_model'))}'s draft "
+                             f"model have another tokenizer; {self.method} has no draft model of that kind, so it "
+                             "would do nothing")
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -136,170 +140,3 @@ class SpecConfig:
 
     def with_overrides(self, **changes) -> "SpecConfig":
         return replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class SpecFlags:
-    """The speculative settings a user gave (CLI flags or the same fields from elsewhere), before
-    auto resolves them. None = not given. `engine/auto.decide_spec` turns them into a SpecConfig."""
-
-    spec_type: str | None = None
-    model_draft: str | None = None
-    draft_n_max: int | None = None
-    draft_n_min: int | None = None
-    draft_p_min: float | None = None
-    speculative_config: str | None = None
-    adaptive: bool = False
-    cross_tokenizer: bool = False
-    typical: bool = False
-    tree_topk: int | None = None
-    tree_budget: int | None = None
-
-    @property
-    def auto(self) -> bool:
-        """True for --spec-type auto, and when the user said nothing about speculation at all."""
-        if self.spec_type is not None:
-            types = [t.strip() for t in self.spec_type.split(",")]
-            if "auto" in types and len(types) > 1:
-                raise ValueError("--spec-type auto cannot be combined with other types")
-            if types == ["auto"] and self.speculative_config:
-                raise ValueError("--spec-type auto contradicts --speculative-config; give one of them")
-            return types == ["auto"]
-        return self.model_draft is None and not self.speculative_config
-
-
-def parse_spec_types(value: str | None) -> tuple[str, ...]:
-    """'ngram-simple,suffix' -> ('ngram-simple', 'suffix'); 'none' or None (not given) -> ()."""
-    if value is None or value.strip() == "none":
-        return ()
-    types = tuple(t.strip() for t in value.split(",") if t.strip())
-    if not types:
-        raise ValueError(f"--spec-type {value!r} names no type; give none, auto or a comma list of "
-                         f"{', '.join(registry.kinds())}")
-    if "none" in types:
-        raise ValueError("--spec-type 'none' cannot be combined with other types")
-    for t in types:
-        if t not in registry.kinds():
-            raise ValueError(f"unknown --spec-type {t!r}; valid types: none, {', '.join(registry.kinds())}")
-    return types
-
-
-def _json_typed(cfg: dict, key: str, kind: type, what: str):
-    """cfg[key] (None when absent) if it is a `kind` (JSON true/false is no number here), else a ValueError."""
-    value = cfg.get(key)
-    if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
-        raise ValueError(f"--speculative-config {key} must be {what}, got {json.dumps(value)}")
-    return value
-
-
-def _json_int(cfg: dict, key: str) -> int | None:
-    return _json_typed(cfg, key, int, "an integer")
-
-
-def block_draft_n_max(model_draft: str) -> tuple[int | None, str | None]:
-    """The draft length that uses all of a DFlash / DSpark folder's block (one drafter pass gives the whole
-    block), and a note saying so; (None, None) where the folder does not say."""
-    block = block_draft_length(model_draft)
-    if block is None:
-        return None, None
-    n_max = min(block, MAX_DRAFT_LENGTH)
-    return n_max, (f"draft length {n_max}: the drafts of one {head_kind(model_draft)} block (--spec-draft-n-max "
-                   "sets another)")
-
-
-def spec_config_from_flags(flags: SpecFlags) -> tuple[SpecConfig, list[str]]:
-    """Merge llama.cpp-style flags and a vLLM-style JSON into one SpecConfig (auto excluded).
-
-    Returns the config and notes for the user (e.g. "draft model given: draft-simple turned on").
-    Contradictions are errors, never silently resolved.
-    """
-    notes: list[str] = []
-    types = parse_spec_types(flags.spec_type)
-    if flags.spec_type is not None and not types:  # an explicit none
-        for given, what in ((flags.model_draft, "-md/--model-draft"),
-                            (flags.speculative_config, "--speculative-config"),
-                            (flags.draft_n_max is not None, "--spec-draft-n-max"),
-                            (flags.draft_n_min is not None, "--spec-draft-n-min"),
-                            (flags.draft_p_min is not None, "--spec-draft-p-min"), (flags.adaptive, "--spec-adaptive"),
-                            (flags.tree_topk is not None, "--spec-tree-topk"),
-                            (flags.tree_budget is not None, "--spec-tree-budget"), (flags.typical, "--spec-typical"),
-                            (flags.cross_tokenizer, "--spec-cross-tokenizer")):
-            if given:
-                raise ValueError(f"--spec-type none turns speculation off, so {what} would not be used; drop one "
-                                 "of them")
-    model_draft = flags.model_draft
-    n_max, p_min, adaptive = flags.draft_n_max, flags.draft_p_min, flags.adaptive
-    tree_topk, tree_budget = flags.tree_topk, flags.tree_budget
-    options: dict[str, dict] = {}
-    if flags.speculative_config:
-        try:
-            cfg = json.loads(flags.speculative_config)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"--speculative-config is not valid JSON: {exc}") from None
-        if not isinstance(cfg, dict):
-            raise ValueError("--speculative-config must be a JSON object")
-        unknown = set(cfg) - _JSON_KEYS
-        if unknown:
-            raise ValueError(f"--speculative-config has unknown keys: {', '.join(sorted(unknown))}")
-        kind = registry.from_vllm(cfg.get("method"))
-        if types and types != (kind,):
-            raise ValueError(f"--spec-type {','.join(types)} contradicts --speculative-config method "
-                             f"{cfg['method']!r}")
-        types = (kind,)
-        if _json_typed(cfg, "model", str, "a string (a model name, file or folder)") is not None:
-            if model_draft and model_draft != cfg["model"]:
-                raise ValueError("--model-draft and --speculative-config 'model' name different draft models")
-            model_draft = cfg["model"]
-        k = _json_int(cfg, "num_speculative_tokens")
-        if k is not None:
-            if n_max is not None and n_max != k:
-                raise ValueError(f"--spec-draft-n-max {n_max} contradicts num_speculative_tokens {k}")
-            n_max = k
-        low, high = _json_int(cfg, "prompt_lookup_min"), _json_int(cfg, "prompt_lookup_max")
-        if low is not None or high is not None:
-            if kind != "ngram-simple":
-                raise ValueError(f"prompt_lookup_min/prompt_lookup_max set the n-gram sizes of method 'ngram'; "
-                                 f"the method is {cfg['method']!r}")
-            # one given: the other is the same, as vLLM's SpeculativeConfig sets it
-            options[kind] = {"order_min": high if low is None else low, "order_max": low if high is None else high}
-        given_p_min = _json_typed(cfg, "draft_p_min", (int, float), "a number")
-        p_min = p_min if given_p_min is None else given_p_min
-        given_adaptive = _json_typed(cfg, "adaptive", bool, "true or false")
-        adaptive = adaptive if given_adaptive is None else given_adaptive
-        given_topk, given_budget = _json_int(cfg, "tree_topk"), _json_int(cfg, "tree_budget")
-        for key, flag, value, given in (("tree_topk", "--spec-tree-topk", tree_topk, given_topk),
-                                        ("tree_budget", "--spec-tree-budget", tree_budget, given_budget)):
-            if given is not None and value is not None and value != given:
-                raise ValueError(f"{flag} {value} contradicts {key} {given}")
-        # null is the flag's value (or the default), as for every other key
-        tree_topk = tree_topk if given_topk is None else given_topk
-        tree_budget = tree_budget if given_budget is None else given_budget
-    if model_draft and not any(registry.entry(t).model for t in types):
-        kind = head_kind(model_draft) or "draft-simple"
-        types = types + (kind,)
-        what = "an MTP/EAGLE-3/DFlash/DSpark head folder" if kind != "draft-simple" else "a draft model"
-        notes.append(f"{what} was given without a model --spec-type: {kind} turned on")
-    if model_draft is None and "draft-simple" in types:
-        raise ValueError("--spec-type draft-simple needs a draft model (-md/--model-draft)")
-    if p_min and types and not any(registry.entry(t).model for t in types):
-        raise ValueError(f"--spec-draft-p-min (draft_p_min) is where a model drafter stops drafting for want of "
-                         f"confidence; {','.join(types)} drafts without one, so it would do nothing")
-    if flags.cross_tokenizer and types and "draft-simple" not in types:
-        raise ValueError(f"--spec-cross-tokenizer lets draft-simple's draft model have another tokenizer; "
-                         f"{','.join(types)} has no draft model of that kind, so it would do nothing")
-    if model_draft and "draft-mtp" in types and head_kind(model_draft) != "draft-mtp":
-        raise ValueError(f"--spec-type draft-mtp with -md {model_draft}: that is not an MTP head folder (what "
-                         "`specdec train mtp --out` writes). Without -md draft-mtp reads the model's own MTP "
-                         "layers, a head beside the model or one shipped with specdec; to draft with a smaller "
-                         "model use --spec-type draft-simple")
-    if n_max is None and model_draft and any(t in BLOCK_KINDS for t in types):
-        n_max, note = block_draft_n_max(model_draft)
-        notes += [note] if note else []
-    config = SpecConfig(
-        drafters=tuple(DrafterSpec.of(t, **options.get(t, {})) for t in types),
-        draft_n_max=DEFAULT_DRAFT_LENGTH if n_max is None else n_max, draft_n_min=flags.draft_n_min or 0,
-        draft_p_min=p_min or 0.0, adaptive=adaptive, draft_model=model_draft, cross_tokenizer=flags.cross_tokenizer,
-        acceptance="typical" if flags.typical else "exact", tree_topk=1 if tree_topk is None else tree_topk,
-        tree_budget=tree_budget or 0,
-    )
-    return config, notes
