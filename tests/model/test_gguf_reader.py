@@ -1,4 +1,4 @@
-"""gguf_loader's fast GGUF reader gives exactly what the gguf package's reader gives, and refuses a cut file."""
+"""model/gguf_reader.py's fast GGUF reader gives exactly what the gguf package's reader gives, and refuses a cut file."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from gguf import GGUFReader, GGUFValueType
 
 from helpers.tiny import make_gguf_model
 from specdec.model.errors import ModelFileError
-from specdec.model.gguf_loader import _reader_class, read_gguf
+from specdec.model.gguf_loader import read_gguf
+from specdec.model.gguf_reader import reader_class
 
 
 def test_fields_and_tensors_equal_the_stock_reader(tmp_path):
     path = make_gguf_model(tmp_path / "m.gguf", tensor_type="Q8_0")
-    fast, stock = _reader_class()(path), GGUFReader(path)
+    fast, stock = reader_class()(path), GGUFReader(path)
     assert list(fast.fields) == list(stock.fields)
     for key, want in stock.fields.items():
         got = fast.fields[key]

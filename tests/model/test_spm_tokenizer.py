@@ -270,10 +270,10 @@ def gemma_file():
 
 @pytest.mark.slow
 def test_gemma3_ids_match_sentencepiece(gemma_file):
-    from specdec.model.gguf_loader import _reader_class
+    from specdec.model.gguf_reader import reader_class
 
     tok = read_gguf_tokenizer(gemma_file)
-    fields = _reader_class()(gemma_file).fields
+    fields = reader_class()(gemma_file).fields
     vocab = [fields[f"tokenizer.ggml.{k}"].contents() for k in ("tokens", "scores", "token_type")]
     reference = reference_encoder(*vocab, unk_id=3)
     for text in GEMMA_TEXTS:

@@ -126,10 +126,10 @@ def raw_checkpoint(path: Path) -> SimpleNamespace:
         return SimpleNamespace(raw_config=raw, _files=files, names=lambda: list(files), arch=raw.get("model_type"),
                                quant=quant_label(None, kinds) if kinds else "unknown",
                                context_length=raw.get("max_position_embeddings"))
-    from specdec.model.gguf_loader import _reader_class
+    from specdec.model.gguf_reader import reader_class
 
     try:
-        reader = _reader_class()(path)
+        reader = reader_class()(path)
     except Exception as exc:
         raise ModelFileError(path, f"not a readable GGUF file ({type(exc).__name__}: {exc})") from None
     meta = {}

@@ -1,71 +1,30 @@
 """Read a GGUF file: configuration, tensors (dequantized on demand), tokenizer metadata.
 
-Tensors are renamed to the Hugging Face names (model.layers.0.self_attn.q_proj.weight,
-...) so that one model builder serves GGUF files and HF folders alike. The `gguf`
-package's reader and dequantizers do the byte work.
+Tensors go by their Hugging Face names (model/gguf_names.py), so that one model builder serves
+GGUF files and HF folders alike. The `gguf` package's reader (made fast by model/gguf_reader.py)
+and dequantizers do the byte work.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import re
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGUFValueType
 
 from specdec.model.config import SUPPORTED_ARCHS, ModelConfig, linear_rope_factors, unsupported_reason
 from specdec.model.errors import ModelFileError, unread_bias
+from specdec.model.gguf_names import hf_name
+from specdec.model.gguf_reader import reader_class
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
 SUPPORTED_GGML_TYPES = {
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",  # not Q8_K: the gguf package cannot decode it (llama.cpp's activations)
-}
-
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-# Gemma 3's four norms per block: llama.cpp's ffn_norm is the one before the MLP (HF pre_feedforward_layernorm);
-# HF's post_attention_layernorm norms the attention output. llama.cpp's converter stored 1 + w for every norm.
-_GEMMA3_NAMES = {
-    **_LAYER_NAMES,
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-}
-# MTP ("nextn") tensors of the extra blocks after the main ones, renamed to DeepSeek-V3's HF names
-# (model.layers.{N+k}.eh_proj.weight, ...); the extra blocks' attention/MLP use _LAYER_NAMES.
-_NEXTN_NAMES = {
-    "nextn.eh_proj.weight": "eh_proj.weight",
-    "nextn.enorm.weight": "enorm.weight",
-    "nextn.hnorm.weight": "hnorm.weight",
-    "nextn.shared_head_norm.weight": "shared_head.norm.weight",
-    "nextn.shared_head_head.weight": "shared_head.head.weight",
-    "nextn.embed_tokens.weight": "embed_tokens.weight",
-}
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
 }
 
 
@@ -144,114 +103,6 @@ def _unpermute_rope(weight: torch.Tensor, heads: int) -> torch.Tensor:
     return weight.reshape(heads, rows // heads // 2, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
 
 
-class _ArrayField:
-    """One GGUF array field (the tokenizer's ~150k tokens, types and merges), read without a numpy view per
-    element, which is what makes gguf's reader slow (9.6 s for qwen2.5-coder-1.5b's header): `contents()`
-    decodes straight from the mapped bytes. `parts` and `data`, built on first use, are what gguf's
-    ReaderField holds for the same field, so the object stands in for one (gguf==0.19.0)."""
-
-    def __init__(self, offset: int, name: str, head: list, buffer: np.ndarray, start: int, item, scalar):
-        self.offset, self.name, self.item, self._head, self._buffer = offset, name, item, head, buffer
-        self._itype = buffer[start : start + 4].view(np.uint32)
-        self._count = buffer[start + 4 : start + 12].view(np.uint64)
-        count, offs = int(self._count[0]), start + 12
-        self.types = [GGUFValueType.ARRAY, item] if count else [GGUFValueType.ARRAY]
-        if scalar is not None:
-            end = offs + count * np.dtype(scalar).itemsize
-            if end > len(buffer):
-                raise ValueError(f"array {name!r} at offset {offset} runs past the end of the file")
-            self._values, self._starts, self._lengths = buffer[offs:end].view(scalar), None, None
-        else:  # strings: each a uint64 length and its bytes, so found one after another
-            unpack, size, starts, lengths = struct.Struct("<Q").unpack_from, len(buffer), [], []
-            for _ in range(count):
-                n = unpack(buffer, offs)[0] if offs + 8 <= size else size
-                if offs + 8 + n > size:
-                    raise ValueError(f"string array {name!r} at offset {offset} runs past the end of the file")
-                starts.append(offs + 8)
-                lengths.append(n)
-                offs += 8 + n
-            end, self._values, self._starts, self._lengths = offs, None, starts, lengths
-        self.size = end - start  # the bytes after the field's type
-
-    def contents(self, index_or_slice: int | slice = slice(None)):
-        if self._values is not None:
-            return self._values[index_or_slice].tolist()
-        raw = memoryview(self._buffer)
-        if isinstance(index_or_slice, int):
-            s, n = self._starts[index_or_slice], self._lengths[index_or_slice]
-            return str(raw[s : s + n], "utf-8")
-        return [str(raw[s : s + n], "utf-8")
-                for s, n in zip(self._starts[index_or_slice], self._lengths[index_or_slice])]
-
-    @functools.cached_property
-    def parts(self) -> list[np.ndarray]:
-        parts = [*self._head, self._itype, self._count]
-        if self._values is not None:
-            parts += (self._values[i : i + 1] for i in range(len(self._values)))
-        else:
-            for s, n in zip(self._starts, self._lengths):
-                parts += (self._buffer[s - 8 : s].view(np.uint64), self._buffer[s : s + n])
-        return parts
-
-    @functools.cached_property
-    def data(self) -> list[int]:
-        first, count = len(self._head) + 2, int(self._count[0])
-        if self._values is not None:
-            return list(range(first, first + count))
-        return list(range(first + 1, first + 2 * count, 2))
-
-
-def _reader_class():
-    """gguf's GGUFReader, with the arrays of scalars and strings read as _ArrayField (same contents, fast)."""
-    from gguf import GGUFReader, ReaderField
-
-    class Reader(GGUFReader):
-        def __init__(self, path, mode="c"):
-            # copy-on-write: the file's blocks can be handed to torch without a copy (GGUFModel.blocks),
-            # and nothing written to them could reach the file
-            super().__init__(path, mode)
-
-        @property
-        def data(self):
-            return self._plain
-
-        @data.setter
-        def data(self, value):
-            self._plain = value.view(np.ndarray)  # same bytes, without np.memmap's per-slice hooks
-
-        def _build_fields(self, offs, count):
-            # gguf's own loop, but an array of scalars or strings becomes an _ArrayField
-            for _ in range(count):
-                orig_offs = offs
-                klen, kdata = self._get_str(offs)
-                offs += int(klen.nbytes + kdata.nbytes)
-                raw_type = self._get(offs, np.uint32)
-                offs += int(raw_type.nbytes)
-                head, name = [klen, kdata, raw_type], str(bytes(kdata), encoding="utf-8")
-                item = self._array_item(offs) if raw_type[0] == GGUFValueType.ARRAY else None
-                if item is not None:
-                    field = _ArrayField(orig_offs, name, head, self._plain, offs, item,
-                                        self.gguf_scalar_to_np.get(item))
-                    size = field.size
-                else:
-                    size, parts, idxs, types = self._get_field_parts(offs, raw_type[0])
-                    field = ReaderField(orig_offs, name, head + parts, [i + len(head) for i in idxs], types)
-                self._push_field(field, skip_sum=True)
-                offs += size
-            return offs
-
-        def _array_item(self, offs):
-            """The item type of the array at offs when _ArrayField reads it, else None (nested arrays, which
-            are rare and short, and byte-swapped files go through gguf's own code)."""
-            raw_itype = self._get(offs, np.uint32)
-            if self.byte_order != "I" or len(raw_itype) != 1 or offs + 12 > len(self._plain):
-                return None
-            item = GGUFValueType(int(raw_itype[0]))
-            return item if item == GGUFValueType.STRING or item in self.gguf_scalar_to_np else None
-
-    return Reader
-
-
 def _field(reader, key, default=None):
     f = reader.fields.get(key)
     if f is None:
@@ -266,7 +117,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
     if not path.is_file():
         raise ModelFileError(path, "no such file")
     try:
-        reader = _reader_class()(path)
+        reader = reader_class()(path)
     except Exception as exc:
         raise ModelFileError(path, f"not a readable GGUF file: truncated or corrupt ({type(exc).__name__}: {exc})") from None
     size = path.stat().st_size
@@ -303,7 +154,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         if t.tensor_type.name not in SUPPORTED_GGML_TYPES:
             raise ModelFileError(path, f"tensor {t.name} has quantization {t.tensor_type.name}, which specdec cannot load "
                                  f"(supported: {', '.join(sorted(SUPPORTED_GGML_TYPES))})")
-        hf = _hf_name(t.name, arch)
+        hf = hf_name(t.name, arch)
         if hf is not None:
             tensors[hf] = t
         elif t.name.startswith("blk.") and t.name.endswith(".bias"):  # llama.cpp adds it; dropped, it changed
@@ -327,18 +178,6 @@ def quant_label(file_type, matrix_types: list[str]) -> str:
     if isinstance(file_type, int) and file_type in _FILE_TYPES:
         return _FILE_TYPES[file_type]
     return max(sorted(set(matrix_types)), key=matrix_types.count) if matrix_types else "F32"
-
-
-def _hf_name(gguf_name: str, arch: str = "llama") -> str | None:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    layer_names = _GEMMA3_NAMES if arch == "gemma3" else _LAYER_NAMES
-    if m and m.group(2) in layer_names:
-        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}"
-    if m and m.group(2) in _NEXTN_NAMES:
-        return f"model.layers.{m.group(1)}.{_NEXTN_NAMES[m.group(2)]}"
-    return None
 
 
 def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> ModelConfig:

@@ -268,9 +268,9 @@ def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
 
 def read_gguf_tokenizer(path) -> Tokenizer:
     """The tokenizer of a GGUF file alone, without checking that its model can run here."""
-    from specdec.model.gguf_loader import _reader_class
+    from specdec.model.gguf_reader import reader_class
 
-    reader = _reader_class()(path)
+    reader = reader_class()(path)
     big = ("tokens", "scores", "token_type", "merges")
     metadata = {key: field.contents() for key, field in reader.fields.items()
                 if key.startswith(("general.", "tokenizer.")) and key.split(".")[-1] not in big}
