@@ -251,8 +251,11 @@ def build_spec(request: SpecRequest, target: AutoTarget | None = None,
     if draft_n_max is None and draft_model and model_kind and registry.entry(model_kind).block:
         draft_n_max, note = _block_length(draft_model)
         notes += [note] if note else []
-    # what a server override leaves out of a new method is the default, but for how drafts are accepted
-    served = None if base is None else SpecConfig(cross_tokenizer=base.cross_tokenizer, acceptance=base.acceptance)
+    # what a server override leaves out of a new method is the default, but for how drafts are accepted and
+    # (for a draft model) the served --spec-cross-tokenizer
+    draft_model_kind = any(registry.entry(k).draft_model for k in kinds)
+    served = None if base is None else SpecConfig(cross_tokenizer=base.cross_tokenizer and draft_model_kind,
+                                                  acceptance=base.acceptance)
     return _config(request, drafters, draft_model, draft_n_max, served), notes
 
 
