@@ -506,8 +506,9 @@ def test_ttt_validation_counts_a_step_only_where_the_steps_before_it_matched(tra
     from specdec.drafters.mtp import load_mtp_head
     from specdec.model.load import open_checkpoint
     from specdec.train.data import load_sequences
-    from specdec.train.loop import pad_batch, ttt_loss
+    from specdec.train.loop import pad_batch
     from specdec.train.target import DenseTarget
+    from specdec.train.ttt import ttt_loss
 
     folder, eagle_dir = trained
     head, _ = load_mtp_head(load_model(str(folder), "fp32", progress=False), 256)  # the one trained beside it

@@ -42,7 +42,7 @@ def test_default_target_layers_are_dflash_s():
 
 
 def test_anchors_are_real_tokens_followed_by_one():
-    from specdec.train.loop import sample_anchors
+    from specdec.train.block_loss import sample_anchors
 
     valid = torch.tensor([[True] * 10, [True] * 3 + [False] * 7])
     anchors, keep = sample_anchors(valid, 4, torch.Generator().manual_seed(0))
@@ -57,7 +57,7 @@ def test_block_loss_sees_the_context_strictly_before_the_anchor(tiny_model):
     through the labels); a token before it does."""
     from specdec.model.load import open_checkpoint
     from specdec.cli.train import build_block_model
-    from specdec.train.loop import block_loss
+    from specdec.train.block_loss import block_loss
     from specdec.train.target import DenseTarget
 
     checkpoint, _ = open_checkpoint(tiny_model.info.path)

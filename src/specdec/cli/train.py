@@ -271,7 +271,7 @@ def check_out(out: Path, resume: bool, data_only: bool = False) -> None:
 
 
 def cmd_train(args) -> int:
-    from specdec.train.loop import finish_distributed, init_distributed
+    from specdec.train.distributed import finish_distributed, init_distributed
 
     check_train_args(args)
     rank, world, dist_device = init_distributed()
@@ -291,7 +291,8 @@ def _train(args, rank: int, world: int, dist_device) -> int:
     from specdec.model.catalogue import resolve, sha256_file
     from specdec.cli.options import out_dir
     from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
-    from specdec.train.loop import Trainer, check_resume
+    from specdec.train.loop import Trainer
+    from specdec.train.resume import check_resume
     from specdec.train.target import DenseTarget
 
     if args.threads:
@@ -402,7 +403,7 @@ def _train(args, rank: int, world: int, dist_device) -> int:
             save_mtp_head(h, folder, info)
     elif args.kind in ("dflash", "dspark"):
         from specdec.drafters.dflash import save_block_drafter
-        from specdec.train.loop import BlockLoss
+        from specdec.train.block_loss import BlockLoss
 
         head = build_block_model(target, args.kind, args.block_size, args.draft_layers, layer_ids, mask,
                                  args.markov_rank, args.markov_head, args.seed).to(device)
