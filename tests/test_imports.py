@@ -28,7 +28,8 @@ LAYERS = [
      "specdec.bench.report", "specdec.server.app", "specdec.server.jobs", "specdec.server.metrics",
      "specdec.server.schemas", "specdec.server.overrides", "specdec.server.scheduler", "specdec.cli.options",
      "specdec.bench.load",
-     "specdec.server.job_builder", "specdec.server.responses", "specdec.server.errors", "specdec.server.middleware"},
+     "specdec.server.job_builder", "specdec.server.responses", "specdec.server.errors", "specdec.server.middleware",
+     "specdec.bench.streaming", "specdec.bench.local_server"},
     {"specdec.cli", "specdec.cli.__main__"} | COMMAND_MODULES,
 ]
 COMMANDS = LAYERS[-1]

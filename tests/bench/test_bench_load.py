@@ -10,9 +10,11 @@ import httpx
 import pytest
 
 from bench_helpers import short_prompts  # noqa: F401 (a fixture)
-from specdec.bench.load import (LoadSettings, LocalServer, RequestResult, base_url, distribution, free_port,
-                                percentile, request_body, run_load, stream_request, summarize_level)
+from specdec.bench.load import (LoadSettings, base_url, distribution, percentile, request_body, run_load,
+                                summarize_level)
 from specdec.bench import load as load_module
+from specdec.bench.local_server import LocalServer, free_port
+from specdec.bench.streaming import RequestResult, stream_request
 from specdec.bench.prompts import Prompt, load_prompts
 from specdec.bench.report import load_table, write_load
 from specdec.cli import main

@@ -74,7 +74,7 @@ def test_a_failing_peer_is_one_error_naming_it(respond, message):
 
 
 def test_an_unreachable_peer_is_one_error():
-    from specdec.bench.load import free_port
+    from specdec.bench.local_server import free_port
 
     peer = URLPeer(f"http://127.0.0.1:{free_port()}", timeout=5)
     with pytest.raises(PeerError, match="ConnectError"):

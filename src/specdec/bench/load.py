@@ -10,16 +10,13 @@ which no new request starts.
                             requests=16, max_tokens=32)
     section = run_load(settings, load_prompts("mixed"))      # the "load" section of results.json
 
-    with LocalServer(["--model", "smollm2-135m", "--spec-type", "ngram-simple"], log_path) as server:
-        section = run_load(replace(settings, url=server.url), prompts)
-
 Only the HTTP API is used (streaming completions or chat, /v1/models, /health), so the same
 client measures llama-server, vLLM or specdec's own server, however that server schedules
-requests. Per request: TTFT = first chunk carrying text - send; latency = last byte - send;
-TPOT = (latency - TTFT) / (tokens - 1); inter-token latency (ITL) = gaps between arrivals of
-text-carrying chunks (a chunk may carry several tokens: a verify step can emit several).
-Output tokens come from the stream's usage (stream_options.include_usage) when the server
-sends it, else one per text chunk; the report says which.
+requests (local_server.py starts specdec's own when no --url is given). Per request
+(streaming.py): TTFT, latency, TPOT and the output tokens, counted from the stream's usage
+(stream_options.include_usage) when the server sends it, else one per text chunk; the report
+says which. Per level: inter-token latency (ITL) = gaps between arrivals of text-carrying chunks
+(a chunk may carry several tokens: a verify step can emit several).
 
 Greedy check (temperature 0): every output is compared, as text, with the output of the same
 prompt sent alone (the concurrency-1 level when there is one, else a sequential reference pass).
@@ -27,21 +24,15 @@ prompt sent alone (the concurrency-1 level when there is one, else a sequential 
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 
 import httpx
 
-from specdec.model.errors import SpecdecError
+from specdec.bench.streaming import RequestResult, error_message, stream_request
 
 SCHEMA = "specdec-bench-load/1"
 ENDPOINTS = ("completions", "chat")
@@ -76,7 +67,7 @@ def distribution(values, ps=(50, 90, 99)) -> dict:
     return out
 
 
-# -- settings and one request ------------------------------------------------------------------
+# -- settings and one request's body ----------------------------------------------------------
 @dataclass(frozen=True)
 class LoadSettings:
     url: str  # the server's base URL; a trailing /v1 is allowed
@@ -146,144 +137,6 @@ def request_body(prompt, settings: LoadSettings, index: int) -> tuple[str, dict]
         body["prompt"] = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in prompt.messages) + \
             "Assistant:"
     return "/v1/completions", body
-
-
-@dataclass
-class RequestResult:
-    prompt_id: str
-    index: int
-    ok: bool = False
-    error: str | None = None  # kind: "http 503", "timeout", "connection refused", "incomplete stream", ...
-    message: str | None = None
-    sent_at: float = 0.0  # seconds from the level's start
-    ttft_s: float | None = None
-    latency_s: float | None = None
-    chunk_times: list[float] = field(default_factory=list)  # arrival of each text-carrying chunk, from send
-    text: str = ""
-    finish_reason: str | None = None
-    usage_tokens: int | None = None  # usage.completion_tokens, when the server sent it
-    spec: dict | None = None  # specdec's per-request counters, when the server sent them
-
-    @property
-    def tokens(self) -> int:
-        return self.usage_tokens if self.usage_tokens is not None else len(self.chunk_times)
-
-    @property
-    def tpot_s(self) -> float | None:
-        if self.ttft_s is None or self.latency_s is None or self.tokens < 2:
-            return None
-        return (self.latency_s - self.ttft_s) / (self.tokens - 1)
-
-    def record(self) -> dict:
-        """The per-request row of results.json (chunk times summarized, not listed)."""
-        return {"prompt": self.prompt_id, "index": self.index, "ok": self.ok, "error": self.error,
-                "message": self.message, "sent_at_s": self.sent_at, "ttft_s": self.ttft_s,
-                "latency_s": self.latency_s, "tpot_s": self.tpot_s, "tokens": self.tokens if self.ok else None,
-                "usage_tokens": self.usage_tokens, "text_chunks": len(self.chunk_times),
-                "finish_reason": self.finish_reason}
-
-
-def _first_choice(data) -> dict | None:
-    """The first choice of a streamed chunk ({} where it has none); None where the chunk is not shaped as
-    OpenAI's (not an object, choices not a list of objects)."""
-    if not isinstance(data, dict):
-        return None
-    choices = data.get("choices") or []
-    if not isinstance(choices, list) or (choices and not isinstance(choices[0], dict)):
-        return None
-    return choices[0] if choices else {}
-
-
-def _chunk_text(choice: dict, chat: bool) -> str:
-    text = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-    return text if isinstance(text, str) else ""
-
-
-def stream_request(client: httpx.Client, base: str, path: str, body: dict, result: RequestResult,
-                   timeout_s: float) -> RequestResult:
-    """Send one streaming request and fill `result`; never raises for a network or server failure."""
-    chat = path.endswith("chat/completions")
-    t0 = time.perf_counter()
-    deadline = t0 + timeout_s
-    done = False
-    try:
-        with client.stream("POST", base + path, json=body) as response:
-            if response.status_code != 200:
-                response.read()
-                result.error, result.message = f"http {response.status_code}", _error_message(response)
-                return result
-            for line in response.iter_lines():
-                now = time.perf_counter()
-                if now > deadline:
-                    result.error = "timeout"
-                    result.message = f"no end of stream within the per-request timeout of {timeout_s:g} s"
-                    return result
-                if not line.startswith("data:"):
-                    continue  # blank separators, comments (": ping"), event names
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    done = True
-                    break
-                try:
-                    data = json.loads(payload)
-                except json.JSONDecodeError:
-                    result.error, result.message = "bad stream", f"a data line is not JSON: {payload[:120]!r}"
-                    return result
-                choice = _first_choice(data)
-                if choice is None:
-                    result.error = "bad stream"
-                    result.message = f"a data line is not an OpenAI chunk object: {payload[:120]!r}"
-                    return result
-                if "error" in data and not choice:
-                    err = data["error"]
-                    result.error = "stream error"
-                    result.message = str(err.get("message") if isinstance(err, dict) else err)[:300]
-                    return result
-                text = _chunk_text(choice, chat)
-                if text:
-                    if result.ttft_s is None:
-                        result.ttft_s = now - t0
-                    result.chunk_times.append(now - t0)
-                    result.text += text
-                if choice.get("finish_reason"):
-                    result.finish_reason = str(choice["finish_reason"])
-                usage = data.get("usage")
-                if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
-                    result.usage_tokens = usage["completion_tokens"]
-                if isinstance(data.get("spec"), dict):
-                    result.spec = data["spec"]
-    except httpx.TimeoutException as exc:
-        result.error = "timeout"
-        result.message = f"{type(exc).__name__} after {time.perf_counter() - t0:.1f} s (limit {timeout_s:g} s)"
-        return result
-    except httpx.ConnectError as exc:
-        result.error = "connection refused" if "refused" in str(exc).lower() else "connection error"
-        result.message = f"cannot connect to {base}: {exc}"
-        return result
-    except (httpx.HTTPError, httpx.InvalidURL, OSError) as exc:
-        result.error = "connection error" if isinstance(exc, (httpx.NetworkError, OSError)) else "request error"
-        result.message = f"{type(exc).__name__}: {exc}"[:300]
-        return result
-    result.latency_s = time.perf_counter() - t0
-    if not done or result.finish_reason is None:
-        missing = " and ".join(x for x, ok in (("a finish_reason", result.finish_reason), ("data: [DONE]", done))
-                               if not ok)
-        result.error, result.message = "incomplete stream", f"the stream ended without {missing}"
-        return result
-    result.ok = True
-    return result
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        err = response.json().get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])[:300]
-        if err:
-            return str(err)[:300]
-    except (ValueError, AttributeError):
-        pass
-    return response.text[:300] or response.reason_phrase
 
 
 # -- one level ---------------------------------------------------------------------------------
@@ -405,7 +258,7 @@ def probe(settings: LoadSettings) -> dict:
             elif r.status_code == 200:
                 out["error"] = f"/v1/models answered something else than a model list: {r.text[:120]!r}"
             else:
-                out["error"] = f"/v1/models answered {r.status_code}: {_error_message(r)}"
+                out["error"] = f"/v1/models answered {r.status_code}: {error_message(r)}"
             h = client.get(settings.base + "/health", timeout=10)
             if h.status_code == 200:
                 try:
@@ -490,118 +343,3 @@ def run_load(settings: LoadSettings, prompts, progress: bool = True, server: dic
         "references": len(references) if references is not None else None,
         "levels": out_levels,
     }
-
-
-# -- a server of our own -------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerStartError(SpecdecError):
-    """The server the bench started exited or never answered /health (its log says why)."""
-
-
-class LocalServer:
-    """`specdec serve <serve_args>` in a subprocess on 127.0.0.1 and a free port, until stop().
-
-    Its output goes to log_path. start() waits (at most start_timeout_s) for /health to answer 200,
-    and fails with the log's last lines when the process exits first.
-    """
-
-    def __init__(self, serve_args: list[str], log_path, start_timeout_s: float = 600.0, env: dict | None = None):
-        self.serve_args = list(serve_args)
-        self.log_path = Path(log_path)
-        self.start_timeout_s = start_timeout_s
-        self.env = {**os.environ, **(env or {})}
-        self.proc: subprocess.Popen | None = None
-        self.port: int | None = None
-        self._sigterm = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "specdec.cli", "serve", *self.serve_args, "--host", "127.0.0.1",
-                "--port", str(self.port), "--log-level", "warning"]
-
-    def start(self) -> str:
-        self.port = free_port()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "wb")
-        try:
-            self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         env=self.env)
-        finally:
-            log.close()  # the child holds its own descriptor
-        try:  # a Ctrl-C while the model loads must not leave the server running on its own
-            return self._wait_for_health()
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_for_health(self) -> str:
-        deadline = time.monotonic() + self.start_timeout_s
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                if self.proc.poll() is not None:
-                    raise ServerStartError(f"the specdec server exited with code {self.proc.returncode} before "
-                                           f"answering /health; last lines of {self.log_path}:\n{self.log_tail()}")
-                try:
-                    if client.get(self.url + "/health").status_code == 200:
-                        return self.url
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise ServerStartError(f"the specdec server did not answer /health within "
-                                           f"{self.start_timeout_s:g} s (log: {self.log_path})")
-                time.sleep(0.25)
-
-    def stop(self) -> int | None:
-        """SIGINT (uvicorn's graceful stop), then SIGTERM, then SIGKILL; returns the exit code."""
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        for sig, wait_s in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            self.proc.send_signal(sig)
-            try:
-                return self.proc.wait(wait_s)
-            except subprocess.TimeoutExpired:
-                continue
-        return None
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> LocalServer:
-        # SIGTERM (a `timeout`, a job scheduler) ends Python without running __exit__: while the server
-        # lives, it raises SystemExit instead, so the server is stopped on the way out
-        self._sigterm = None  # the handler to put back (a list: signal.signal may return None)
-        if threading.current_thread() is threading.main_thread():
-            self._sigterm = [signal.signal(signal.SIGTERM, _exit_on_sigterm)]
-        try:
-            self.start()
-        except BaseException:
-            self._restore_sigterm()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            self.stop()
-        finally:
-            self._restore_sigterm()
-
-    def _restore_sigterm(self) -> None:
-        if self._sigterm is not None:
-            signal.signal(signal.SIGTERM, self._sigterm[0] if self._sigterm[0] is not None else signal.SIG_DFL)
-            self._sigterm = None
-
-
-def _exit_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)

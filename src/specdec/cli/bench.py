@@ -178,7 +178,8 @@ def cmd_load(args) -> int:
     from specdec.bench.peers import optional_module
 
     optional_module("httpx", "the server-load mode (--concurrency)")
-    from specdec.bench.load import LoadSettings, LocalServer, base_url, choose_model, run_load
+    from specdec.bench.load import LoadSettings, base_url, choose_model, run_load
+    from specdec.bench.local_server import LocalServer
     from specdec.bench.prompts import load_prompts
     from specdec.bench.report import check_load_joins, load_table, write_load
     from specdec.cli.options import out_dir
