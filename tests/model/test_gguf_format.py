@@ -13,6 +13,7 @@ from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.model import kernels
 from specdec.model import linear as linear_module
+from specdec.model.kernels import build, cpu
 from specdec.model.linear import GGUF_KERNEL_TYPES, BlockRows, QLinear
 from specdec.model.load import load_model, weights_format_for
 from specdec.sampling import SamplingParams
@@ -281,7 +282,7 @@ def test_prefill_on_the_exact_path_is_the_kernel(monkeypatch):
 
 def test_the_prefill_path_follows_the_cpu_unless_asked(monkeypatch):
     monkeypatch.delenv("SPECDEC_PREFILL", raising=False)
-    native = bool({"avx512_bf16", "amx_bf16"} & kernels._cpu_flags())
+    native = bool({"avx512_bf16", "amx_bf16"} & cpu.cpu_flags())
     assert kernels.prefill_path() == ("bf16" if native else "exact")
     monkeypatch.setenv("SPECDEC_PREFILL", "fp32")
     assert kernels.prefill_path() == "fp32"
@@ -303,7 +304,7 @@ def test_bad_parts_are_refused():
 
 def test_without_the_kernel_gguf_is_a_clear_error_and_not_the_default(monkeypatch, tmp_path):
     monkeypatch.setattr(kernels, "gguf", lambda: None)
-    monkeypatch.setitem(kernels._why, "gguf", "no C compiler (cc) found; install gcc")
+    monkeypatch.setitem(build.reasons, "gguf", "no C compiler (cc) found; install gcc")
     with pytest.raises(ValueError, match="--weights gguf needs specdec's GGUF kernel.*no C compiler.*--weights int8"):
         QLinear.from_gguf([("Q8_0", blocks_of("Q8_0", 2, 64))], None)
     assert weights_format_for(make_gguf_model(tmp_path / "m.gguf")) == "int8"

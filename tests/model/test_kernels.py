@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specdec.model import kernels
+from specdec.model.kernels import build, libraries
 from specdec.model.linear import QLinear
 
 needs_kernel = pytest.mark.skipif(kernels.w8a8() is None, reason=f"W8A8 kernel unavailable: "
@@ -138,7 +139,7 @@ def test_a_library_that_does_not_load_is_rebuilt(private_build):
 
     # each build in a process of its own: this one must not map the library (cutting a file a process has
     # mapped kills it with SIGBUS when it touches the pages), and its dlopen would hand back what it loaded
-    code = "from specdec.model import kernels; print(kernels._build(kernels.SOURCE) is not None)"
+    code = "from specdec.model.kernels import build; print(build.library('w8a8') is not None)"
     env = {**os.environ, "TMPDIR": str(private_build / "tmp")}
 
     def build_elsewhere():
@@ -161,7 +162,7 @@ def test_an_unwritable_home_builds_in_a_private_temporary_folder(private_build, 
     blocker = private_build / "file"
     blocker.write_text("a file where the home's parent folder should be")
     monkeypatch.setenv("SPECDEC_HOME", str(blocker / "home"))
-    assert kernels._build(kernels.SOURCE) is not None
+    assert build.library("w8a8") is not None
     own = private_build / "tmp" / f"specdec-kernels-{os.getuid()}"
     assert len(list(own.glob("w8a8-*.so"))) == 1 and own.stat().st_mode & 0o777 == 0o700
 
@@ -172,9 +173,9 @@ def test_cc_may_carry_arguments(private_build, monkeypatch):
     import shutil
 
     monkeypatch.setenv("CC", f"{shutil.which('cc') or shutil.which('gcc')} -pipe")
-    assert kernels._build(kernels.SOURCE) is not None
+    assert build.library("w8a8") is not None
     monkeypatch.setenv("CC", "no-such-compiler-here -pipe")
-    assert kernels._build(kernels.SOURCE) is None
+    assert build.library("w8a8") is None
     assert "no-such-compiler-here" in kernels.why_unavailable("w8a8")
 
 
@@ -184,7 +185,7 @@ def test_switches_read_0_as_off(monkeypatch, value, on):
     monkeypatch.setenv("SPECDEC_NO_ROWS_KERNEL", value)
     assert kernels.env_flag("SPECDEC_NO_ROWS_KERNEL") is on
     if kernels.w8a8() is not None:
-        lib = kernels._load(kernels.ROWS_SOURCE, {}, off="SPECDEC_NO_ROWS_KERNEL")
+        lib = libraries.load("rows", {}, off="SPECDEC_NO_ROWS_KERNEL")
         assert (lib is None) is on
 
 

@@ -14,7 +14,7 @@
  *
  * q: (n, nh, hd); k, v: one layer of the cache, (slots, nkv, max_len, hd), float32, or float16 where half
  * (each value widened exactly as it is read); slot: (n,); off: (n + 1,); out: (n, nh, hd). hd % 8 == 0,
- * hd <= MAX_HEAD_DIM. Built by kernels/__init__.py with -O3 -mavx2 -mfma -mf16c -ffp-contract=off, and where the
+ * hd <= MAX_HEAD_DIM. Built by kernels/build.py with -O3 -mavx2 -mfma -mf16c -ffp-contract=off, and where the
  * CPU has AVX512-VNNI with AVX-512 as well (__AVX512F__): then p . v runs 16 values a vector (weigh_block16),
  * and a task's q . k, where it has 3 (row, head) pairs or more, over pairs of keys (dot8_paired); each sum is
  * the same fmas in the same order: the AVX2 build's bits. On an Intel Xeon (AMX class, 2 threads), one layer's
@@ -29,7 +29,7 @@
 #include <string.h>
 
 #define MAX_HEAD_DIM 512
-#define MAX_GROUP 64 /* query heads per kv head (kernels/__init__.py checks) */
+#define MAX_GROUP 64 /* query heads per kv head (kernels/libraries.py, ATTEND_MAX_GROUP) */
 /* multiply-adds of the q.k products from which the tasks share the threads. At 2^21 (1365 keys of
  * qwen2.5-coder-1.5b's 12 heads of 128) a decode step at 1000 keys of context ran its two kv heads on one
  * thread: 217 against 170 us a layer with the K/V cache coming from memory (2 threads, AMD EPYC), 47
@@ -221,7 +221,7 @@ static inline __attribute__((always_inline)) void weigh_block(const float *s, in
 }
 
 #ifdef __AVX512F__
-/* weigh_block with 16 values a vector (W of them): built where the CPU has AVX-512 (kernels/__init__.py).
+/* weigh_block with 16 values a vector (W of them): built where the CPU has AVX-512 (kernels/build.py).
  * Each output value is the same chain of fmas over the keys in order as in weigh_block: the same bits, with
  * half the instructions a key (one float16 widening and one fma for 16 values, where weigh_block takes two of
  * each), and twice the values a dependent chain carries. */
