@@ -177,7 +177,7 @@ def _answer_with_a_special_token(engine, prompt):
 def test_an_answer_s_text_leaves_special_tokens_out(tiny_model):
     """As vLLM (skip_special_tokens) and llama-server do: the ids stay in token_ids, their text
     (<|im_start|>, <|endoftext|>) is not in the answer, streamed or whole, nor matched by a stop string."""
-    from specdec.model.tokenizer import TextStream
+    from specdec.model.text_stream import TextStream
 
     engine = Engine(tiny_model, max_len=256)
     tok = tiny_model.tokenizer

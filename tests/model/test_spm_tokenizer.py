@@ -15,8 +15,10 @@ import struct
 
 import pytest
 
+from specdec.model.chat_template import GEMMA_TEMPLATE
+from specdec.model.gguf_tokenizer import read_gguf_tokenizer
 from specdec.model.spm import SpmMerger
-from specdec.model.tokenizer import GEMMA_TEMPLATE, StreamDecoder, read_gguf_tokenizer
+from specdec.model.text_stream import StreamDecoder
 
 UNK, CONTROL, USER_DEFINED, UNUSED, BYTE, NORMAL = 2, 3, 4, 5, 6, 1
 SPECIALS = [("<unk>", UNK), ("<s>", CONTROL), ("</s>", CONTROL), ("<start_of_turn>", CONTROL),
@@ -302,7 +304,7 @@ def test_a_skipped_special_token_keeps_the_next_words_space_in_a_stream(tmp_path
     """With skip_special (an answer's text) a window whose context was only a special token decoded
     without it, so SentencePiece dropped the space that starts the window: 'helloworld' streamed where the
     whole text is 'hello world', and TextStream.finish then sent nothing more (not a prefix)."""
-    from specdec.model.tokenizer import TextStream
+    from specdec.model.text_stream import TextStream
 
     tokens, scores, types = tiny_vocab()
     tok = read_gguf_tokenizer(write_spm_gguf(tmp_path / "p.gguf", tokens, scores, types, add_space_prefix=True))

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from specdec.model.tokenizer import StreamDecoder
+from specdec.model.text_stream import StreamDecoder
 
 
 class ByteTokenizer:
@@ -95,7 +95,7 @@ def test_real_tokenizers_stream_their_whole_decode(name):
     """Byte-level BPE (SmolLM2, Qwen2.5) and SentencePiece with byte tokens (Gemma 3): real text and random
     ids (special and byte tokens among them), pushed a few at a time, give the whole decode at every step."""
     from specdec.model.catalogue import model_path
-    from specdec.model.tokenizer import read_gguf_tokenizer
+    from specdec.model.gguf_tokenizer import read_gguf_tokenizer
 
     tok = read_gguf_tokenizer(model_path(name))
     rng = random.Random(11)

@@ -135,7 +135,7 @@ def test_real_gguf_tokenizers_match_their_models_prompts():
     "a" + U+0301 was two tokens where the model saw "á". Gemma's chat template writes <bos> and training
     prompts added another (serving prompts have one)."""
     from specdec.model.catalogue import model_path
-    from specdec.model.tokenizer import read_gguf_tokenizer
+    from specdec.model.gguf_tokenizer import read_gguf_tokenizer
     from specdec.train.data import chat_prompt_ids
 
     for name in ("qwen2.5-coder-0.5b", "gemma3-270m"):
@@ -155,7 +155,7 @@ def test_a_gguf_stops_where_llama_cpp_stops(tmp_path):
     which specdec generated past. The end-of-generation set: the file's EOS/EOT/EOM ids, then llama.cpp's
     spellings."""
     from helpers.tiny import make_gguf_model
-    from specdec.model.tokenizer import read_gguf_tokenizer
+    from specdec.model.gguf_tokenizer import read_gguf_tokenizer
 
     tok = read_gguf_tokenizer(make_gguf_model(tmp_path / "m.gguf"))
     assert [tok.token_text(i) for i in tok.eos_ids] == ["<|im_end|>", "<|endoftext|>"]
@@ -186,7 +186,7 @@ def test_llama3_vocabularies_match_whole_words_and_add_bos_as_llama_cpp(tmp_path
     """llama.cpp reads Llama 3's vocabulary with ignore_merges (a word that is a token is that token, as
     tokenizer.json says) and a BOS unless the file says otherwise (Llama 3.x GGUFs do not say): specdec merged
     "abc" into "ab" "c" and left the BOS out."""
-    from specdec.model.tokenizer import read_gguf_tokenizer
+    from specdec.model.gguf_tokenizer import read_gguf_tokenizer
 
     tokens = ["<|begin_of_text|>", "a", "b", "c", "ab", "abc"]
     llama3 = read_gguf_tokenizer(_bpe_gguf(tmp_path / "l.gguf", pre, tokens, ["a b"]))

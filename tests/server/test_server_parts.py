@@ -18,7 +18,7 @@ from specdec.server.app import MAX_BODY_BYTES
 from specdec.server.overrides import resolve_spec
 from specdec.server.schemas import APIError, SpeculativeOverride
 from specdec.server.scheduler import QueueFull, Scheduler
-from specdec.model.tokenizer import TextStream
+from specdec.model.text_stream import TextStream
 from specdec.server.jobs import Delta, Done, Failed, Job
 
 CHAT = [{"role": "user", "content": "Hi"}]
@@ -460,7 +460,7 @@ def test_one_request_s_text_failing_fails_it_alone(tiny_model, monkeypatch):
     """A request whose text could not be decoded after a step (StreamDecoder's RuntimeError) failed every
     request of the batch; now it alone gets the error and the others finish as they would."""
     import specdec.server.scheduler as sched
-    from specdec.model.tokenizer import TextStream
+    from specdec.model.text_stream import TextStream
 
     class Failing(TextStream):
         def advance(self, output):

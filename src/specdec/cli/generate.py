@@ -7,7 +7,7 @@ import sys
 
 from specdec.cli.options import add_model_args, add_sampling_args, add_spec_args, build_engine
 from specdec.model.errors import SpecdecError
-from specdec.model.tokenizer import TextStream
+from specdec.model.text_stream import TextStream
 
 def read_prompt(args) -> str:
     """The prompt of `generate`: the argument, else --file, else stdin. Text read from a file or stdin

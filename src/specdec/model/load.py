@@ -11,7 +11,8 @@ from specdec.model.errors import ModelFileError
 from specdec.model.checkpoint_facts import param_count
 from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.catalogue import cached_sha256, resolve
-from specdec.model.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_folder
+from specdec.model.gguf_tokenizer import tokenizer_from_gguf
+from specdec.model.tokenizer import Tokenizer, tokenizer_from_hf_folder
 from specdec.model.transformer import CACHE_TYPES, Transformer
 from specdec.model.weight_cache import load_or_build, worth_caching
 

@@ -41,7 +41,7 @@ from specdec.engine.cost import expected_tokens
 from specdec.engine.engine import Engine, Request
 from specdec.engine.stats import SpecStats
 from specdec.server.metrics import ServerMetrics
-from specdec.model.tokenizer import TextStream
+from specdec.model.text_stream import TextStream
 from specdec.server.jobs import Delta, Done, Failed, Job, StepFailed
 
 log = logging.getLogger("specdec.server")
