@@ -237,7 +237,7 @@ def report(args, results: dict, peer_version: str | None, fidelity: list[str], t
            bandwidth: list[float]) -> str:
     import torch
 
-    from specdec.cli.bench import cpu_model
+    from specdec.bench.provenance import cpu_model
     from specdec.model import kernels
     from specdec.model.catalogue import resolve
 

@@ -29,7 +29,8 @@ LAYERS = [
      "specdec.server.schemas", "specdec.server.overrides", "specdec.server.scheduler", "specdec.cli.options",
      "specdec.bench.load",
      "specdec.server.job_builder", "specdec.server.responses", "specdec.server.errors", "specdec.server.middleware",
-     "specdec.bench.streaming", "specdec.bench.local_server"},
+     "specdec.bench.streaming", "specdec.bench.local_server",
+     "specdec.bench.plots", "specdec.bench.results_file", "specdec.bench.provenance", "specdec.bench.method_bench"},
     {"specdec.cli", "specdec.cli.__main__"} | COMMAND_MODULES,
 ]
 COMMANDS = LAYERS[-1]

@@ -323,7 +323,7 @@ def test_a_server_that_does_not_start_is_one_error(tmp_path, capsys, short_promp
 def test_a_load_run_of_another_model_is_not_joined_to_a_bench(tmp_path, capsys, short_prompts):
     """A load run of b.gguf into the --out of a.gguf's bench was appended under a.gguf's title."""
     from helpers.tiny import make_gguf_model
-    from specdec.bench.report import check_load_joins
+    from specdec.bench.results_file import check_load_joins
 
     a, b = make_gguf_model(tmp_path / "a.gguf", seed=1), make_gguf_model(tmp_path / "b.gguf", seed=2)
     out = tmp_path / "out"
@@ -410,7 +410,7 @@ with Told([], {str(tmp_path / "server.log")!r}, start_timeout_s=60):
 
 def test_a_method_bench_keeps_the_load_run_in_its_out(tmp_path, capsys, short_prompts, tiny_model):
     """Run after a load run into the same --out, the method bench rewrote results.json without it."""
-    from specdec.cli.bench import bench
+    from specdec.bench.method_bench import bench
 
     out = tmp_path / "o"
     main(["bench", "--concurrency", "1", "--url", f"http://127.0.0.1:{free_port()}/v1", "--requests", "1",

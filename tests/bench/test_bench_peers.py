@@ -82,7 +82,7 @@ def test_an_unreachable_peer_is_one_error():
 
 
 def test_url_peer_in_the_bench_is_reported_unknown(tiny_model, short_prompts, tmp_path):
-    from specdec.cli.bench import bench
+    from specdec.bench.method_bench import bench
 
     client, seen = _server({})
     r = bench(tiny_model, str(short_prompts), "none", temperatures=[0.0], max_tokens=4, repeats=1, warmup=False,
@@ -102,7 +102,7 @@ def test_specdec_server_as_a_peer_reports_its_draft_counters(tiny_model, tiny_hf
     """Our own server returns "spec" (SpecStats) with each completion: the peer reads engaged from it."""
     from starlette.testclient import TestClient
 
-    from specdec.cli.bench import bench
+    from specdec.bench.method_bench import bench
     from specdec.engine.config import SpecConfig
     from specdec.engine.engine import Engine
     from specdec.server.app import create_app
@@ -119,7 +119,7 @@ def test_specdec_server_as_a_peer_reports_its_draft_counters(tiny_model, tiny_hf
 
 
 def test_transformers_peers_are_labeled(tiny_model, tiny_hf_dir, short_prompts, tmp_path):
-    from specdec.cli.bench import bench
+    from specdec.bench.method_bench import bench
 
     r = bench(tiny_model, str(short_prompts), "none", draft_model=str(tiny_hf_dir), temperatures=[0.0],
               max_tokens=6, repeats=1, warmup=False, ctx_size=256, per_category=1,
@@ -144,7 +144,7 @@ def test_transformers_peers_are_labeled(tiny_model, tiny_hf_dir, short_prompts, 
 
 
 def test_assisted_peer_needs_a_draft_model(tiny_model, short_prompts):
-    from specdec.cli.bench import bench
+    from specdec.bench.method_bench import bench
 
     with pytest.raises(ValueError, match="needs --draft-model"):
         bench(tiny_model, str(short_prompts), "none", peers=["hf-assisted"], progress=False)
@@ -194,7 +194,7 @@ def test_assisted_generation_s_first_tokens_are_not_counted_as_decoded(tiny_hf_d
 
 def test_a_peer_that_fails_is_recorded_and_the_bench_still_written(tiny_model, short_prompts, tmp_path):
     """One 500 from a peer ended the whole bench with nothing written; a dead peer is asked 3 times, no more."""
-    from specdec.cli.bench import bench
+    from specdec.bench.method_bench import bench
 
     seen = []
 
@@ -227,7 +227,7 @@ def test_a_url_peer_gets_the_prompt_without_the_bos_its_server_adds(short_prompt
     """The decoded ids began with the BOS's text, and the server put its own BOS before it (Gemma: 2 BOS).
     gemma3-270m's tokenizer adds a BOS to raw text and its chat template writes one."""
     from helpers.models import real_model
-    from specdec.cli.bench import bench
+    from specdec.bench.method_bench import bench
     from specdec.bench.prompts import load_prompts
     from specdec.model.catalogue import model_path
 
@@ -247,7 +247,7 @@ def test_a_url_peer_gets_the_prompt_without_the_bos_its_server_adds(short_prompt
 
 def test_a_url_peer_gets_the_whole_prompt_from_a_tokenizer_without_bos(tiny_model, short_prompts):
     """The tiny model's BPE tokenizer adds no BOS: nothing is cut from the prompt's text."""
-    from specdec.cli.bench import bench
+    from specdec.bench.method_bench import bench
     from specdec.bench.prompts import load_prompts
 
     tok = tiny_model.tokenizer

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_bench_on_smollm(smollm, tmp_path):
-    from specdec.cli.bench import bench
+    from specdec.bench.method_bench import bench
 
     r = bench(smollm, "edit", "none,suffix,ngram-map-k:min_hits=1000,auto", temperatures=[0.0], max_tokens=8,
               repeats=1, warmup=False, per_category=1, ctx_size=512, peers=["hf-plain"], progress=False,

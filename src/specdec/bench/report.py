@@ -1,10 +1,11 @@
-"""results.json -> report.md and PNG plots.
+"""results.json -> report.md (and the PNG plots of plots.py).
 
 Every report names the artifact, the runtime and the settings first; then one table per
 temperature; then per-position acceptance, the draft-length sweep, peers, auto's check, and
 the caveats (methods never engaged, greedy outputs that differed from the baseline).
 `specdec bench --concurrency` adds a "load" section (bench/load.py): write_load puts it into
-results.json and report.md, as a table per concurrency level.
+results.json and report.md, as a table per concurrency level. What an --out folder already holds,
+and whether a run may join it, is results_file.py.
 """
 
 from __future__ import annotations
@@ -13,13 +14,9 @@ import json
 import time
 from pathlib import Path
 
+from specdec.bench.plots import PLOTS, write_plots
+from specdec.bench.results_file import load_results, method_results
 from specdec.model.files import write_text
-
-PLOTS = {
-    "speedup": "speedup_by_category.png",
-    "acceptance": "acceptance_by_position.png",
-    "sweep": "speedup_vs_draft_length.png",
-}
 
 
 def write_all(results: dict, out_dir) -> dict[str, Path]:
@@ -29,7 +26,7 @@ def write_all(results: dict, out_dir) -> dict[str, Path]:
     (check_bench_joins refused, before the bench ran, one of another artifact)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    load = _load_results(out)
+    load = load_results(out)
     if load is not None and "load" not in results:
         results = {**results, "load": load}
     paths = {"json": out / "results.json"}
@@ -208,59 +205,6 @@ def caveats(r: dict) -> list[str]:
 
 
 # -- server load (bench/load.py) ---------------------------------------------------------------
-def _results(out_dir) -> dict | None:
-    """out_dir/results.json as a dict, or None (none there, unreadable, not an object)."""
-    file = Path(out_dir) / "results.json"
-    try:
-        existing = json.loads(file.read_text()) if file.is_file() else None
-    except (ValueError, OSError):
-        return None
-    return existing if isinstance(existing, dict) else None
-
-
-def _method_results(out_dir) -> dict | None:
-    """The results.json of a method bench in out_dir, or None."""
-    existing = _results(out_dir)
-    if existing is not None and existing.get("schema") == "specdec-bench/1" and "summary" in existing:
-        return existing
-    return None
-
-
-def _load_results(out_dir) -> dict | None:
-    """The load section of out_dir/results.json (a load run alone, or joined to a method bench), or None."""
-    load = (_results(out_dir) or {}).get("load")
-    return load if isinstance(load, dict) else None
-
-
-def _same_artifact(served: dict, target: dict) -> bool:
-    """served: {"artifact": path, "sha256": ...} (a load run's server), target: a bench's artifacts.target."""
-    if served.get("sha256") and target.get("sha256"):
-        return served["sha256"] == target["sha256"]
-    return Path(str(served.get("artifact"))).resolve() == Path(str(target.get("path"))).resolve()
-
-
-def check_load_joins(out_dir, served: dict) -> None:
-    """A ValueError, before a load run starts, when out_dir holds the method bench of another artifact than
-    the one the server will load (`served`: {"artifact": path, "sha256": ...}; empty when unknown): its
-    report would gain a load section about another model under the first one's name."""
-    existing = _method_results(out_dir)
-    target = ((existing or {}).get("artifacts") or {}).get("target") or {}
-    if target and served and not _same_artifact(served, target):
-        benched = target.get("name") or target.get("path")
-        raise ValueError(f"{Path(out_dir) / 'results.json'} is the bench of {benched}; a load run of "
-                         f"{served.get('artifact')} would be joined to it: choose another --out")
-
-
-def check_bench_joins(out_dir, target: dict) -> None:
-    """check_load_joins the other way round: a ValueError, before a method bench starts, when out_dir holds
-    a load run whose server loaded another artifact than `target` ({"path": ..., "sha256": ...}); the
-    method bench keeps a load run in its --out (write_all), so it would report one about another model."""
-    served = (_load_results(out_dir) or {}).get("server") or {}
-    if served.get("artifact") and target and not _same_artifact(served, target):
-        raise ValueError(f"{Path(out_dir) / 'results.json'} holds a load run of {served['artifact']}; the bench "
-                         f"of {target.get('path')} would be joined to it: choose another --out")
-
-
 def write_load(load: dict, out_dir, runtime: dict | None = None) -> dict[str, Path]:
     """Put the load section into out_dir/results.json and report.md; returns their paths.
 
@@ -270,7 +214,7 @@ def write_load(load: dict, out_dir, runtime: dict | None = None) -> dict[str, Pa
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "report.md"}
-    existing = _method_results(out)
+    existing = method_results(out)
     if existing is not None:
         existing["load"] = load
         write_text(paths["json"], json.dumps(existing, indent=1))
@@ -364,78 +308,3 @@ def load_markdown(load: dict) -> list[str]:
     if notes:
         lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
     return lines
-
-
-# -- plots -------------------------------------------------------------------------------------
-def write_plots(r: dict, out: Path) -> dict[str, Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = {}
-    temps = r["settings"]["temperatures"]
-    main = [c["label"] for c in r["configs"] if c["kind"] == "peer" or " k=" not in c["label"]]
-    main = [c for c in main if c != "none"]
-    cats = list(dict.fromkeys(p["category"] for p in r["prompts"])) + ["all"]
-
-    fig, axes = plt.subplots(1, len(temps), figsize=(max(6, 0.6 * len(cats) * max(1, len(main))), 4.8),
-                             squeeze=False)
-    for ax, t in zip(axes[0], temps):
-        width = 0.8 / max(1, len(main))
-        for i, label in enumerate(main):
-            ys = []
-            for cat in cats:
-                row = next((x for x in r["summary"] if x["config"] == label and x["category"] == cat
-                            and x["temperature"] == t), None)
-                ys.append(row["speedup_median"] if row and row["speedup_median"] is not None else 0.0)
-            ax.bar([j + i * width for j in range(len(cats))], ys, width, label=label)
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks([j + width * (len(main) - 1) / 2 for j in range(len(cats))], cats)
-        ax.set_ylabel("speed-up over baseline (median)")
-        ax.set_title(f"temperature {t:g}")
-    if main:
-        handles, names = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, names, loc="lower center", ncol=min(len(main), 4), fontsize="small")
-    fig.suptitle(f"{r['artifacts']['target']['name']}: decode speed-up")
-    fig.tight_layout(rect=(0, 0.06 * ((len(main) + 3) // 4) + 0.04, 1, 1))
-    paths["speedup"] = out / PLOTS["speedup"]
-    fig.savefig(paths["speedup"], dpi=90)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for row in r["summary"]:
-        if row["category"] == "all" and row["per_position_acceptance"] and " k=" not in row["config"]:
-            pp = row["per_position_acceptance"]
-            ax.plot(range(1, len(pp) + 1), pp, marker="o", label=f"{row['config']} T={row['temperature']:g}")
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("per-position acceptance (all categories)")
-    paths["acceptance"] = _save(fig, ax, out / PLOTS["acceptance"])
-
-    if r["sweep"] and len({x["draft_n_max"] for x in r["sweep"]}) > 1:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for (method, t) in dict.fromkeys((x["method"], x["temperature"]) for x in r["sweep"]):
-            pts = [(x["draft_n_max"], x["speedup_median"]) for x in r["sweep"]
-                   if x["method"] == method and x["temperature"] == t and x["speedup_median"] is not None]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{method} T={t:g}")
-        ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xlabel("draft length (--spec-draft-n-max)")
-        ax.set_ylabel("speed-up over baseline (median)")
-        ax.set_title("speed-up against draft length")
-        paths["sweep"] = _save(fig, ax, out / PLOTS["sweep"])
-    return paths
-
-
-def _save(fig, ax, path: Path) -> Path:
-    """Legend (when anything is labelled), tight layout, write the PNG, free the figure."""
-    import matplotlib.pyplot as plt
-
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path

@@ -5,7 +5,8 @@
         --temperature 0,0.7 --max-tokens 128 --repeats 3 --draft-lengths 1,2,3,5 \\
         --peers hf-plain,hf-prompt-lookup --out bench-out
 
-Writes results.json, report.md and PNG plots to --out.
+Writes results.json, report.md and PNG plots to --out. The bench itself is bench/method_bench.py;
+this module holds its flags and their checks.
 
 Server-load mode (bench/load.py): an OpenAI-compatible server under 1, 4, 16 concurrent streaming
 clients; without --url the bench starts `specdec serve` (same --model/--weights/--spec-type) itself.
@@ -17,14 +18,13 @@ clients; without --url the bench starts `specdec serve` (same --model/--weights/
 from __future__ import annotations
 
 import os
-import platform
 import shlex
 import sys
 from pathlib import Path
 
+from specdec.bench.method_bench import DEFAULT_METHODS, bench
+from specdec.bench.provenance import artifact_of, client_runtime
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
-
-DEFAULT_METHODS = "none,ngram-simple,ngram-map-k,suffix,auto"
 
 
 def _floats(text: str) -> list[float]:
@@ -58,111 +58,6 @@ def _ints(text: str) -> list[int]:
         raise ValueError(f"expected a comma list of integers, got {text!r}") from None
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def runtime_info(with_transformers: bool = False) -> dict:
-    import torch
-
-    import specdec
-    from specdec.bench.memory import peak_rss_bytes
-    from specdec.model import kernels
-
-    info = {
-        "specdec_version": specdec.__version__,
-        "torch_version": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "kernel_isa": kernels.kernel_isa(),  # what gguf.c and w8a8.c were built for (model/kernels)
-        "threads": torch.get_num_threads(),
-        "peak_rss_bytes": peak_rss_bytes(),
-    }
-    if hasattr(os, "sched_getaffinity"):
-        info["cpus_allowed"] = len(os.sched_getaffinity(0))
-    if with_transformers:
-        import transformers
-
-        info["transformers_version"] = transformers.__version__
-    return info
-
-
-def artifact(model) -> dict:
-    d = model.info.to_dict()
-    path = Path(d["path"])
-    d["file_bytes"] = path.stat().st_size if path.is_file() else sum(
-        f.stat().st_size for f in path.glob("*.safetensors"))
-    return d
-
-
-def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, draft_model: str | None = None,
-          temperatures=(0.0,), max_tokens: int = 64, repeats: int = 3, draft_n_max: int = DEFAULT_DRAFT_LENGTH,
-          draft_lengths=None, ctx_size: int | None = None, warmup: bool = True, seed: int = 0, per_category=None,
-          fresh_drafters: bool = True, peers=(), peer_urls=(), peer_model=None, hf_dtype: str = "bf16",
-          progress: bool = True, out_dir=None, url_client=None, api_key: str | None = None) -> dict:
-    """Run the whole bench on a loaded target Model; writes the report files when out_dir is given.
-    ctx_size: as --ctx-size (None: not given)."""
-    from specdec.bench.prompts import load_prompts, prompts_meta
-    from specdec.bench.methods import bench_engine, parse_methods
-    from specdec.bench.runner import run_bench
-    from specdec.cli.options import context_size, note_capped_context
-
-    prompts = load_prompts(prompts_spec, per_category)
-    if out_dir is not None:
-        from specdec.bench.report import check_bench_joins
-
-        check_bench_joins(out_dir, artifact(model))
-    method_list = parse_methods(methods, draft_model, draft_n_max, model, draft_lengths)
-    engine = bench_engine(model, context_size(ctx_size), fresh_drafters)
-    if progress:
-        note_capped_context(ctx_size, engine)
-    for m in method_list:
-        engine.drafters_for(m.spec)  # load and check drafters before measuring anything
-    peer_objs = []
-    if peers:
-        from specdec.bench.peers import HF_PEERS, HFModels, HFPeer
-        from specdec.model.catalogue import resolve
-
-        unknown = [p for p in peers if p not in HF_PEERS]
-        if unknown:
-            raise ValueError(f"unknown peer {unknown[0]!r}; choose from {', '.join(HF_PEERS)} (or --peer-url)")
-        hf = HFModels(model.info.path, resolve(draft_model) if draft_model else None, hf_dtype,
-                      model.info.weights_dtype)
-        for name in sorted(peers, key=HF_PEERS.index):  # hf-plain first: it is the others' baseline
-            peer_objs.append(HFPeer(name, hf, model.tokenizer.eos_ids, draft_n_max))
-    for url in peer_urls:
-        from specdec.bench.peers import URLPeer
-
-        peer_objs.append(URLPeer(url, peer_model, client=url_client, api_key=api_key))
-    settings = {
-        "methods": methods, "draft_n_max": draft_n_max, "draft_lengths": list(draft_lengths or []),
-        "ctx_size": engine.cache.max_len, "weights": model.info.weights_dtype,  # the context used
-        "drafter_state": "fresh per run" if fresh_drafters else "kept across runs (drafters learn from earlier ones)",
-        "prompt_set": prompts_meta(prompts_spec), "peers": [p.label for p in peer_objs],
-        "hf_dtype": hf_dtype if peers else None,
-    }
-    results = run_bench(engine, prompts, method_list, list(temperatures), max_tokens, repeats, warmup, peer_objs,
-                        seed, progress, settings)
-    results["runtime"] = runtime_info(with_transformers=bool(peers))
-    draft_info = None
-    if draft_model is not None and any(m.spec.draft_model for m in method_list):
-        draft_info = artifact(engine.load_draft_model(draft_model))
-    results["artifacts"] = {"target": artifact(model), "draft": draft_info}
-    if out_dir is not None:
-        from specdec.bench.report import write_all
-
-        results["files"] = {k: str(v) for k, v in write_all(results, out_dir).items()}
-    return results
-
-
 LOAD_DEFAULTS = {"requests": 32, "endpoint": "completions", "request_timeout": 300.0, "level_timeout": 1800.0,
                  "server_start_timeout": 600.0}
 LOAD_ONLY = ("url", "spec_type", *LOAD_DEFAULTS)  # the flags of the server-load mode alone
@@ -181,7 +76,8 @@ def cmd_load(args) -> int:
     from specdec.bench.load import LoadSettings, base_url, choose_model, run_load
     from specdec.bench.local_server import LocalServer
     from specdec.bench.prompts import load_prompts
-    from specdec.bench.report import check_load_joins, load_table, write_load
+    from specdec.bench.report import load_table, write_load
+    from specdec.bench.results_file import check_load_joins
     from specdec.cli.options import out_dir
 
     given = ["--" + name.replace("_", "-") for name, default in METHOD_ONLY.items() if getattr(args, name) != default]
@@ -215,7 +111,7 @@ def cmd_load(args) -> int:
             print(f"load: {note}", file=sys.stderr)
         section = run_load(replace(settings, model=model), prompts, progress)
     else:
-        served = _artifact_of(args.model)
+        served = artifact_of(args.model)
         check_load_joins(args.out, served)
         serve_args = ["--model", args.model, "--spec-draft-n-max", str(args.spec_draft_n_max)]
         serve_args += ["--ctx-size", str(args.ctx_size)] if args.ctx_size is not None else []
@@ -243,27 +139,6 @@ def cmd_load(args) -> int:
         print(f"specdec: error: no request completed ({first})", file=sys.stderr)
         return 1
     return 0
-
-
-def _artifact_of(model: str) -> dict:
-    """The file the started server loads and its sha256, when it resolves without a download."""
-    from specdec.model.catalogue import cached_sha256, resolve
-
-    try:
-        path = resolve(model, auto_pull=False)
-    except Exception:  # the server reports what is wrong with it; this is only for the report
-        return {}
-    return {"artifact": str(path), "sha256": cached_sha256(path) if Path(path).is_file() else None}
-
-
-def client_runtime() -> dict:
-    import specdec
-
-    info = {"specdec_version": specdec.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "cpu_model": cpu_model(), "cpu_count": os.cpu_count()}
-    if hasattr(os, "sched_getaffinity"):
-        info["cpus_allowed"] = len(os.sched_getaffinity(0))
-    return info
 
 
 def cmd_bench(args) -> int:
