@@ -96,11 +96,12 @@ def test_adaptive_mode_charges_block_drafters_per_pass(tiny_model, monkeypatch):
                         drafter_factory=lambda kind, spec, d=drafter: d)
         monkeypatch.setattr(engine, "forward_cost", lambda t: [0, 1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6])
         req = engine.start([5, 6, 7], SamplingParams(), 8)
-        req.acceptance_ema = 0.7
-        req.draft_length = 5
-        req.draft_cost_s, req.draft_cost_tokens, req.draft_cost_steps = 9 * 0.5, 9 * 5, 9
-        engine._adapt(req, 5, 3, 0.5)  # 0.5 s per 5-token proposal
-        lengths[drafter.cost_per_pass] = req.draft_length
+        policy = req.draft_policy
+        policy.acceptance = 0.7
+        policy.length = 5
+        policy.draft_cost_s, policy.draft_cost_tokens, policy.draft_cost_steps = 9 * 0.5, 9 * 5, 9
+        policy.update(5, 3, 0.5, 0, req.stats)  # 0.5 s per 5-token proposal
+        lengths[drafter.cost_per_pass] = policy.length
         engine.finish(req)
     assert lengths[True] > lengths[False]
 
@@ -116,15 +117,16 @@ def test_a_probe_s_catch_up_does_not_price_the_drafts(tiny_model, monkeypatch):
     engine = Engine(tiny_model, SpecConfig(drafters=("ngram-simple",), draft_n_max=3, adaptive=True), max_len=64)
     monkeypatch.setattr(engine, "forward_cost", lambda t: [0, 1.0, 1.1, 1.2, 1.3])
     req = engine.start([5, 6, 7], SamplingParams(), 8)
-    req.draft_length = 2
+    policy = req.draft_policy
+    policy.length = 2
     for _ in range(2):  # two steps at the chosen length: 0.1 s a drafted token
         req.stats.draft_s, req.stats.drafted, req.stats.steps = req.stats.draft_s + 0.2, req.stats.drafted + 2, 1
-        engine._adapt(req, 2, 0, 0.2)
-    req.draft_length, req.acceptance_ema = 0, 0.95  # paused (nothing was accepted); then the text turns easy
+        policy.update(2, 0, 0.2, 0, req.stats)
+    policy.length, policy.acceptance = 0, 0.95  # paused (nothing was accepted); then the text turns easy
     req.stats.draft_s += 100.0  # a probe that caught the draft up on many tokens
     req.stats.drafted += 1
-    engine._adapt(req, 1, 1, 100.0)
-    assert req.draft_length > 0  # priced at 0.1 s a token, drafting pays at 0.95
+    policy.update(1, 1, 100.0, 0, req.stats)
+    assert policy.length > 0  # priced at 0.1 s a token, drafting pays at 0.95
     engine.finish(req)
 
 
@@ -143,7 +145,8 @@ def test_adaptive_mode_pauses_a_drafter_that_never_pays_and_probes_it(tiny_model
     probes, each rejected one doubling the wait for the next; the output stays plain decoding's."""
     from specdec.drafters.base import Draft, DrafterBase
     from specdec.engine.config import SpecConfig
-    from specdec.engine.engine import PRIOR_ACCEPTANCE, PROBE_EVERY, Engine
+    from specdec.engine.draft_length import PRIOR_ACCEPTANCE, PROBE_EVERY
+    from specdec.engine.engine import Engine
     from specdec.sampling import SamplingParams
 
     asked = []  # (context length, draft length) of every proposal asked for

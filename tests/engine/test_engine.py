@@ -375,6 +375,6 @@ def test_adaptive_mode_reads_a_tree_s_acceptance_per_position(tiny_model):
     while not req.finished:
         engine.step_batch([req])
     assert req.output == plain and req.stats.drafted > 0
-    assert req.acceptance_ema > 0.9  # every drafted position was accepted (per node it read 2/3)
-    assert 1.3 < req.tree_width <= 1.5  # 3 nodes over 2 positions
+    assert req.draft_policy.acceptance > 0.9  # every drafted position was accepted (per node it read 2/3)
+    assert 1.3 < req.draft_policy.tree_width <= 1.5  # 3 nodes over 2 positions
     engine.finish(req)

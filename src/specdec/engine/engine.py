@@ -30,7 +30,8 @@ from specdec.drafters import registry
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.registry import BuildContext, DrafterSpec
 from specdec.engine.config import SpecConfig
-from specdec.engine.cost import best_draft_length, measure_forward_cost, verify_rows, widest_forward
+from specdec.engine.cost import measure_forward_cost, widest_forward
+from specdec.engine.draft_length import DraftLengthPolicy
 from specdec.engine.pool import DrafterPool
 from specdec.engine.stats import SpecStats
 from specdec.model.load import Model, load_model
@@ -43,9 +44,6 @@ from specdec.verify.common import check_logits
 # Drafter sets kept for this many distinct SpecConfigs (per-request overrides make new ones;
 # a drafter may hold a KV cache, so the number kept is bounded).
 MAX_CACHED_CONFIGS = 8
-PROBE_EVERY = 8  # while adaptive mode has paused drafting, a 1-token draft after this many steps,
-MAX_PROBE_EVERY = 64  # the wait doubling after each probe that was not accepted, up to this
-PRIOR_ACCEPTANCE = 0.6  # what a request's acceptance estimate starts from, before its first draft
 
 DrafterBuilder = Callable[[DrafterSpec, SpecConfig], Drafter]
 
@@ -60,6 +58,7 @@ class Request:
     slot: int
     drafters: list[Drafter]
     generator: torch.Generator
+    draft_policy: DraftLengthPolicy  # its draft length each step, and its recent acceptance
     output: list[int] = field(default_factory=list)  # emitted tokens; the last one is not in the cache yet
     prefilled: int = 0  # prompt tokens in the cache; the first token is emitted when all are
     stop_text: str | None = None  # the decoded output cut before the stop string that ended it
@@ -69,17 +68,6 @@ class Request:
     ended_on_eos: bool = False  # an EOS token ended it (not in output: the answer's text never holds it)
     skip_special: bool = True  # the answer's text leaves special tokens out (Engine.skip_special by default)
     stats: SpecStats = field(default_factory=SpecStats)
-    draft_length: int = 0  # current draft length (adaptive mode moves it)
-    acceptance_ema: float = PRIOR_ACCEPTANCE  # recent acceptance per drafted position (a chain: per token)
-    tree_width: float = 1.0  # recent drafted nodes per position (1 for chains): the rows a draft's verify costs
-    paused_steps: int = 0  # plain steps since adaptive mode paused drafting (draft_length 0) or last probed
-    probe_every: int = PROBE_EVERY  # steps between probes while paused (doubles after each rejected probe)
-    # drafting seconds, positions and steps of the steps that drafted at the chosen length, what adaptive mode
-    # prices a draft from. Not probes: a probe's time includes catching a draft model up on every token
-    # committed while drafting paused, which priced its drafts at 2-3x their cost and kept it paused
-    draft_cost_s: float = 0.0
-    draft_cost_tokens: int = 0
-    draft_cost_steps: int = 0
     hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -204,10 +192,6 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        draft_length = spec.draft_n_max
-        if spec.adaptive and spec.enabled:  # the first draft as long as the prior acceptance pays for
-            draft_length = best_draft_length(PRIOR_ACCEPTANCE, self.forward_cost(spec.draft_n_max + 1), 0.0,
-                                             spec.draft_n_max, n_min=spec.draft_n_min)
         generator = sampling.generator()
         slot = self.cache.allocate()
         try:
@@ -215,11 +199,14 @@ class Engine:
         except BaseException:
             self.cache.release(slot)
             raise
-        req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, generator,
+        policy = DraftLengthPolicy(spec.draft_n_max, spec.draft_n_min, spec.adaptive and spec.enabled,
+                                   self.forward_cost, bool(drafters) and all(d.cost_per_pass for d in drafters))
+        req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, generator, policy,
                       skip_special=self.skip_special if skip_special is None else bool(skip_special),
-                      stats=SpecStats(method=spec.method), draft_length=draft_length,
+                      stats=SpecStats(method=spec.method),
                       hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
         try:
+            policy.reset()
             for d in drafters:
                 d.begin(prompt, sampling, req.generator)
         except BaseException:
@@ -268,7 +255,7 @@ class Engine:
             elif req.prefilled < len(req.prompt):
                 plans.append(self._plan_prefill(req, prefill_chunk))
             else:
-                cap = self._draft_cap(req)
+                cap = req.draft_policy.next_length()
                 plans.append(self._plan_step(req, cap if draft_caps is None else min(cap, draft_caps[i])))
         live = [p for p in plans if p is not None]
         t1 = time.perf_counter()
@@ -339,20 +326,6 @@ class Engine:
         tokens = req.prompt[req.prefilled : end]
         return _Plan(req, Segment(torch.tensor(tokens), req.slot, exact=False, last_only=True), tokens)
 
-    @staticmethod
-    def _draft_cap(req: Request) -> int:
-        """The draft length of this step: req.draft_length, except while adaptive mode has paused drafting
-        (no length paid at the recent acceptance): then a probe of the shortest draft verified (1 token, or
-        --spec-draft-n-min) after req.probe_every steps, so that drafting comes back when the text turns
-        predictable (its acceptance lifts the estimate)."""
-        if req.draft_length > 0 or not req.spec.adaptive:
-            return req.draft_length
-        req.paused_steps += 1
-        if req.paused_steps < req.probe_every:
-            return 0
-        req.paused_steps = 0
-        return max(1, req.spec.draft_n_min)
-
     def _plan_step(self, req: Request, cap: int) -> _Plan:
         t0 = time.perf_counter()
         start = self.cache.lengths[req.slot]
@@ -387,7 +360,7 @@ class Engine:
         req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted, draft.depth)
         req.stats.lossy |= result.lossy
         req.stats.draft_s += plan.draft_s
-        self._adapt(req, len(draft), result.num_accepted, plan.draft_s, draft.depth)
+        req.draft_policy.update(len(draft), result.num_accepted, plan.draft_s, draft.depth, req.stats)
         return self._emit(req, result.tokens)
 
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
@@ -429,40 +402,6 @@ class Engine:
         for d in req.drafters:
             if d.hidden_layers:
                 d.on_target_hidden({layer: picked[layer] for layer in d.hidden_layers}, tokens)
-
-    def _adapt(self, req: Request, drafted: int, accepted: int, draft_s: float = 0.0, depth: int = 0) -> None:
-        """Track recent acceptance (the server's batch budget reads it too); in adaptive mode pick the
-        draft length with the most expected tokens per second, from it, the measured cost of verifying
-        k tokens and the drafting seconds of this request's non-probe steps (draft_s: this step's).
-
-        drafted: the draft's nodes; depth: its positions (a chain: the same). A tree's acceptance is per
-        position (its accepted path over its depth: per node, a tree of 3 siblings a depth looked a third as
-        well accepted), and a draft of depth k verifies about k x tree_width rows."""
-        if drafted == 0:
-            return
-        depth = depth or drafted
-        req.acceptance_ema = 0.7 * req.acceptance_ema + 0.3 * (accepted / depth)
-        req.tree_width = 0.7 * req.tree_width + 0.3 * (drafted / depth)
-        if not req.spec.adaptive:
-            return
-        if req.draft_length == 0:  # a probe: probe sooner after an accepted one, later after a rejected one
-            req.probe_every = PROBE_EVERY if accepted else min(2 * req.probe_every, MAX_PROBE_EVERY)
-        else:
-            req.draft_cost_s += draft_s
-            req.draft_cost_tokens += depth
-            req.draft_cost_steps += 1
-        # before any step at a chosen length (probes only), every drafting step's time
-        spent, tokens, steps = ((req.draft_cost_s, req.draft_cost_tokens, req.draft_cost_steps) if req.draft_cost_steps
-                                else (req.stats.draft_s, sum(req.stats.drafted_at), req.stats.steps))
-        per_token = per_pass = 0.0
-        if req.drafters and all(d.cost_per_pass for d in req.drafters):
-            per_pass = spent / max(steps, 1)  # a block costs one pass, however long
-        else:
-            per_token = spent / max(tokens, 1)  # per position: a tree drafts a depth's nodes in one pass
-        rows = verify_rows(req.spec.draft_n_max, req.tree_width)
-        req.draft_length = best_draft_length(req.acceptance_ema, self.forward_cost(rows), per_token,
-                                             req.spec.draft_n_max, per_pass, n_min=req.spec.draft_n_min,
-                                             width=req.tree_width)
 
     def _emit(self, req: Request, tokens: Sequence[int]) -> list[int]:
         """Append tokens one at a time, stopping exactly where plain decoding would."""

@@ -285,8 +285,9 @@ class Scheduler:
         while True:
             best, gain = -1, 0.0
             for i, r in enumerate(reqs):
-                if spec_on[i] and caps[i] < r.draft_length:
-                    g = expected_tokens(caps[i] + 1, r.acceptance_ema) - expected_tokens(caps[i], r.acceptance_ema)
+                if spec_on[i] and caps[i] < r.draft_policy.length:
+                    a = r.draft_policy.acceptance
+                    g = expected_tokens(caps[i] + 1, a) - expected_tokens(caps[i], a)
                     if g > gain:
                         best, gain = i, g
             if best < 0 or (tokens + gain) / cost_of(rows + 1) <= tokens / cost_of(rows):
