@@ -91,7 +91,7 @@ class LoadSettings:
         if self.requests < 1 or self.max_tokens < 1:
             raise ValueError("--requests and --max-tokens must be at least 1")
         for flag, seconds in (("--request-timeout", self.request_timeout_s), ("--level-timeout", self.level_timeout_s)):
-            if not 0 < seconds < float("inf"):  # NaN too: it turned every wait into none
+            if not 0 < seconds < float("inf"):  # NaN fails too: a NaN deadline bounds no wait
                 raise ValueError(f"{flag} must be a positive number of seconds, got {seconds}")
 
     @property

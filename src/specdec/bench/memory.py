@@ -20,6 +20,7 @@ import torch
 
 from specdec.model.config import ModelConfig
 from specdec.model.layers import ROPE_INITIAL_ROWS
+from specdec.model.transformer import default_kv_dtype
 
 INT4_GROUP = 32
 KV_VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}  # by what the KV cache holds (ModelInfo.kv_cache)
@@ -96,8 +97,6 @@ def kv_bytes_per_token(c: ModelConfig, kv_cache: str) -> int:
 
 def default_kv_cache(weights_format: str) -> str:
     """What the CPU runtime's KV cache holds by default for a weight format, as ModelInfo.kv_cache says it."""
-    from specdec.model.transformer import default_kv_dtype
-
     return str(default_kv_dtype(weights_format)).removeprefix("torch.")
 
 

@@ -14,8 +14,11 @@ peers are "engaged: unknown". An endpoint's draft counters are read when it repo
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
+
+import torch
 
 from specdec.bench.runner import PeerError, RunOutput
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
@@ -29,8 +32,6 @@ OPTIONAL_PACKAGES = {"httpx": "httpx==0.28.1", "transformers": "transformers==5.
 
 def optional_module(name: str, needed_by: str):
     """The module `name`, or a ValueError saying what to install for `needed_by` (a flag or a mode)."""
-    import importlib
-
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
@@ -54,8 +55,7 @@ class HFModels:
 
     @staticmethod
     def _load(path: Path, dtype: str):
-        import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # an optional dependency (--peers)
 
         torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
         if path.is_file():
@@ -140,7 +140,7 @@ class HFPeer:
         return {}
 
     def describe(self) -> dict:
-        import transformers
+        import transformers  # an optional dependency (--peers)
 
         return {
             "method": self.mode, "types": [], "draft_n_max": self.draft_n if self.mode != "hf-plain" else None,
@@ -156,8 +156,7 @@ class HFPeer:
         }
 
     def generate(self, prompt_ids, prompt_text, temperature, max_tokens, seed) -> RunOutput:
-        import torch
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig  # an optional dependency (--peers)
 
         model = self.models.target()
         config = GenerationConfig(max_new_tokens=max_tokens, do_sample=temperature > 0, eos_token_id=self.eos_ids,
@@ -201,7 +200,7 @@ class URLPeer:
     def __init__(self, url: str, model: str | None = None, client=None, label: str | None = None, timeout: float = 600,
                  api_key: str | None = None):
         httpx = optional_module("httpx", "--peer-url")
-        from specdec.bench.load import base_url
+        from specdec.bench.load import base_url  # imports httpx, an optional dependency (--peer-url)
 
         base = self.base = base_url(url, "--peer-url")
         self.model = model
@@ -222,7 +221,7 @@ class URLPeer:
             body["model"] = self.model
         if seed is not None:
             body["seed"] = seed
-        import httpx
+        import httpx  # an optional dependency (--peer-url), there since __init__
 
         where = f"peer {self.base}/v1/completions"
         t0 = time.perf_counter()

@@ -21,6 +21,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from tqdm import tqdm
+
 from specdec.bench import memory
 from specdec.bench.methods import BASELINE, Method
 from specdec.engine.stats import SpecStats
@@ -119,8 +121,6 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
               repeats: int = 3, warmup: bool = True, peers=(), seed: int = 0, progress: bool = True,
               settings: dict | None = None, auto_tolerance: float = 0.02) -> dict:
     """Measure every method (and peer) on every prompt; returns the results.json dict."""
-    from tqdm import tqdm
-
     configs = [_Config(m.label, "specdec", m) for m in methods]
     if not configs or configs[0].label != BASELINE:
         raise ValueError("the first method must be the baseline 'none'")
@@ -136,8 +136,8 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
         if len(ids) + max_tokens + 2 > engine.cache.max_len:
             raise ValueError(f"prompt {p.id} ({len(ids)} tokens) + --max-tokens {max_tokens} does not fit the "
                              f"context of {engine.cache.max_len} (--ctx-size)")
-    # a URL peer gets text, and its server puts the BOS in front itself: the text leaves out the one of ids
-    # (decoded, it became the text "<bos>" after which the server added another)
+    # a URL peer gets text, and its server puts the BOS in front itself: the text leaves out the BOS of the ids,
+    # so that server's prompt holds one BOS, as specdec's does
     texts = {p.id: tok.decode(ids[1:] if tok.add_bos and ids[:1] == [tok.bos_id] else ids) for p, ids in rendered}
 
     def run_one(cfg: _Config, prompt, ids, temperature, n, run_seed) -> RunOutput:

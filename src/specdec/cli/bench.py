@@ -20,11 +20,24 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from specdec.bench.method_bench import DEFAULT_METHODS, bench
+from specdec.bench.methods import parse_methods
+from specdec.bench.peers import HF_PEERS, optional_module
+from specdec.bench.prompts import load_prompts
 from specdec.bench.provenance import artifact_of, client_runtime
+from specdec.bench.report import load_table, write_load
+from specdec.bench.results_file import check_load_joins
+from specdec.cli.options import add_model_args, out_dir
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
+from specdec.engine.config import MAX_DRAFT_LENGTH
+from specdec.model.device import pick_device
+from specdec.model.load import load_model
+from specdec.sampling import SamplingParams
 
 
 def _floats(text: str) -> list[float]:
@@ -36,8 +49,6 @@ def _floats(text: str) -> list[float]:
 
 def temperatures(text: str) -> list[float]:
     """--temperature's comma list: one or more distinct temperatures a request can take."""
-    from specdec.sampling import SamplingParams
-
     temps = _floats(text)
     if not temps:
         raise ValueError(f"--temperature names no temperature: {text!r}")
@@ -68,17 +79,10 @@ METHOD_ONLY = {"methods": DEFAULT_METHODS, "repeats": 3, "draft_lengths": None, 
 
 def cmd_load(args) -> int:
     """`specdec bench --concurrency ...`: the server-load mode."""
-    from dataclasses import replace
-
-    from specdec.bench.peers import optional_module
-
     optional_module("httpx", "the server-load mode (--concurrency)")
+    # these import httpx, an optional dependency: imported once it is known to be there
     from specdec.bench.load import LoadSettings, base_url, choose_model, run_load
     from specdec.bench.local_server import LocalServer
-    from specdec.bench.prompts import load_prompts
-    from specdec.bench.report import load_table, write_load
-    from specdec.bench.results_file import check_load_joins
-    from specdec.cli.options import out_dir
 
     given = ["--" + name.replace("_", "-") for name, default in METHOD_ONLY.items() if getattr(args, name) != default]
     if given:
@@ -146,15 +150,6 @@ def cmd_bench(args) -> int:
         raise ValueError(f"--threads must be at least 1, got {args.threads}")
     if args.concurrency is not None:  # "" too: it names no level (an error), not "no load test"
         return cmd_load(args)
-    import torch
-
-    from specdec.bench.methods import parse_methods
-    from specdec.bench.peers import optional_module
-    from specdec.bench.prompts import load_prompts
-    from specdec.model.device import pick_device
-    from specdec.model.load import load_model
-    from specdec.cli.options import out_dir
-
     # check the settings before spending a minute loading the model
     given = ["--" + name.replace("_", "-") for name in LOAD_ONLY if getattr(args, name) is not None]
     if given:
@@ -166,8 +161,6 @@ def cmd_bench(args) -> int:
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.draft_lengths:
-        from specdec.engine.config import MAX_DRAFT_LENGTH
-
         lengths = _ints(args.draft_lengths)
         if not lengths or len(set(lengths)) < len(lengths) or not all(1 <= n <= MAX_DRAFT_LENGTH for n in lengths):
             raise ValueError(f"--draft-lengths takes distinct lengths from 1 to {MAX_DRAFT_LENGTH}, got "
@@ -186,15 +179,13 @@ def cmd_bench(args) -> int:
         raise ValueError(f"{', '.join(unused)} would not be used: --draft-model serves draft-simple, auto and "
                          "hf-assisted, --peer-model the --peer-url servers, --hf-dtype the --peers")
     if peers:
-        from specdec.bench.peers import HF_PEERS
-
         unknown = [p for p in peers if p not in HF_PEERS]
         if unknown or len(set(peers)) < len(peers):
             raise ValueError(f"--peers {args.peers!r}: choose each at most once from {', '.join(HF_PEERS)}")
         optional_module("transformers", "--peers")
     if args.peer_url:
         optional_module("httpx", "--peer-url")
-        from specdec.bench.load import base_url
+        from specdec.bench.load import base_url  # imports httpx, an optional dependency
 
         bases = [base_url(url, "--peer-url") for url in args.peer_url]  # a malformed one: an error line now
         if len(set(bases)) < len(bases):
@@ -222,8 +213,6 @@ def cmd_bench(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from specdec.cli.options import add_model_args
-
     p = sub.add_parser("bench", help="measure plain vs speculative decoding (and peers) on shipped prompt sets")
     add_model_args(p)
     p.add_argument("--draft-model", "-md", "--model-draft", dest="draft_model", default=None,

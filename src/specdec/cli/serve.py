@@ -8,6 +8,7 @@ Binds 127.0.0.1 unless --host says otherwise.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import socket
 import sys
@@ -15,7 +16,7 @@ import sys
 import uvicorn
 
 from specdec.cli.options import add_model_args, add_spec_args, build_engine
-from specdec.server.app import DEFAULT_MAX_TOKENS
+from specdec.server.app import DEFAULT_MAX_TOKENS, create_app
 from specdec.server.scheduler import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 
 
@@ -47,8 +48,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from specdec.server.app import create_app
-
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if not 1 <= args.max_batch <= 256:
@@ -93,8 +92,6 @@ class GracefulServer(uvicorn.Server):
         self.worker = worker
 
     async def shutdown(self, sockets=None) -> None:
-        import asyncio
-
         self.worker.drain()
         grace = self.config.timeout_graceful_shutdown
         if grace is not None:  # None: uvicorn waits for them for ever

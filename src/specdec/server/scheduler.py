@@ -24,7 +24,7 @@ one older than `request_timeout` seconds fails with TimeoutError. Shutdown: drai
 the waiting requests at once, end_running() the running ones when the grace period is over.
 
     scheduler = Scheduler(engine, metrics, max_batch=16, max_queue=64)
-    scheduler.submit(job)            # job: worker.Job; events arrive on job.events
+    scheduler.submit(job)            # job: jobs.Job; events arrive on job.events
     event = await job.events.get()   # Delta(...) per step with new text, then Done(...) or Failed(...)
 """
 
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from specdec.engine.cost import expected_tokens
 from specdec.engine.engine import Engine, Request
 from specdec.engine.stats import SpecStats
-from specdec.server.metrics import ServerMetrics
 from specdec.model.text_stream import TextStream
 from specdec.server.jobs import Delta, Done, Failed, Job, StepFailed
+from specdec.server.metrics import ServerMetrics
 
 log = logging.getLogger("specdec.server")
 
