@@ -17,7 +17,7 @@ from specdec.engine.engine import Engine
 from specdec.model.device import (KEY_ALIGN, DeviceKVCache, DeviceTransformer, chain_masks, pick_device,
                                   row_masks)
 from specdec.model.load import load_model
-from specdec.model.transformer import Segment
+from specdec.model.segments import Segment
 from specdec.sampling import SamplingParams
 
 PROMPT = [(7 * i + 3) % 500 for i in range(12)]

@@ -11,10 +11,10 @@ from specdec.drafters.base import TokenTree
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.model import kernels
+from specdec.model.catalogue import model_path
 from specdec.model.linear import CONVERTED_FORMATS
 from specdec.model.load import load_model
-from specdec.model.catalogue import model_path
-from specdec.model.transformer import Segment
+from specdec.model.segments import Segment
 from specdec.sampling import SamplingParams
 
 TOKENS = [(7 * i + 3) % 500 for i in range(40)]  # 8x the default window of 5

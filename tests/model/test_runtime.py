@@ -11,7 +11,8 @@ from specdec.model import kernels
 from specdec.model.errors import CacheOverflowError
 from specdec.model.linear import CONVERTED_FORMATS
 from specdec.model.load import load_model
-from specdec.model.transformer import CACHE_TYPES, Segment
+from specdec.model.segments import Segment
+from specdec.model.transformer import CACHE_TYPES
 
 PROMPT = [5, 17, 33, 101, 7, 250, 64, 9, 3, 12]
 NEW = [40, 41, 300, 301, 7, 8]

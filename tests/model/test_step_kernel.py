@@ -12,7 +12,7 @@ from specdec.drafters.base import TokenTree
 from specdec.model import kernels
 from specdec.model.linear import QLinear
 from specdec.model.load import load_model
-from specdec.model.transformer import Segment
+from specdec.model.segments import Segment
 
 pytestmark = pytest.mark.skipif(kernels.step() is None, reason=f"no step kernel here ({kernels.why_unavailable('step')})")
 

@@ -36,7 +36,7 @@ from specdec.engine.pool import DrafterPool
 from specdec.engine.stats import SpecStats
 from specdec.model.load import Model, load_model
 from specdec.model.text_stream import StreamDecoder
-from specdec.model.transformer import Segment
+from specdec.model.segments import Segment
 from specdec.sampling import SamplingParams, is_whole, process_logits
 from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
 from specdec.verify.common import check_logits

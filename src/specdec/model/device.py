@@ -54,7 +54,9 @@ import torch.nn.functional as F
 from specdec.cache.kv import KVCache
 from specdec.model.config import ModelConfig
 from specdec.model.layers import decoder_layer, rms_norm, rope_tables, softcap
-from specdec.model.transformer import ForwardOutput, Segment, Transformer, segment_layout, tree_row_keys
+from specdec.model.cache_attention import tree_row_keys
+from specdec.model.segments import ForwardOutput, Segment, segment_layout
+from specdec.model.transformer import Transformer
 
 DEFAULT_ROWS = 16  # rows of every exact program: the longest draft tree verified in one call, + 1
 DEVICES = ("cpu", "cuda")
