@@ -206,8 +206,9 @@ def test_corpus_and_prompt_edges(tiny_hf_dir, tiny_model, tmp_path):
     import argparse
     import random
 
-    from specdec.cli.train import _train, add_arguments, main
+    from specdec.cli.train import add_arguments, main
     from specdec.train.data import corpus_chunks, load_sequences
+    from specdec.train.run import run_training
 
     words = " ".join(f"word{i % 97} and more{i % 13}." for i in range(800))  # one document, no blank line
     corpus = tmp_path / "lines.txt"
@@ -233,7 +234,7 @@ def test_corpus_and_prompt_edges(tiny_hf_dir, tiny_model, tmp_path):
     args = p.parse_args(["mtp", "--model", str(tiny_hf_dir), "--out", str(tmp_path / "ranks"), "--prompts", str(one),
                          "--device", "cpu"])
     with pytest.raises(ValueError, match="1 prompts for 2 processes: .*give at least 2"):
-        _train(args, 1, 2, None)
+        run_training(args, 1, 2, None)
 
 
 def test_a_failed_write_keeps_the_previous_file_whole(tmp_path):
@@ -292,8 +293,8 @@ def test_torchrun_trains_data_parallel(trained, tmp_path, kind):
 
     from safetensors.torch import load_file
 
-    from specdec.cli.train import frequent_tokens
     from specdec.train.data import load_sequences
+    from specdec.train.heads import frequent_tokens
 
     folder, _ = trained
     out = tmp_path / "ddp"

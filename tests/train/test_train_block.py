@@ -56,8 +56,8 @@ def test_block_loss_sees_the_context_strictly_before_the_anchor(tiny_model):
     """A token at or after the anchor moves no draft of that block's loss through the context (only
     through the labels); a token before it does."""
     from specdec.model.load import open_checkpoint
-    from specdec.cli.train import build_block_model
     from specdec.train.block_loss import block_loss
+    from specdec.train.heads import build_block_model
     from specdec.train.target import DenseTarget
 
     checkpoint, _ = open_checkpoint(tiny_model.info.path)

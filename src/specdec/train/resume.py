@@ -1,10 +1,33 @@
-"""What a --resume continues: the training state in DIR/state.pt, read back and checked against this run."""
+"""What a --resume continues: the training state in DIR/state.pt, read back and checked against this run's
+settings; and an --out that holds a head (or a model) is written only by resuming its training."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
+
+from specdec.model.catalogue import sha256_file
+from specdec.model.load import checkpoint_digest
+
+
+def check_out(out: Path, resume: bool, data_only: bool = False) -> None:
+    """A head (or a model) already in --out is replaced only by continuing its training (--resume): a new
+    run wrote over it at its first checkpoint, and --out set to the target's own folder replaced its weights.
+    data_only (--steps 0, which writes the data only) is refused there too: it replaced the text a --resume
+    of that head trains on."""
+    held = next((name for name in ("model.safetensors", "config.json", "state.pt") if (out / name).exists()), None)
+    if held is None:
+        return
+    if data_only:
+        raise ValueError(f"--steps 0 writes training data, and --out {out} holds {held} (a trained head, or a "
+                         "model) whose data it would replace: write the data into another --out")
+    if not resume:
+        raise ValueError(f"--out {out} holds {held} already (a trained head, or a model): --resume continues the "
+                         "training of a head there; else train into another --out, or remove it")
+    if not (out / "state.pt").is_file():
+        raise ValueError(f"--resume: {out} holds {held} but no state.pt, so there is no training to continue; "
+                         "train into another --out")
 
 
 def read_state(path: Path) -> dict | None:
@@ -42,3 +65,35 @@ def check_resume(path: Path, kind: str, settings: dict) -> dict | None:
             raise ValueError(f"{path} was trained with other settings ({'; '.join(differ)}): resume with the "
                              "settings it was trained with, or train into another --out")
     return state
+
+
+def resume_settings(args, path, world: int, seq_len: int, sequences: Path | None, layer_ids, mask) -> dict:
+    """What a resumed run must repeat (check_resume holds it to them), from `specdec train`'s flags: its target
+    (a head trained half against another model), its data, and everything that shapes the head or the loss
+    (another --ttt or --anchors changed the loss half-way)."""
+    settings = {"target": checkpoint_digest(path), "world": world, "seq_len": seq_len,
+                "val": args.val,  # --val moves sequences between the sets
+                "data": f"--sequences sha256 {sha256_file(sequences)}" if sequences else "generated",
+                "batch": args.batch, "lr": args.lr}
+    if args.kind in ("mtp", "eagle3"):
+        settings["ttt"] = args.ttt
+    if args.kind == "eagle3":
+        settings["draft_vocab"] = args.draft_vocab
+    elif args.kind in ("dflash", "dspark"):
+        settings.update(block_size=args.block_size, draft_layers=args.draft_layers, target_layers=list(layer_ids),
+                        mask_token_id=mask, markov_rank=args.markov_rank if args.kind == "dspark" else 0,
+                        markov_head=args.markov_head if args.kind == "dspark" else None, anchors=args.anchors,
+                        loss_decay=args.loss_decay)
+    return settings
+
+
+def resumed_state(args, out: Path, settings: dict, data_file: Path, generating: bool, log) -> dict | None:
+    """The state.pt in `out` that --resume continues (None: none, or no --resume); refused when its data
+    file is gone and new text would be generated in its place."""
+    resumed = check_resume(out / "state.pt", args.kind, settings) if args.resume else None
+    if args.resume and resumed is None:
+        log(f"--resume: {out} holds no state.pt yet: training from the start")
+    elif resumed is not None and generating:  # its data file is gone: new text would be trained on silently
+        raise ValueError(f"--resume: {data_file}, the text {out / 'state.pt'} was trained on, is gone: resume "
+                         "with --sequences FILE of that text, or train into another --out")
+    return resumed
