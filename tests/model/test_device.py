@@ -14,8 +14,8 @@ from helpers.tiny import make_gemma3_hf_model, make_hf_model
 from specdec.drafters.base import TokenTree
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
-from specdec.model.device import (KEY_ALIGN, DeviceKVCache, DeviceTransformer, chain_masks, pick_device,
-                                  row_masks)
+from specdec.model.device import DeviceTransformer, pick_device
+from specdec.model.device_program import KEY_ALIGN, DeviceKVCache, chain_masks, row_masks
 from specdec.model.load import load_model
 from specdec.model.segments import Segment
 from specdec.sampling import SamplingParams

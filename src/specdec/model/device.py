@@ -14,13 +14,6 @@ own inputs only. What this rests on, and what tests/model/test_device.py (CPU) a
 scripts/cuda_check.py (GPU) check: a fixed-shape matmul rounds a row the same whichever row of
 the operand it is.
 
-    segment of T rows at cache offset start      one program call per `rows` of them
-    rows t < T: tokens, positions, writes        K/V written at start + t, then attention
-    rows t >= T: padding                         token 0 at position 0, writes the spare position
-                                                 width - 1, sees only that key
-    mask (rows, width) per window, made in the   [r, j]: row r attends cache position j (a chain's
-    program from the write offsets               row: j <= its offset, inside its window)
-
 Trees are refused in exact forwards (ValueError; the engine refuses --spec-tree-topk > 1 first). A
 tree node's ancestors sit at cache offsets start + node index, not at their positions as in the
 single steps of its path, and a fixed-width reduction rounds by column: the bits would differ. (The
@@ -31,11 +24,10 @@ What it costs: a decode step is a 16-row forward (on a GPU about a 1-row one, wh
 read dominates) and reads all max_len keys of its slot, so a context far longer than the work
 is waste (choose --ctx-size to fit). A tree or chain longer than `rows` runs in several calls.
 
-On CUDA each (cache, slot, hidden layers) program is captured once as a CUDA graph and replayed,
-with the inputs copied into its fixed buffers; elsewhere (CPU, for the tests) it runs eagerly, the
-same ops. Prefill (exact=False) runs unpadded with fused attention, as on the CPU: plain and
-speculative decoding share it. Weights are dense: a GGUF or int8 model's values as its format
-represents them (QLinear.dense_weight), rounded to bf16 on CUDA (--weights fp32 stays float32).
+The programs, their cache and their masks are in model/device_program.py. Prefill (exact=False)
+runs unpadded with fused attention, as on the CPU: plain and speculative decoding share it.
+Weights are dense: a GGUF or int8 model's values as its format represents them
+(QLinear.dense_weight), rounded to bf16 on CUDA (--weights fp32 stays float32).
 
 Logits and hidden states come back to the host as float32, so samplers, verifiers and drafter
 heads run unchanged; the heads read the target's embedding, norm and output head from the CPU
@@ -51,19 +43,14 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from specdec.cache.kv import KVCache
 from specdec.model.config import ModelConfig
+from specdec.model.device_program import DeviceKVCache, Program, chain_masks, row_masks
 from specdec.model.layers import decoder_layer, rms_norm, rope_tables, softcap
-from specdec.model.cache_attention import tree_row_keys
 from specdec.model.segments import ForwardOutput, Segment, segment_layout
 from specdec.model.transformer import Transformer
 
 DEFAULT_ROWS = 16  # rows of every exact program: the longest draft tree verified in one call, + 1
 DEVICES = ("cpu", "cuda")
-# The programs' key width is a multiple of this. With the odd width max_len + 1 the attention's products
-# had unaligned rows and cuBLAS ran them on old, slow kernels: an H200 spent 3.3 ms of a 13 ms
-# Llama-3-8B step in p·V alone, 0.4 ms for both products once aligned.
-KEY_ALIGN = 256
 
 
 def pick_device(device: str | None) -> str:
@@ -121,79 +108,6 @@ class _DenseWeights:
 
     def down(self, a: torch.Tensor) -> torch.Tensor:
         return F.linear(a, self.layer.down)
-
-
-class DeviceKVCache(KVCache):
-    """The KV cache on the device: `width` positions per slot, max_len and spare ones up to a multiple of
-    KEY_ALIGN, the last of which padded rows write (spare_position); every position zero-filled (the
-    programs read them all, masked; a masked key must still be finite); and the captured programs that
-    use this buffer, which live as long as it does."""
-
-    def __init__(self, config: ModelConfig, max_len: int, num_slots: int, dtype: torch.dtype, device: torch.device):
-        self.width = -(-(max_len + 1) // KEY_ALIGN) * KEY_ALIGN
-        self.spare_position = self.width - 1
-        super().__init__(config.num_layers, config.num_kv_heads, config.head_dim, max_len, num_slots, dtype, device,
-                         spare=self.width - max_len)
-        self.programs: dict[tuple[int, tuple[int, ...]], _Program] = {}  # (slot, hidden layers) -> program
-
-
-class _Program:
-    """One exact forward of fixed shape over one cache slot: `rows` rows in, logits (rows, V) and the
-    asked-for hidden states out, all in fixed buffers. On CUDA a captured graph, else run eagerly."""
-
-    def __init__(self, model: DeviceTransformer, cache: DeviceKVCache, slot: int, hidden_layers: tuple[int, ...]):
-        rows, device = model.rows, model.device
-        # the inputs, tokens, positions and write offsets, in one buffer filled by one copy from a host
-        # buffer (pinned on CUDA, so that the copy does not stage through another); until filled, padding
-        pinned = device.type == "cuda"
-        self.spare = cache.spare_position
-        self.ids = torch.zeros(3, rows, dtype=torch.long, device=device)
-        self.ids[2] = self.spare
-        self.tokens, self.positions, self.writes = self.ids
-        self.host_ids = torch.empty(self.ids.shape, dtype=torch.long, pin_memory=pinned)
-        self.copied = torch.cuda.Event() if pinned else None  # the last copy out of host_ids is done
-        self.run = partial(model._exact_program, self, cache, slot, hidden_layers)
-        self.out: tuple[torch.Tensor, dict[int, torch.Tensor]] | None = None
-        self.graph = None
-        if device.type == "cuda" and model.graphs:
-            self._capture(model.graph_pool())
-
-    def _capture(self, pool) -> None:
-        # warm up on a side stream (cuBLAS sets up its workspace outside capture); the inputs are the
-        # padding above, so these runs write the spare position only
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.run()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.out = self.run()
-
-    def __call__(self, tokens: torch.Tensor, start: int) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """n <= rows tokens (host) of a chain at cache offset and position start.., the other rows padding;
-        outputs on the device, logits and hidden states in float32, overwritten by the next call."""
-        if self.copied is not None:
-            self.copied.synchronize()  # a call whose outputs nobody read may still be copying from its inputs
-        n, ids = len(tokens), self.host_ids
-        ids[0, :n] = tokens
-        ids[1, :n] = ids[2, :n] = torch.arange(start, start + n)
-        ids[:2, n:] = 0
-        ids[2, n:] = self.spare
-        self.ids.copy_(ids, non_blocking=True)
-        if self.copied is not None:
-            self.copied.record()
-        if self.graph is not None:
-            self.graph.replay()
-        elif self.out is None:
-            self.out = self.run()
-        else:  # eagerly too, the outputs live in fixed buffers that the next call overwrites, as a graph's do
-            logits, hidden = self.run()
-            self.out[0].copy_(logits)
-            for layer, h in hidden.items():
-                self.out[1][layer].copy_(h)
-        return self.out
 
 
 class DeviceTransformer:
@@ -335,7 +249,7 @@ class DeviceTransformer:
         hidden {layer: (T, H)}, float32 on the host."""
         key = (seg.slot, hidden_layers)
         if key not in cache.programs:
-            cache.programs[key] = _Program(self, cache, seg.slot, hidden_layers)
+            cache.programs[key] = Program(self, cache, seg.slot, hidden_layers)
         program, R, T = cache.programs[key], self.rows, len(tokens)
         embed, _, _, lm_head = self.weights
         logits = torch.empty(1 if seg.last_only else T, lm_head.shape[0])
@@ -372,7 +286,7 @@ class DeviceTransformer:
         for (dst, _), view in zip(pairs, views):
             dst.copy_(view)
 
-    def _exact_program(self, p: _Program, cache: DeviceKVCache, slot: int,
+    def _exact_program(self, p: Program, cache: DeviceKVCache, slot: int,
                        hidden_layers: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """The ops of one program over its fixed buffers (what a CUDA graph captures)."""
         biases = {w: torch.zeros(p.writes.shape[0], cache.width, dtype=torch.float32, device=self.device).masked_fill_(
@@ -455,41 +369,3 @@ def _is_chain(tree_mask: torch.Tensor | None, start: int, positions: torch.Tenso
 def _to_host(t: torch.Tensor) -> torch.Tensor:
     """A float32 copy on the host (a copy even where t is one already)."""
     return t.to(device="cpu", dtype=torch.float32, copy=True)
-
-
-def chain_masks(writes: torch.Tensor, width: int, window: int) -> torch.Tensor:
-    """(rows, width) bool: row_masks of a chain's rows from their cache offsets alone (in a chain each row's
-    position is its offset), made on the device inside a program. A row at the last position is padding
-    and sees only that key.
-
-    >>> chain_masks(torch.tensor([2, 3, 4]), 5, 0).int().tolist()
-    [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [0, 0, 0, 0, 1]]
-    """
-    cols, w = torch.arange(width, device=writes.device), writes[:, None]
-    sees = cols <= w
-    if window:
-        sees &= cols > w - window
-    return torch.where(w == width - 1, cols == width - 1, sees)
-
-
-def row_masks(tree_mask: torch.Tensor | None, start: int, positions: torch.Tensor, window: int, rows: range,
-              height: int, width: int) -> torch.Tensor:
-    """(height, width) bool: [i, j] True when the segment's row rows[i] attends cache position j, exactly
-    the keys the CPU runtime's row reduces over (its committed prefix from the window's start, then
-    itself or its tree ancestors). Rows past len(rows) are padding: they see the last position only.
-
-    >>> row_masks(None, 2, torch.tensor([2, 3]), 0, range(2), 3, 5).int().tolist()
-    [[1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [0, 0, 0, 0, 1]]
-    """
-    mask = torch.zeros(height, width, dtype=torch.bool)
-    n = len(rows)
-    mask[n:, width - 1] = True
-    if tree_mask is None:
-        ts = torch.tensor(list(rows), dtype=torch.long)
-        lo = (positions[ts] - window + 1).clamp(min=0) if window else torch.zeros(n, dtype=torch.long)
-        cols = torch.arange(width)
-        mask[:n] = (cols[None] >= lo[:, None]) & (cols[None] <= start + ts[:, None])
-    else:
-        for i, t in enumerate(rows):
-            mask[i, tree_row_keys(tree_mask, t, start, positions, window)] = True
-    return mask
