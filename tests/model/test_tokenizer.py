@@ -62,24 +62,6 @@ def test_generation_config_eos_ids_stop_generation(tmp_path):
         load_model(str(folder), "fp32", progress=False)
 
 
-def test_the_earliest_stop_string_wins_when_one_step_ends_two(tiny_model):
-    """stop=("ld", "o w") on "Hello world": a step that completes both (Qwen's " world" token, or a verify
-    that commits several) cut at the first of the list ('Hello wor', which still holds "o w"); the text is
-    cut before the earliest, as llama-server cuts."""
-    from specdec.engine.engine import Engine
-
-    tok = tiny_model.tokenizer
-    ids = tok.encode("Hello world", add_bos=False)
-    engine = Engine(tiny_model, max_len=64)
-    req = engine.admit(tok.encode("Say it:", add_bos=False), stop=("ld", "o w"))
-    try:
-        req.output.extend(ids)  # all the tokens in one step (a verify commits several)
-        assert engine._hit_stop(req)
-        assert req.stop_text == "Hell"
-    finally:
-        engine.finish(req)
-
-
 def test_chat_templates_get_transformers_environment(tiny_model):
     """{% break %}, {% generation %}, tojson keeping non-ASCII and key order, strftime_now: each failed or
     rendered otherwise than transformers renders the same template."""

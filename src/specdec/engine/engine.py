@@ -34,8 +34,8 @@ from specdec.engine.cost import measure_forward_cost, widest_forward
 from specdec.engine.draft_length import DraftLengthPolicy
 from specdec.engine.pool import DrafterPool
 from specdec.engine.stats import SpecStats
+from specdec.engine.stop import StopStrings
 from specdec.model.load import Model, load_model
-from specdec.model.text_stream import StreamDecoder
 from specdec.model.segments import Segment
 from specdec.sampling import SamplingParams, is_whole, process_logits
 from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
@@ -53,7 +53,7 @@ class Request:
     prompt: list[int]
     sampling: SamplingParams
     max_tokens: int
-    stop: tuple[str, ...]
+    stop: StopStrings | None  # its stop strings, matched in the answer's text as it grows; None: none
     spec: SpecConfig
     slot: int
     drafters: list[Drafter]
@@ -62,7 +62,6 @@ class Request:
     output: list[int] = field(default_factory=list)  # emitted tokens; the last one is not in the cache yet
     prefilled: int = 0  # prompt tokens in the cache; the first token is emitted when all are
     stop_text: str | None = None  # the decoded output cut before the stop string that ended it
-    text: StreamDecoder | None = field(default=None, repr=False)  # the output's text, where stop strings are set
     finished: bool = False
     finish_reason: str | None = None  # "stop" (EOS or stop string) or "length"
     ended_on_eos: bool = False  # an EOS token ended it (not in output: the answer's text never holds it)
@@ -201,9 +200,10 @@ class Engine:
             raise
         policy = DraftLengthPolicy(spec.draft_n_max, spec.draft_n_min, spec.adaptive and spec.enabled,
                                    self.forward_cost, bool(drafters) and all(d.cost_per_pass for d in drafters))
-        req = Request(prompt, sampling, max_tokens, tuple(stop), spec, slot, drafters, generator, policy,
-                      skip_special=self.skip_special if skip_special is None else bool(skip_special),
-                      stats=SpecStats(method=spec.method),
+        skip_special = self.skip_special if skip_special is None else bool(skip_special)
+        stop = StopStrings(self.model.tokenizer, tuple(stop), skip_special) if stop else None
+        req = Request(prompt, sampling, max_tokens, stop, spec, slot, drafters, generator, policy,
+                      skip_special=skip_special, stats=SpecStats(method=spec.method),
                       hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
         try:
             policy.reset()
@@ -412,7 +412,8 @@ class Engine:
                 break
             req.output.append(t)
             new.append(t)
-            if req.stop and self._hit_stop(req):
+            if req.stop is not None and (cut := req.stop.find(req.output)) is not None:
+                req.stop_text = cut
                 req.finished, req.finish_reason = True, "stop"
                 break
             if len(req.output) >= req.max_tokens:
@@ -422,26 +423,6 @@ class Engine:
                 req.finished, req.finish_reason = True, "length"  # vLLM's max_model_len counts them
                 break
         return new
-
-    def _hit_stop(self, req: Request) -> bool:
-        """Whether the output's text holds a stop string now; if so stop_text is the text before it.
-
-        The text grows by a decoded window of tokens (StreamDecoder), and each stop string is looked for
-        only where it could end in text new since the last token: one that lay in the settled text was
-        found then. Where several end in the new text, the one that starts first wins (llama-server's rule):
-        the text is cut before the earliest of them, so that it holds none.
-        """
-        if req.text is None:
-            req.text = StreamDecoder(self.model.tokenizer, req.skip_special)
-        settled = len(req.text.text)
-        req.text.push(req.output[len(req.text.ids) :])
-        # pending ends in U+FFFD while its last character is incomplete: that placeholder is no text yet
-        # (a stop string holding U+FFFD matched the first byte of an emoji)
-        text = req.text.text + req.text.pending.rstrip("\ufffd")
-        found = [at for s in req.stop if (at := text.find(s, max(0, settled - len(s) + 1))) >= 0]
-        if found:
-            req.stop_text = text[: min(found)]
-        return bool(found)
 
 
 @dataclass
