@@ -179,6 +179,19 @@ def test_cc_may_carry_arguments(private_build, monkeypatch):
     assert "no-such-compiler-here" in kernels.why_unavailable("w8a8")
 
 
+def test_every_c_file_is_in_one_library_with_the_headers_it_includes():
+    """A library is rebuilt when its digest changes, and its digest covers the files build.SOURCES lists: a
+    header a source includes must be listed with it, or an edit to the header would leave the old library."""
+    import re
+
+    listed = [name for files in build.SOURCES.values() for name in files if name.endswith(".c")]
+    assert sorted(listed) == sorted(path.name for path in build.FOLDER.glob("*.c"))
+    for files in build.SOURCES.values():
+        for name in files:
+            included = re.findall(r'^#include "([^"]+)"', (build.FOLDER / name).read_text(), re.MULTILINE)
+            assert set(included) <= set(files), f"{name} includes {included}, not all in {files}"
+
+
 @pytest.mark.parametrize("value, on", [("", False), ("0", False), ("1", True), ("yes", True)])
 def test_switches_read_0_as_off(monkeypatch, value, on):
     """SPECDEC_NO_FUSED_STEP=0 turned the kernel off as =1 did (SPECDEC_NO_WEIGHT_CACHE=0 meant on)."""

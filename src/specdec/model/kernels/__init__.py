@@ -4,9 +4,11 @@ attend.c: the exact attention rows of a forward (each query row over exactly its
 fixed order) for every sequence of a batch in one call, where torch needed ~8 small ops per row
 and layer; row-invariant by construction like w8a8.c.
 
-gguf.c: a matmul over a GGUF file's own quantized blocks (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K), unpacked
-inside the kernel, with activations quantized as w8a8.c's and integer dot products: the weights the
-file holds, exactly (model/linear.py, the gguf format). Row-invariant the same way.
+gguf_linear.c: a matmul over a GGUF file's own quantized blocks (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K),
+unpacked inside the kernel, with activations quantized as w8a8.c's (gguf_acts.c) and integer dot products:
+the weights the file holds, exactly (model/linear.py, the gguf format). Row-invariant the same way. With
+gguf_repack.c (the blocks' bits reordered at load, gguf_blocks.h) and gguf_values.c (their values: embedding
+rows, a prefill's dense weight) it makes the gguf library.
 
 rows.c: RMS norm, the rotary embedding, the KV-cache write and the MLP's activation of a forward's rows,
 one call each where torch took ~5-20 us a call (several small ops); row-wise, the rotation bitwise torch's,
@@ -23,7 +25,7 @@ so a k-token forward stays bitwise k one-token forwards (model/transformer.py, N
 
 The modules: cpu (CPU flags, environment switches, the prefill path), build (compiling a library into
 $SPECDEC_HOME/kernels, keyed by a digest of its sources), libraries (loading each library with its ctypes
-signatures), weights (huge-page memory, GGUF blocks repacked for gguf.c), ops (the ops on torch tensors),
+signatures), weights (huge-page memory, GGUF blocks repacked for gguf_linear.c), ops (the ops on torch tensors),
 step_structs (step.c's argument structs). What callers use is re-exported here.
 """
 

@@ -26,11 +26,11 @@ from specdec.model.kernels.cpu import cpu_flags
 from specdec.model.catalogue import specdec_home
 
 FOLDER = Path(__file__).parent
-# library -> the C sources compiled into it; every header (*.h) of FOLDER counts in each library's digest
+# library -> its files: the .c sources compiled into it and the headers they include (all in its digest)
 SOURCES = {
     "w8a8": ("w8a8.c",),
     "attend": ("attend.c",),
-    "gguf": ("gguf.c",),
+    "gguf": ("gguf_blocks.h", "gguf_acts.c", "gguf_linear.c", "gguf_repack.c", "gguf_values.c"),
     "rows": ("rows.c",),
     "step": ("step.c",),
 }
@@ -58,12 +58,13 @@ def library(kernel: str, extra: tuple[str, ...] = ()):
         reasons[kernel] = "no C compiler (cc) found; install gcc"
         return None
     flags = (*FLAGS, *extra)
-    sources = [FOLDER / name for name in SOURCES[kernel]]
-    code = b"".join(path.read_bytes() for path in [*sources, *sorted(FOLDER.glob("*.h"))])
+    files = [FOLDER / name for name in SOURCES[kernel]]
+    sources = [str(path) for path in files if path.suffix == ".c"]
+    code = b"".join(path.read_bytes() for path in files)
     digest = hashlib.sha256(code + " ".join((*compiler, *flags)).encode()).hexdigest()[:16]
     why = None
     for folder in _kernel_folders():
-        lib, why, fatal = _build_in(folder / f"{kernel}-{digest}.so", [*compiler, *flags, *map(str, sources)], kernel)
+        lib, why, fatal = _build_in(folder / f"{kernel}-{digest}.so", [*compiler, *flags, *sources], kernel)
         if lib is not None:
             return lib
         if fatal:  # the compiler's own error: another folder would not help

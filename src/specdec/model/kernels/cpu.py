@@ -38,7 +38,7 @@ PREFILL_PATHS = ("bf16", "fp32", "exact")
 def prefill_path() -> str:
     """How a prefill's linears with many rows run (model/linear.py, QLinear.prefill): "bf16", a dense bf16
     GEMM over the weights' values, where the CPU multiplies bf16 natively (AVX512-BF16 or AMX); elsewhere
-    "exact", the integer kernels that decoding runs (gguf.c, w8a8.c; torch's int8 format takes "fp32").
+    "exact", the integer kernels that decoding runs (gguf_linear.c, w8a8.c; torch's int8 format takes "fp32").
     torch's bf16 GEMM is emulated on AVX2 alone: on an AMD EPYC (Zen 3, 2 threads) it ran 15-20 GFLOP/s
     against float32's 65-97, and the gguf kernel prefilled qwen2.5-coder-0.5b and -1.5b 1.4x and 1.8x
     faster than a float32 GEMM (smollm2-135m 0.8x). SPECDEC_PREFILL=bf16, fp32 or exact overrides the

@@ -53,7 +53,7 @@ def attend():
 
 @lru_cache(maxsize=2)
 def attend_build(wide: bool):
-    """attend.c built with AVX-512 (its p . v in zmm registers; where the CPU has AVX512-VNNI, as gguf.c) or
+    """attend.c built with AVX-512 (its p . v in zmm registers; where the CPU has AVX512-VNNI, as gguf) or
     with AVX2 alone: the same bits (tests compare them), or None."""
     return load("attend", {"attend_rows": [P, P, P, P, P, P, P, I64, I64, I64, I64, I64, F32, I32, I32]},
                 VNNI_FLAGS if wide else (), off="SPECDEC_NO_ATTEND_KERNEL")
@@ -66,7 +66,7 @@ def gguf():
 
 @lru_cache(maxsize=2)
 def gguf_build(vnni: bool):
-    """gguf.c built with AVX512-VNNI or with AVX2 alone (the same bits; tests compare them), or None."""
+    """The gguf library (gguf_*.c) built with AVX512-VNNI or with AVX2 alone (the same bits; tests compare them), or None."""
     return load("gguf", {"quantize_rows_sums": [P, I64, I64, P, P, P],
                          "gguf_linear": [P, I64, I64, I32, P, P, P, P, P, P, I32],
                          "gguf_to_dense": [I32, P, I64, I64, I64, P, I32, I32],
@@ -87,7 +87,7 @@ def rows():
 
 @lru_cache(maxsize=1)
 def step():
-    """The loaded layer driver (step.c) where gguf.c, attend.c and rows.c loaded too, or None
+    """The loaded layer driver (step.c) where gguf, attend and rows loaded too, or None
     (`why_unavailable("step")`; SPECDEC_NO_FUSED_STEP=1 turns it off)."""
     missing = [name for name, lib in (("gguf", gguf()), ("attend", attend()), ("rows", rows())) if lib is None]
     if missing:

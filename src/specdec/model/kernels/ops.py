@@ -64,7 +64,7 @@ def _half(cache_layer) -> int:
 
 def gguf_quantize(x):
     """x (M, K) float32, K % 32 == 0 -> (xq int8 (M, K), xs (M, K/32), xsum (M, K/32)): the activations as
-    gguf.c quantizes them, int8 in blocks of 32 with a float scale each, and xs * sum(xq) per block."""
+    gguf_acts.c quantizes them, int8 in blocks of 32 with a float scale each, and xs * sum(xq) per block."""
     x = x.contiguous()
     M, K = x.shape
     xq = torch.empty(M, K, dtype=torch.int8)
@@ -75,9 +75,9 @@ def gguf_quantize(x):
 
 
 def gguf_linear(x, parts: GGUFParts, bias=None, lib=None):
-    """x (M, K) float32 @ W.T (+ bias) -> (M, N) float32, W the parts stacked row-wise (gguf.c's
-    gguf_linear: x quantized once, one parallel pass over every output column). Needs `gguf()`;
-    lib: another build of gguf.c (`gguf_build`)."""
+    """x (M, K) float32 @ W.T (+ bias) -> (M, N) float32, W the parts stacked row-wise (gguf_linear.c:
+    x quantized once, one parallel pass over every output column). Needs `gguf()`;
+    lib: another build of the gguf library (`gguf_build`)."""
     x = x.contiguous()
     M, K = x.shape
     y = torch.empty(M, parts.out_features)
@@ -88,8 +88,8 @@ def gguf_linear(x, parts: GGUFParts, bias=None, lib=None):
 
 def gguf_rows(type_id: int, blocks, ids, K: int, interleaved: bool = False):
     """Rows ids (n,) of (V, row_bytes) uint8 blocks of a GGUF type with K values a row, in the file's layout
-    or in gguf.c's (a GGUFParts part: interleaved) -> (n, K) float32, exactly the gguf package's dequantized
-    values (gguf.c)."""
+    or in the kernel's (a GGUFParts part: interleaved) -> (n, K) float32, exactly the gguf package's dequantized
+    values (gguf_values.c)."""
     ids = torch.as_tensor(ids).to(torch.int64).contiguous()
     out = torch.empty(ids.shape[0], K)
     gguf().gguf_rows(type_id, blocks.data_ptr(), ids.data_ptr(), ids.shape[0], K, blocks.shape[1], int(interleaved),
@@ -98,8 +98,8 @@ def gguf_rows(type_id: int, blocks, ids, K: int, interleaved: bool = False):
 
 
 def gguf_to_dense(type_id: int, blocks, K: int, dtype):
-    """(N, row_bytes) uint8 of a GGUF type in gguf.c's layout (a GGUFParts part) -> (N, K) of dtype: its values
-    rounded to bf16, or as float32 exactly the gguf package's values (gguf.c)."""
+    """(N, row_bytes) uint8 of a GGUF type in the kernel's layout (a GGUFParts part) -> (N, K) of dtype: its values
+    rounded to bf16, or as float32 exactly the gguf package's values (gguf_values.c)."""
     N = blocks.shape[0]
     out = torch.empty(N, K, dtype=dtype)
     gguf().gguf_to_dense(type_id, blocks.data_ptr(), N, K, blocks.shape[1], out.data_ptr(), int(dtype == torch.bfloat16),

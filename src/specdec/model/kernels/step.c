@@ -2,7 +2,7 @@
 // of ~15 Python-level ops a layer (on smollm2-135m those cost ~2 of a decode step's ~6 ms).
 //
 // It runs what model/layers.decoder_layer runs, in its order, through the same kernels: function pointers
-// into the loaded gguf.c, attend.c and rows.c (model/kernels/step_structs.py, step_kernels), so the same code
+// into the loaded gguf_linear.c, attend.c and rows.c (model/kernels/step_structs.py, step_kernels), so the same code
 // computes every value and the bits are the path's through Python. What it adds is copies (contiguous
 // operands, as torch's .contiguous() made them) and the residual adds, x + out per float, as torch adds.
 // The MLP's activation is rows.c's act_mul_rows, which layers.mlp_act calls on the per-op path.

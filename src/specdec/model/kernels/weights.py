@@ -1,4 +1,4 @@
-"""Weights in the layout the kernels read: memory backed by huge pages, and GGUF blocks repacked for gguf.c."""
+"""Weights in the layout the kernels read: memory backed by huge pages, and GGUF blocks repacked for gguf_linear.c."""
 
 from __future__ import annotations
 
@@ -36,8 +36,8 @@ def empty_huge(shape, dtype):
 
 def gguf_repack(type_id: int, blocks):
     """(rows, row_bytes) uint8 of a GGUF type, or a list of such pieces stacked row-wise -> a new tensor in
-    gguf.c's layout: each row's groups of 256 values (a K-quant super-block, 8 blocks of the others) with
-    their bits moved so that one vector holds 4 values of each of 8 sub-blocks of 32 (see gguf.c): the same
+    the kernel's layout: each row's groups of 256 values (a K-quant super-block, 8 blocks of the others) with
+    their bits moved so that one vector holds 4 values of each of 8 sub-blocks of 32 (see gguf_blocks.h): the same
     bytes per group, the same values and scales; the rest of a row as it was. Rows are repacked one by one,
     so the pieces go straight from (say) a mapped file into their rows of the result."""
     pieces = [blocks] if isinstance(blocks, torch.Tensor) else list(blocks)
@@ -55,7 +55,7 @@ def gguf_repack(type_id: int, blocks):
 class GGUFParts:
     """The parts of one gguf-format weight as gguf_linear takes them, from [(ggml type id, tensor)]: tensor
     (rows, row_bytes) uint8 of the file's blocks (or a list of such, stacked into one part) or (rows, K)
-    float32 for type 0 (F32). The blocks are held in gguf.c's interleaved layout (gguf_repack), F32 parts as
+    float32 for type 0 (F32). The blocks are held in the kernel's interleaved layout (gguf_repack), F32 parts as
     given; `parts` lists them."""
 
     def __init__(self, parts):
