@@ -363,7 +363,7 @@ def test_n_min_counts_a_tree_s_depth_and_an_unfitting_tree_gets_no_feedback(tiny
     near_end.finish(req)
 
 
-def test_adaptive_mode_reads_a_tree_s_acceptance_per_position(tiny_model):
+def test_adaptive_mode_reads_a_tree_s_acceptance_per_position(tiny_model, monkeypatch):
     """Adaptive mode took a tree's accepted path over its node count as the acceptance: a tree whose right
     pair always came with a wrong sibling looked 2/3 accepted, and a wider tree worse still, though every
     position it drafted was accepted; and it priced the tree's verify as a chain of its depth."""
@@ -371,6 +371,8 @@ def test_adaptive_mode_reads_a_tree_s_acceptance_per_position(tiny_model):
     plain = Engine(tiny_model, max_len=64).generate(prompt, SamplingParams(), max_tokens=16).token_ids
     spec = SpecConfig(drafters=("ngram-simple",), draft_n_max=2, adaptive=True)
     engine = Engine(tiny_model, spec, max_len=64, drafter_factory=lambda kind, s: _forked(prompt, plain))
+    # a fixed cost where 2-deep drafts pay: the measured one, on a busy machine, could pause drafting at once
+    monkeypatch.setattr(engine, "forward_cost", lambda t: [0, 1.0, 1.05, 1.1, 1.15, 1.2])
     req = engine.admit(prompt, SamplingParams(), 16)
     while not req.finished:
         engine.step_batch([req])
