@@ -286,7 +286,7 @@ def test_real_mismatched_draft_names_the_difference():
 def test_dflash_and_dspark_folders_are_recognised_and_checked_against_the_target(tmp_path, tiny_hf_dir):
     from dataclasses import replace
 
-    from specdec.drafters.dflash import BlockConfig
+    from specdec.drafters.block.config import BlockConfig
 
     def write(name, cfg):
         folder = tmp_path / name

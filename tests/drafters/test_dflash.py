@@ -14,8 +14,10 @@ from safetensors.torch import load_file, save_file
 
 from helpers.distribution import engine_law, fit_pvalue, sample_continuations
 from specdec.drafters import registry
-from specdec.drafters.dflash import (BlockConfig, BlockDrafter, BlockDraftModel, DFlashError, TargetParts,
-                                     load_block_drafter, make_block_drafter, read_config, save_block_drafter)
+from specdec.drafters.block.config import BlockConfig, DFlashError
+from specdec.drafters.block.drafter import BlockDrafter, make_block_drafter
+from specdec.drafters.block.io import load_block_drafter, read_config, save_block_drafter
+from specdec.drafters.block.model import BlockDraftModel, TargetParts
 from specdec.drafters.registry import BuildContext, DrafterSpec
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine

@@ -101,7 +101,7 @@ def test_runnable_model_drafters_are_the_registry_entries_that_build(tiny_model,
     """Each runnable model drafter given the tiny model's own folder as its draft: draft-simple builds on it;
     the heads read it and refuse it with their own error, saying what the folder is not (never a crash in the
     wiring, nor "not available in this build")."""
-    from specdec.drafters.dflash import DFlashError
+    from specdec.drafters.block.config import DFlashError
     from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.eagle3 import Eagle3Error
     from specdec.drafters.mtp import MTPError

@@ -115,7 +115,7 @@ def random_mtp_head(model, lm_head, seed: int = 0, max_len: int = 512):
 def block_config(model, layout: str, block_size: int = 4):
     """A 1-layer DFlash / DSpark config for `model` (any size): DFlash reads target layers 0 and the
     middle one, DSpark the embeddings and the middle one, as their published configs do."""
-    from specdec.drafters.dflash import BlockConfig
+    from specdec.drafters.block.config import BlockConfig
 
     c = model.config
     mid = c.num_layers // 2
@@ -132,7 +132,7 @@ def block_config(model, layout: str, block_size: int = 4):
 
 def random_block_model(model, layout: str, bias: torch.Tensor | None = None, seed: int = 0, max_len: int = 512):
     """A random BlockDraftModel for `model`; bias: (V,) added to its logits (the target's lm_head's)."""
-    from specdec.drafters.dflash import BlockDraftModel, TargetParts
+    from specdec.drafters.block.model import BlockDraftModel, TargetParts
 
     parts = TargetParts.of(model)
     if bias is not None:
@@ -143,7 +143,7 @@ def random_block_model(model, layout: str, bias: torch.Tensor | None = None, see
 
 def save_random_block_drafter(model, layout: str, folder: Path, seed: int = 0) -> Path:
     """A random DFlash / DSpark drafter folder for `model`, in the published layout: what -md reads."""
-    from specdec.drafters.dflash import save_block_drafter
+    from specdec.drafters.block.io import save_block_drafter
 
     return save_block_drafter(random_block_model(model, layout, seed=seed), folder, dtype=torch.float32)
 

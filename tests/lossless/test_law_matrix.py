@@ -33,7 +33,7 @@ from helpers.drafts import (Biased, likely_bias, looping_prompt, permuted_vocab_
 from helpers.matrix import ROWS
 from helpers.tiny import EAGLE3_DRAFT_IDS, random_eagle3_head
 from helpers.tree_law import exact_law
-from specdec.drafters.dflash import BlockDrafter
+from specdec.drafters.block.drafter import BlockDrafter
 from specdec.drafters.hidden import HiddenStateDrafter
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine

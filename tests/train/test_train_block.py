@@ -35,7 +35,7 @@ def trained(tmp_path_factory):
 
 
 def test_default_target_layers_are_dflash_s():
-    from specdec.drafters.dflash import default_target_layers
+    from specdec.drafters.block.config import default_target_layers
 
     assert default_target_layers(36, 5) == (1, 9, 17, 25, 33)  # DeepSpec's Qwen3-4B configs
     assert default_target_layers(6, 1) == (3,) and default_target_layers(6, 2) == (1, 3)
@@ -104,7 +104,7 @@ def test_training_writes_published_folders_that_learn(trained, kind):
 
 @pytest.mark.parametrize("kind", ["dflash", "dspark"])
 def test_trained_drafters_are_accepted_and_greedy_equals_plain(trained, kind):
-    from specdec.drafters.dflash import make_block_drafter
+    from specdec.drafters.block.drafter import make_block_drafter
 
     folder, root = trained
     m = load_model(str(folder), "fp32", progress=False)

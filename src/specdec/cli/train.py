@@ -11,7 +11,7 @@ specdec/heads/<model>/train_data.npz).
 Heads are written in the formats the loaders read: MTP as config.json + model.safetensors in
 the DeepSeek-V3 layout (default DIR: beside the model, `<model>.mtp/`, where auto finds it),
 EAGLE-3 in the published format (fc, midlayer.*, norm, lm_head, d2t, t2d), DFlash / DSpark in
-theirs (drafters/dflash.py: config.json with dflash_config / DSpark's keys, model.safetensors).
+theirs (drafters/block/io.py: config.json with dflash_config / DSpark's keys, model.safetensors).
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str 
             return f"the MTP head {path} has no model.safetensors"
         return mtp_head_mismatch(raw, target_config, target_name, draft_name)
     if kind is not None and registry.entry(kind).block:
-        from specdec.drafters.dflash import BlockConfig, DFlashError, fit_problem
+        from specdec.drafters.block.config import BlockConfig, DFlashError, fit_problem
 
         try:
             cfg = BlockConfig.from_json(raw, str(draft_name))
@@ -106,7 +106,7 @@ def block_draft_length(path) -> int | None:
 
 def block_facts(raw: dict) -> dict | None:
     """What a DFlash / DSpark config.json says about its block (None when specdec cannot read it)."""
-    from specdec.drafters.dflash import BlockConfig, DFlashError
+    from specdec.drafters.block.config import BlockConfig, DFlashError
 
     try:
         cfg = BlockConfig.from_json(raw)

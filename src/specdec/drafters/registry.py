@@ -269,7 +269,7 @@ def _block(kind: str) -> Callable[..., Drafter]:
     """build(ctx) for a block drafter kind: the folder is -md/--model-draft (else one shipped for the target)."""
 
     def build(ctx: BuildContext) -> Drafter:
-        from specdec.drafters.dflash import make_block_drafter
+        from specdec.drafters.block.drafter import make_block_drafter
 
         return make_block_drafter(ctx.target, ctx.draft_model, kind, ctx.p_min, ctx.max_len)
 

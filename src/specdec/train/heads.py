@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from specdec.drafters.dflash import BlockConfig, BlockDraftModel, TargetParts, default_target_layers
+from specdec.drafters.block.config import BlockConfig, default_target_layers
+from specdec.drafters.block.model import BlockDraftModel, TargetParts
 from specdec.drafters.eagle3 import Eagle3Config, Eagle3Head, default_taps
 from specdec.drafters.mtp import MTPHead
 from specdec.model.catalogue import cached_sha256

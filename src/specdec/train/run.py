@@ -14,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from specdec.cli.options import out_dir
-from specdec.drafters.dflash import save_block_drafter
+from specdec.drafters.block.io import save_block_drafter
 from specdec.drafters.eagle3 import save_eagle3_head
 from specdec.drafters.mtp import save_mtp_head
 from specdec.model.catalogue import resolve
