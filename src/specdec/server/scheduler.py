@@ -38,7 +38,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from specdec.engine.cost import expected_tokens
-from specdec.engine.engine import Engine, Request
+from specdec.engine.engine import Engine
+from specdec.engine.request import Request
 from specdec.engine.stats import SpecStats
 from specdec.model.text_stream import TextStream
 from specdec.server.jobs import Delta, Done, Failed, Job, StepFailed
