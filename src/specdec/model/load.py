@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
+from specdec.model import kernels
 from specdec.model.build import build_transformer
-from specdec.model.errors import ModelFileError
-from specdec.model.checkpoint_facts import param_count
-from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.catalogue import cached_sha256, resolve
+from specdec.model.checkpoint_facts import param_count
+from specdec.model.device import DeviceTransformer, pick_device
+from specdec.model.errors import ModelFileError
+from specdec.model.gguf_loader import read_gguf
 from specdec.model.gguf_tokenizer import tokenizer_from_gguf
+from specdec.model.hf_loader import read_hf_folder
+from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.tokenizer import Tokenizer, tokenizer_from_hf_folder
 from specdec.model.transformer import CACHE_TYPES, Transformer
 from specdec.model.weight_cache import load_or_build, worth_caching
@@ -30,7 +37,6 @@ def weights_format_for(path, weights_format: str | None = None) -> str:
             raise ValueError(f"--weights gguf keeps a GGUF file's own quantized blocks, and {path} is a Hugging Face "
                              "folder; use --weights int8, w8a8, bf16 or fp32")
         return weights_format
-    from specdec.model import kernels
 
     return "gguf" if Path(path).is_file() and kernels.gguf() is not None else FOLDER_WEIGHTS_FORMAT
 
@@ -75,10 +81,6 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
     DeviceTransformer on that GPU (see device.pick_device for the command line's default).
     cache_type: what the CPU runtime's KV cache holds, "f16" or "f32" (transformer.CACHE_TYPES); None: f16,
     f32 for the fp32 format. On cuda the cache holds the compute dtype, and a cache_type is refused."""
-    from tqdm import tqdm
-
-    from specdec.model.device import DeviceTransformer, pick_device
-
     device = pick_device(device)  # an unknown or absent device is an error before the load
     if cache_type is not None and cache_type not in CACHE_TYPES:
         raise ValueError(f"--cache-type {cache_type}: choose one of {', '.join(CACHE_TYPES)}")
@@ -89,8 +91,6 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
     asked = weights_format
     weights_format = weights_format_for(path, weights_format)  # checks the name too
     if asked is None and weights_format != "gguf" and Path(path).is_file() and progress:
-        from specdec.model import kernels
-
         print(f"note: {Path(path).name} runs in {weights_format}, not its own blocks: specdec's GGUF kernel is "
               f"unavailable here ({kernels.why_unavailable('gguf')})", file=sys.stderr)
     checkpoint, tokenizer = open_checkpoint(path)
@@ -119,9 +119,6 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
 
 def open_checkpoint(path) -> tuple[object, Tokenizer]:
     """(checkpoint, tokenizer) for a GGUF file or an HF folder, without building the model."""
-    from specdec.model.gguf_loader import read_gguf
-    from specdec.model.hf_loader import read_hf_folder
-
     path = Path(path)
     if path.is_dir():
         checkpoint = read_hf_folder(path)
@@ -146,8 +143,6 @@ def checkpoint_digest(path) -> str:
 
 def _folder_digest(folder: Path) -> str:
     """sha256 over the folder's config and weight files' digests (sorted by name)."""
-    import hashlib
-
     h = hashlib.sha256()
     for file in sorted(folder.glob("*.safetensors")) + [folder / "config.json"]:
         h.update(file.name.encode())

@@ -29,6 +29,9 @@ from __future__ import annotations
 
 import heapq
 
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as Backend
+
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 _MERGEABLE = (0, NORMAL, USER_DEFINED, UNUSED)  # SentencePiece's `pieces_`: what a merge may produce; 0 = untyped
 
@@ -158,9 +161,6 @@ class _SpmPreTokenizer:
 def spm_backend(tokens: list[str], scores: list[float], types: list[int], add_space_prefix: bool,
                 unk_id: int | None):
     """A `tokenizers.Tokenizer` that encodes and decodes like SentencePiece / llama.cpp (see the module doc)."""
-    from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import Tokenizer as Backend
-
     types = list(types) if len(types) else [NORMAL] * len(tokens)
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):

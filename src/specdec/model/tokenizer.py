@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tokenizers import Tokenizer as Backend
+
 from specdec.model.chat_template import template_environment
 from specdec.model.errors import ModelFileError
+from specdec.model.files import read_json_object
 
 
 class Tokenizer:
@@ -76,10 +79,6 @@ class Tokenizer:
 
 
 def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
-    from tokenizers import Tokenizer as Backend
-
-    from specdec.model.files import read_json_object
-
     file = Path(path) / "tokenizer.json"
     if not file.is_file():
         raise ModelFileError(path, "no tokenizer.json in this folder")

@@ -28,14 +28,17 @@ import sys
 import time
 import zlib
 from dataclasses import fields
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from specdec.model.build import build_transformer, transformer_from_tensors, transformer_tensors
+from specdec.model.catalogue import specdec_home
 from specdec.model.config import ModelConfig
 from specdec.model.files import replaced
-from specdec.model.catalogue import specdec_home
+from specdec.model.kernels import env_flag
 from specdec.model.transformer import Transformer
 
 # Bump whenever the conversion changes what it produces (model/build.py, model/linear.py, the loaders'
@@ -59,8 +62,6 @@ def cache_file(sha256: str, weights_format: str) -> Path:
 def worth_caching(params: int, requested: bool = True) -> bool:
     """Whether load_model should go through the cache: asked for, not turned off by SPECDEC_NO_WEIGHT_CACHE=1,
     and a model big enough for conversion to take a while."""
-    from specdec.model.kernels import env_flag
-
     return requested and not env_flag(DISABLE_ENV) and params >= MIN_PARAMS
 
 
@@ -112,8 +113,6 @@ def _manifest(sha256: str, weights_format: str, config: ModelConfig) -> dict:
 
 
 def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(package)
     except PackageNotFoundError:
@@ -122,8 +121,6 @@ def _version(package: str) -> str | None:
 
 def _read(path: Path, expected: dict, config: ModelConfig, weights_format: str) -> tuple[Transformer | None, str]:
     """(the Transformer, "") from a valid cache file, or (None, what is wrong with it)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(path, framework="pt") as f:
             stored = json.loads((f.metadata() or {}).get(_MANIFEST_KEY, "null"))
