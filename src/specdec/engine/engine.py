@@ -36,9 +36,10 @@ from specdec.engine.pool import DrafterPool
 from specdec.engine.request import GenerationResult, Request
 from specdec.engine.stats import SpecStats
 from specdec.engine.stop import StopStrings
+from specdec.engine.validate import check_engine_args, check_request, check_step_args
 from specdec.model.load import Model, load_model
 from specdec.model.segments import Segment
-from specdec.sampling import SamplingParams, is_whole, process_logits
+from specdec.sampling import SamplingParams, process_logits
 from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
 from specdec.verify.common import check_logits
 
@@ -56,11 +57,7 @@ class Engine:
                  drafter_factory: DrafterBuilder | None = None, max_sequences: int = 1):
         """max_len: context per sequence; max_sequences: sequences that can run at once (cache slots).
         drafter_factory(drafter_spec, spec) -> Drafter; default: the registry (`build_drafter`)."""
-        for name, value, least in (("max_len", max_len, 0), ("max_sequences", max_sequences, 1)):
-            if not is_whole(value) or value < least:  # a bool, a float, -1: torch's errors named neither
-                raise ValueError(f"{name} must be a whole number of at least {least}, got {value!r}")
-        if not isinstance(spec, SpecConfig):
-            raise TypeError(f"spec must be a SpecConfig, got {type(spec).__name__}")
+        check_engine_args(max_len, max_sequences, spec)
         self.model = model
         self.spec = spec
         self.cache = model.transformer.new_cache(max_len, num_slots=max_sequences)
@@ -115,35 +112,12 @@ class Engine:
         """Check a request and give it a cache slot and a drafter set; step_batch prefills it. skip_special:
         whether its text leaves special tokens out (None: Engine.skip_special), stop strings looked for in it.
 
-        Raises ValueError for a bad request and RuntimeError when every cache slot is in use.
+        Raises TypeError or ValueError for a bad request, before a cache slot is taken (engine/validate.py), and
+        RuntimeError when every cache slot is in use.
         """
         spec = self.spec if spec is None else spec
-        if not isinstance(sampling, SamplingParams):  # checked before a cache slot is taken
-            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-        if not isinstance(spec, SpecConfig):
-            raise TypeError(f"spec must be a SpecConfig, got {type(spec).__name__}")
-        if isinstance(prompt, (str, bytes, dict)):
-            raise TypeError(f"prompt must be a sequence of token ids, got {type(prompt).__name__} (encode text with "
-                            "model.tokenizer.encode)")
-        prompt = list(prompt)
-        ids = [int(t) for t in prompt]
-        odd = [t for t, i in zip(prompt, ids) if t != i or isinstance(t, bool)]
-        if odd:
-            raise ValueError(f"prompt token ids must be integers, got {odd[0]!r}")  # 5.7 was read as 5
-        prompt = ids
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if not is_whole(max_tokens) or max_tokens < 1:  # nan and inf ran to the end of the context
-            raise ValueError(f"max_tokens must be a whole number of at least 1, got {max_tokens!r}")
-        stop = (stop,) if isinstance(stop, str) else tuple(stop or ())  # "xy" is one stop string, not "x", "y"
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
-        if len(prompt) + 1 > self.cache.max_len:
-            raise ValueError(f"the prompt has {len(prompt)} tokens; the context holds {self.cache.max_len}")
-        vocab = self.model.config.vocab_size
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        prompt, stop = check_request(prompt, sampling, max_tokens, stop, spec, self.cache.max_len,
+                                     self.model.config.vocab_size)
         generator = sampling.generator()
         slot = self.cache.allocate()
         try:
@@ -197,11 +171,7 @@ class Engine:
         """
         t0 = time.perf_counter()
         plans = []
-        if prefill_chunk is not None and (not is_whole(prefill_chunk) or prefill_chunk < 1):  # -1 cut the prompt
-            raise ValueError(f"prefill_chunk must be a whole number of at least 1 (None: the whole prompt), got "
-                             f"{prefill_chunk!r}")
-        if any(req.slot < 0 and not req.finished for req in reqs):  # slot -1 would be the last slot: another's
-            raise ValueError("a request given to step was already given back with Engine.finish; admit it again")
+        check_step_args(reqs, prefill_chunk)
         for i, req in enumerate(reqs):
             if req.finished:
                 plans.append(None)
