@@ -38,7 +38,7 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
     def opt(name, shape=None):
         return get(name, shape) if name in names else None
 
-    # a bias the layers do not add (o_proj's with attention_bias: true, an MLP's) changed every logit unseen
+    # a bias the layers do not add (o_proj's with attention_bias: true, an MLP's) would change every logit unseen
     layer = tuple(f"model.layers.{i}." for i in range(c.num_layers))
     added = {f"{p}self_attn.{n}_proj.bias" for p in layer for n in "qkv"} if c.qkv_bias else set()
     unread = sorted(n for n in names if n.startswith(layer) and n.endswith(".bias") and n not in added)

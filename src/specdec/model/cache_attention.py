@@ -130,8 +130,7 @@ class CacheAttention:
         if not exact and tree_mask is None:
             end = start + T
             # 4-D, with the kv heads shared by enable_gqa: torch's fused (flash) CPU kernel. A 3-D call over
-            # kv heads repeated per query head ran its math path: 2.3-5.1x the time (256 tokens of smollm2-135m's
-            # and qwen2.5-coder-1.5b's heads, 1024 of smollm2's, 256 after 1000; 2 threads, Intel Xeon)
+            # kv heads repeated per query head runs its math path: 2.3-5.1x the time
             qh = q.transpose(0, 1)[None]  # (1, nh, T, hd)
             k = keys[None, :, :end].float()  # a float16 cache's values widened
             v = values[None, :, :end].float()

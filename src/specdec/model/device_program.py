@@ -24,9 +24,9 @@ from specdec.cache.kv import KVCache
 from specdec.model.cache_attention import tree_row_keys
 from specdec.model.config import ModelConfig
 
-# The programs' key width is a multiple of this. With the odd width max_len + 1 the attention's products
-# had unaligned rows and cuBLAS ran them on old, slow kernels: an H200 spent 3.3 ms of a 13 ms
-# Llama-3-8B step in p·V alone, 0.4 ms for both products once aligned.
+# The programs' key width is a multiple of this, so that the attention's products have aligned rows: cuBLAS
+# runs unaligned ones on old, slow kernels (the odd width max_len + 1: 3.3 ms of a 13 ms Llama-3-8B step on
+# an H200 in p·V alone; 0.4 ms for both products aligned).
 KEY_ALIGN = 256
 
 

@@ -155,7 +155,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         hf = hf_name(t.name, arch)
         if hf is not None:
             tensors[hf] = t
-        elif t.name.startswith("blk.") and t.name.endswith(".bias"):  # llama.cpp adds it; dropped, it changed
+        elif t.name.startswith("blk.") and t.name.endswith(".bias"):  # a bias the layers do not add: refused
             raise unread_bias(path, [t.name])
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     try:
@@ -242,10 +242,10 @@ _POSITIVE = ("rope.freq_base", "attention.layer_norm_rms_epsilon")
 
 
 def _check_sizes(path, arch: str, meta: dict, tensors: dict) -> None:
-    """Sizes that are given must be whole and at least 1, and rates positive: 0 had become a default (head_count_kv
-    0 read as 'all heads', freq_base 0 as 10000) and 64.9 had been cut to 64. block_count (with the nextn layers)
-    must match the layers in the file: fewer ran the model without its last layers, more (4e9) built billions of
-    expected shapes before the first missing tensor was named."""
+    """Sizes that are given must be whole and at least 1, and rates positive (a 0 is never read as a default,
+    64.9 never cut to 64). block_count (with the nextn layers) must match the layers in the file: fewer would run
+    the model without its last layers, more (4e9) would build billions of expected shapes before naming the first
+    missing tensor."""
     for key in _COUNTS:
         value = meta.get(f"{arch}.{key}")
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
@@ -318,7 +318,7 @@ def _check_shapes(model: GGUFModel) -> None:
         if c.qk_norm:
             expected[p + "self_attn.q_norm.weight"] = (c.head_dim,)
             expected[p + "self_attn.k_norm.weight"] = (c.head_dim,)
-        if c.qkv_bias:  # every layer's, as layer 0 has them (one missing was a KeyError)
+        if c.qkv_bias:  # every layer's, as layer 0 has them: a missing one is named here, not a KeyError later
             expected[p + "self_attn.q_proj.bias"] = (c.q_size,)
             expected[p + "self_attn.k_proj.bias"] = (c.kv_size,)
             expected[p + "self_attn.v_proj.bias"] = (c.kv_size,)

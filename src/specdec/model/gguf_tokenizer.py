@@ -38,7 +38,7 @@ _CONTROL, _USER_DEFINED = 3, 4
 
 def tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     """The tokenizer a GGUF file's metadata describes; ModelFileError for metadata that is missing, of the wrong
-    type, or whose per-token arrays do not match the token list (a short score list changed how text split)."""
+    type, or whose per-token arrays do not match the token list (a short score list would change how text splits)."""
     field = reader.fields.get("tokenizer.ggml.tokens")  # its types and length only: the builders read the arrays
     if field is None or field.types != [GGUFValueType.ARRAY, GGUFValueType.STRING] or not field.data:
         raise ModelFileError(path, "tokenizer.ggml.tokens is missing, empty, or not a list of strings")

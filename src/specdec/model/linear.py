@@ -271,7 +271,7 @@ class QLinear:
         if self.fmt == "gguf":
             return self._gguf_matmul(x)
         if self.fmt in ROW_VARIANT_FORMATS:  # torch's dense GEMMs pick kernels by the row count: exact rows go alone
-            # (bf16 rows changed with their neighbours from 1152 inputs wide on an AVX512-BF16 EPYC)
+            # (bf16 rows change with their neighbours from 1152 inputs wide on an AVX512-BF16 EPYC)
             x = x.to(self.weight.dtype)
             if exact and x.shape[0] > 1:
                 y = torch.cat([torch.nn.functional.linear(x[i : i + 1], self.weight) for i in range(x.shape[0])])
@@ -340,10 +340,10 @@ class QLinear:
         """(first output row, (n, K) of dtype) over the weight's rows, PREFILL_CHUNK_BYTES of values at a time:
         gguf, the file's values (as _gguf_values gives them); int8 / w8a8, the int8 values widened (exactly).
 
-        A prefill GEMM reads each chunk while it is still in cache. Converting the whole weight first wrote
-        and read back 2 bytes a value (4 in float32) through memory, and tensors past glibc's 32 MB mmap
-        threshold came back as fresh pages each call: qwen2.5-coder-1.5b's fused gate/up (55 MB in bf16)
-        took 182 ms to convert for a 19 ms GEMM. torch's bf16 GEMM gives each output column the same bits
+        A prefill GEMM reads each chunk while it is still in cache. Converting the whole weight first would
+        write and read back 2 bytes a value (4 in float32) through memory, and tensors past glibc's 32 MB mmap
+        threshold come back as fresh pages each call (qwen2.5-coder-1.5b's fused gate/up, 55 MB in bf16:
+        182 ms to convert for a 19 ms GEMM). torch's bf16 GEMM gives each output column the same bits
         whatever columns share its call (measured on the 1.5B's and smaller shapes), so chunking keeps them.
         """
         n = max(1, PREFILL_CHUNK_BYTES // ((2 if dtype == torch.bfloat16 else 4) * self.in_features))

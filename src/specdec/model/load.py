@@ -129,7 +129,7 @@ def open_checkpoint(path) -> tuple[object, Tokenizer]:
         raise ModelFileError(path, "not a GGUF file (bad magic); pass a .gguf file or a Hugging Face folder")
     checkpoint = read_gguf(path)
     tokenizer = tokenizer_from_gguf(path, checkpoint.reader, checkpoint.metadata)
-    if tokenizer.vocab_size > checkpoint.config.vocab_size:  # a prompt token past the rows failed at generation
+    if tokenizer.vocab_size > checkpoint.config.vocab_size:  # every token needs an embedding row
         raise ModelFileError(path, f"its tokenizer has {tokenizer.vocab_size} tokens but the model "
                              f"{checkpoint.config.vocab_size} token rows")
     return checkpoint, tokenizer

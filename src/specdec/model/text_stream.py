@@ -13,9 +13,9 @@ _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")  # a byte-fallback token's text
 class StreamDecoder:
     """The text of a growing list of token ids, decoded a few tokens at a time.
 
-    Decoding the whole output again at every step costs time in its length (0.15 ms for 1000 of
-    Qwen2.5's tokens, 0.64 ms for 4000, against a 3 ms decode step of smollm2-135m), so a long answer
-    cost time quadratic in its length. Here each push decodes a short window instead: the tokens
+    Decoding the whole output again at every step would cost time in its length (0.15 ms for 1000 of
+    Qwen2.5's tokens, 0.64 ms for 4000, against a 3 ms decode step of smollm2-135m): a long answer's
+    time quadratic in its length. Here each push decodes a short window instead: the tokens
     since the last settled point, after the few before it as context (a SentencePiece decoder drops
     the space that starts its text, and a window of context keeps that space where it belongs).
 
@@ -70,7 +70,7 @@ class StreamDecoder:
     def _last_shown(self) -> str | None:
         """The text of the last token whose text the decoding shows: skipped special tokens at the end are
         passed over, since a byte token after them joins the byte run before them (<0xC3><0xA9><eot><0xA9>
-        decodes as one run: settling "é" at <eot> was wrong once the next byte came)."""
+        decodes as one run: "é" is not settled at <eot>)."""
         for i in reversed(self.ids):
             if not self.skip_special or self.tokenizer.decode([i], skip_special=True) != "":
                 return self.tokenizer.token_text(i)

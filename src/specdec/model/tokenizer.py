@@ -122,10 +122,10 @@ def tokenizer_from_hf_folder(path: Path, raw_config: dict) -> Tokenizer:
             raise ModelFileError(template_file, f"not a readable UTF-8 template ({exc})") from None
     add_bos = tcfg.get("add_bos_token")
     if add_bos is None:  # not said: what tokenizer.json's post-processor does, as transformers encodes (Llama 3
-        # adds <|begin_of_text|> there only; without it a completion prompt had no BOS)
+        # adds <|begin_of_text|> there only)
         add_bos = bos is not None and backend.encode("a", add_special_tokens=True).ids[:1] == [bos] \
             and backend.encode("a", add_special_tokens=False).ids[:1] != [bos]
-    if not isinstance(add_bos, bool):  # "false" was true
+    if not isinstance(add_bos, bool):  # the string "false" would read as true
         raise ModelFileError(cfg_file, f"add_bos_token is {add_bos!r}, not true or false")
     return Tokenizer(backend, bos, eos_ids, add_bos, template, "tokenizer.json")
 
