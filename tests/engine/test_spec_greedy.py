@@ -129,7 +129,7 @@ def test_stops_inside_an_accepted_run_match_plain_decoding(engine):
 
 
 def test_a_stop_string_ends_the_output_where_the_whole_text_first_holds_it(engine):
-    """The engine looks for stop strings only in the text each token adds (model.tokenizer.StreamDecoder):
+    """The engine looks for stop strings only in the text each token adds (model.text_stream.StreamDecoder):
     the output still ends with the first token after which the decoded output holds one of them, and the
     text is that decoded output cut before the first of them (in the request's order) that it holds."""
     tok = engine.model.tokenizer

@@ -17,7 +17,7 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", spare: int = 0):
         """spare: positions past max_len that no sequence keeps, zero-filled with the rest: the device
         runtime's padded rows write there, and its fixed-shape attention reads every position
-        (model/device.py). Without spare positions the buffer is left unfilled."""
+        (model/device_program.py). Without spare positions the buffer is left unfilled."""
         shape = (num_layers, num_slots, num_kv_heads, max_len + spare, head_dim)
         # empty, not zeros: nothing reads a position before it is written, and the OS commits the
         # pages of a large buffer only when touched, so slots that never run cost no memory
