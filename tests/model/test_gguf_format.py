@@ -391,7 +391,7 @@ def test_greedy_speculative_output_equals_plain(mixed, mixed_gguf):
                           spec=SpecConfig(drafters=("draft-simple",), draft_model=str(mixed_gguf), draft_n_max=4))
     assert out.token_ids == plain.token_ids
     assert out.stats.accepted >= 12
-    assert engine.load_draft_model(str(mixed_gguf)).info.weights_dtype == "gguf"
+    assert engine.draft_models.load(str(mixed_gguf)).info.weights_dtype == "gguf"
 
 
 def test_nothing_is_converted_or_cached(mixed_gguf, tmp_path, monkeypatch):
@@ -446,4 +446,4 @@ def test_real_qwen_pair_greedy_equality_in_the_files_blocks():
     out = engine.generate(ids, SamplingParams(), max_tokens=32, spec=spec)
     assert out.token_ids == plain.token_ids
     assert out.stats.accepted > 8
-    assert engine.load_draft_model("qwen2.5-coder-0.5b").info.weights_dtype == "gguf"
+    assert engine.draft_models.load("qwen2.5-coder-0.5b").info.weights_dtype == "gguf"

@@ -61,7 +61,7 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
     results["runtime"] = runtime_info(with_transformers=bool(peers))
     draft_info = None
     if draft_model is not None and any(m.spec.draft_model for m in method_list):
-        draft_info = artifact(engine.load_draft_model(draft_model))
+        draft_info = artifact(engine.draft_models.load(draft_model))
     results["artifacts"] = {"target": artifact(model), "draft": draft_info}
     if out_dir is not None:
         results["files"] = {k: str(v) for k, v in write_all(results, out_dir).items()}

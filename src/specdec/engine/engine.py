@@ -31,13 +31,14 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.registry import BuildContext, DrafterSpec
 from specdec.engine.config import SpecConfig
 from specdec.engine.cost import measure_forward_cost, widest_forward
+from specdec.engine.draft_models import DraftModels
 from specdec.engine.draft_length import DraftLengthPolicy
 from specdec.engine.pool import DrafterPool
 from specdec.engine.request import GenerationResult, Request
 from specdec.engine.stats import SpecStats
 from specdec.engine.stop import StopStrings
 from specdec.engine.validate import check_engine_args, check_request, check_step_args
-from specdec.model.load import Model, load_model
+from specdec.model.load import Model
 from specdec.model.segments import Segment
 from specdec.sampling import SamplingParams, process_logits
 from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
@@ -67,7 +68,7 @@ class Engine:
         self.skip_special = True
         self.drafter_factory = drafter_factory or self.build_drafter
         self._pool = DrafterPool(lambda s: [self.drafter_factory(d, s) for d in s.drafters], MAX_CACHED_CONFIGS)
-        self._draft_models: dict[str, Model] = {}
+        self.draft_models = DraftModels(model)  # draft-simple's models, loaded once per engine
         self._forward_cost: list[float] | None = None  # measured on first adaptive request
 
     def forward_cost(self, max_tokens: int) -> list[float]:
@@ -93,18 +94,8 @@ class Engine:
                              "specdec verifies chains only (tree rows would not be bitwise their paths' single "
                              "steps there); use --spec-tree-topk 1")
         ctx = BuildContext(self.model, self.cache.max_len, spec.draft_model, spec.draft_p_min, spec.cross_tokenizer,
-                           spec.tree_topk, spec.effective_tree_budget, self.load_draft_model)
+                           spec.tree_topk, spec.effective_tree_budget, self.draft_models.load)
         return registry.create(drafter, ctx)
-
-    def load_draft_model(self, name_or_path: str) -> Model:
-        """The draft model `name_or_path`, loaded once per engine in the target's weight format (a target
-        running on its GGUF file's own blocks gets a draft in the draft's default: its blocks, or int8), on the
-        target's device."""
-        if name_or_path not in self._draft_models:
-            fmt = self.model.info.weights_dtype
-            self._draft_models[name_or_path] = load_model(name_or_path, None if fmt == "gguf" else fmt,
-                                                          progress=False, device=self.model.info.device)
-        return self._draft_models[name_or_path]
 
     # -- request lifecycle -------------------------------------------------------------------
     def admit(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
