@@ -28,13 +28,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
+from specdec.drafters.mtp import shipped_head
 from specdec.model.config import rope_scaling_of, rope_theta_of, size_problem
-from specdec.model.errors import SpecdecError
-from specdec.model.files import replaced, write_text
+from specdec.model.errors import ModelFileError, SpecdecError
+from specdec.model.files import read_json_object, replaced, safetensors_header, write_text
+from specdec.model.hf_loader import rope_scaling_factors
 from specdec.model.layers import DecoderLayer, RMSNorm
 from specdec.sampling.params import is_whole
 
@@ -45,7 +49,7 @@ class Eagle3Error(SpecdecError):
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
     """EAGLE-3's low / mid / high layers in hidden_states indexing: (2, N // 2, N - 3), each kept within
-    0 (the embeddings) .. N for targets of fewer than 5 layers (N - 3 was -1 for N = 2)."""
+    0 (the embeddings) .. N for targets of fewer than 5 layers (N - 3 is -1 for N = 2)."""
     return tuple(min(max(t, 0), num_layers) for t in (2, num_layers // 2, num_layers - 3))
 
 
@@ -92,8 +96,6 @@ class Eagle3Config:
         )
 
     def rope_factors(self, where="EAGLE-3 head") -> tuple[float, ...] | None:
-        from specdec.model.hf_loader import rope_scaling_factors
-
         return rope_scaling_factors(where, dict(self.rope_scaling or ()), self.head_dim, self.rope_theta)
 
     def to_json(self) -> dict:
@@ -168,8 +170,6 @@ class Eagle3Head(HiddenHead):
 # -- files -------------------------------------------------------------------------------------
 def load_eagle3_head(path, target) -> Eagle3Head:
     """An Eagle3Head from a folder (config.json + *.safetensors) for a loaded target Model."""
-    from safetensors import safe_open
-
     c = target.config
     path = Path(path)
     cfg, files = check_eagle3_folder(path, c, target.info.name)
@@ -208,11 +208,6 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
     """(its config, its weight files) where the folder holds an EAGLE-3 head this target can run, else an
     Eagle3Error saying why. Reads config.json, the safetensors headers and d2t only, so that `specdec inspect`
     and auto refuse exactly what the loader refuses, without building the head."""
-    from safetensors import safe_open
-
-    from specdec.model.errors import ModelFileError
-    from specdec.model.files import read_json_object, safetensors_header
-
     path, c = Path(path), target_config
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
@@ -292,8 +287,6 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
 
 def save_eagle3_head(head: Eagle3Head, folder, target_info: dict | None = None) -> Path:
     """Write config.json + model.safetensors in the published EAGLE-3 format."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
@@ -314,8 +307,6 @@ def make_eagle3_drafter(target, path=None, p_min: float = 0.0, max_len: int = 40
                         budget: int = DEFAULT_DRAFT_LENGTH) -> HiddenStateDrafter:
     """The EAGLE-3 drafter: `path` (a head folder), or the head shipped for this target."""
     if path is None:
-        from specdec.drafters.mtp import shipped_head
-
         path = shipped_head("eagle3", target)
         if path is None:
             raise Eagle3Error(f"--spec-type draft-eagle3 needs an EAGLE-3 head for {target.info.name}: pass its folder "

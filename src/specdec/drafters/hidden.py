@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from specdec.drafters.base import Draft, DrafterBase
+from specdec.drafters.tree import grow_tree
 from specdec.model.layers import DecoderLayer, MaskedAttention, extend_rope, rope_rows, rope_tables
 from specdec.sampling import SamplingParams, process_logits, sample_token
 
@@ -138,8 +139,6 @@ class HiddenStateDrafter(DrafterBase):
         if self.topk <= 1:
             draft = self._chain(logits, feat, m, draft_length)
         else:
-            from specdec.drafters.tree import grow_tree
-
             draft = grow_tree(logits, feat, self._placer(m), max_depth=draft_length, topk=self.topk,
                               budget=budget, sampling=self.sampling, generator=self.generator,
                               process=self._probs, p_min=self.p_min)
@@ -164,7 +163,7 @@ class HiddenStateDrafter(DrafterBase):
         tokens = torch.tensor([list(context[start + 1 : m + 1])])  # (1, T): x_{j+1}
         positions = torch.arange(start, m)[None]
         mask = torch.ones(1, m - start, m, dtype=torch.bool).tril(diagonal=start)  # causal over cache + new
-        # only the root's logits: the output head over every row of a long prompt cost more than the layer
+        # only the root's logits: the output head over every row of a long prompt costs more than the layer
         logits, out = self._run(0, feats[None], tokens, positions, torch.arange(start, m), mask, last_only=True)
         self._root = (m, logits[0, -1], out[0, -1])
         return self._root[1], self._root[2]

@@ -27,16 +27,20 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
-from specdec.model.errors import SpecdecError
 from specdec.model.checkpoint_facts import sidecar_path
-from specdec.model.files import replaced, write_text
+from specdec.model.errors import SpecdecError
+from specdec.model.files import read_json_object, replaced, safetensors_names, write_text
 from specdec.model.layers import DecoderLayer, RMSNorm, rms_norm
+from specdec.model.load import checkpoint_digest
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
 BLOCK_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -217,14 +221,9 @@ def shipped_head(kind: str, model) -> Path | None:
     return None
 
 
-
 def shipped_head_for(kind: str, name: str, path, checkpoint) -> Path | None:
     """shipped_head for a target not built yet (inspect, export-config): its checkpoint's config, the name it
     was asked by and its digest (a file's sha256, a folder's digest)."""
-    from types import SimpleNamespace
-
-    from specdec.model.load import checkpoint_digest
-
     info = SimpleNamespace(name=name, sha256=checkpoint_digest(path))
     return shipped_head(kind, SimpleNamespace(config=checkpoint.config, info=info))
 
@@ -245,8 +244,6 @@ def mtp_head_mismatch(raw: dict, target_config, target_name: str, folder) -> str
 
 def given_head_source(folder, model) -> tuple[object, str]:
     """The MTP weights in a head folder the user gave (-md), checked against the target; MTPError if unfit."""
-    from specdec.model.files import read_json_object
-
     folder = Path(folder)
     cfg = folder / "config.json"
     raw = read_json_object(cfg) if cfg.is_file() else {}
@@ -282,8 +279,6 @@ def mtp_source(model) -> tuple[object, str] | None:
 
 class _SafetensorsSource:
     def __init__(self, path: Path):
-        from specdec.model.files import safetensors_names
-
         self.path = path
         self._names = safetensors_names(path)
 
@@ -291,8 +286,6 @@ class _SafetensorsSource:
         return self._names
 
     def get(self, name):
-        from safetensors import safe_open
-
         with safe_open(str(self.path), framework="pt") as f:
             return f.get_tensor(name).float()
 
@@ -321,8 +314,6 @@ def load_mtp_head(model, max_len: int = 4096, folder=None) -> tuple[MTPHead, str
 
 def save_mtp_head(head: MTPHead, folder, target_info: dict) -> Path:
     """Write config.json + model.safetensors (deepseek layout) that load_mtp_head reads."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     c = head.config

@@ -27,8 +27,7 @@ def sample_anchors(valid: torch.Tensor, count: int, generator: torch.Generator) 
 def block_loss(model, target, tokens: torch.Tensor, valid: torch.Tensor, anchors: torch.Tensor, keep: torch.Tensor,
                decay: float = 4.0, ce_weight: float = 1.0, l1_weight: float = 0.0, confidence_weight: float = 1.0
                ) -> tuple[torch.Tensor, list[float], list[int]]:
-    """DFlash / DSpark training loss on a padded batch, with one block per anchor (the published recipe,
-    deepseek-ai/DeepSpec dspark/loss.py):
+    """DFlash / DSpark training loss on a padded batch, with one block per anchor (DSpark's published recipe):
 
         context   the frozen target's hidden rows of every position strictly before the anchor
         block     [x_a, MASK x (B-1)] at positions a .. a+B-1, attending that context and (both ways) itself

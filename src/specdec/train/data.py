@@ -10,8 +10,14 @@ are never used here.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import random
+import sys
+import zipfile
 from pathlib import Path
+
+import numpy as np
 
 _TOPICS = ["the ocean", "a lighthouse keeper", "volcanoes", "bread baking", "the moon landing", "honey bees",
            "a lost robot", "winter in the mountains", "coffee", "the printing press", "rainforests", "chess",
@@ -42,10 +48,6 @@ def builtin_prompts() -> list[str]:
 
 def builtin_corpus(max_docs: int = 4000) -> list[str]:
     """Docstrings of Python standard library modules, classes and functions (deterministic order)."""
-    import importlib
-    import inspect
-    import sys
-
     names = sorted(n for n in sys.stdlib_module_names if not n.startswith("_") and n not in (
         "antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "lib2to3", "ensurepip", "venv", "pydoc_data"))
     docs: list[str] = []
@@ -87,7 +89,7 @@ def read_corpus(paths: list[str] | None) -> list[str]:
     docs = []
     for p in paths:
         text = _read_text(p, "--data", errors="replace")
-        short = ""  # paragraphs of 80 characters or fewer go on together (a file of short Q&A pairs gave none)
+        short = ""  # paragraphs of 80 characters or fewer go on together (short Q&A pairs make chunks too)
         for d in text.split("\n\n"):
             d = d.strip()
             if not d:
@@ -103,7 +105,7 @@ def read_corpus(paths: list[str] | None) -> list[str]:
 
 def chat_prompt_ids(tokenizer, prompt: str, keep: int | None = None) -> list[int]:
     """The prompt as the target sees it; keep: only its last `keep` tokens are wanted, so a prompt of more than
-    16 characters per token is cut first (a 20 MB line was encoded whole once per sequence: hours)."""
+    16 characters per token is cut first (a long line is never encoded whole)."""
     if keep is not None:
         prompt = prompt[-16 * keep:]
     if tokenizer.chat_template:
@@ -145,7 +147,7 @@ def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], nu
 def corpus_chunks(tokenizer, corpus: list[str], count: int, seq_len: int, rng: random.Random) -> list[list[int]]:
     """Up to `count` chunks of at most seq_len tokens (of more than 8): the start of each document in a
     shuffled order, then, while chunks are wanted, the later pieces of the long ones (a file without blank
-    lines is one document; it gave one chunk, whatever --corpus-seqs asked for)."""
+    lines is one document, and gives as many chunks as --corpus-seqs asks for)."""
     docs = list(corpus)
     rng.shuffle(docs)
     chunks, longer = [], []
@@ -168,8 +170,6 @@ def corpus_chunks(tokenizer, corpus: list[str], count: int, seq_len: int, rng: r
 
 def save_sequences(seqs: list[list[int]], path) -> None:
     """Token sequences as a compressed .npz (tokens flat, lengths); uint16 when the ids fit."""
-    import numpy as np
-
     flat = [t for s in seqs for t in s]
     dtype = np.uint16 if (max(flat, default=0) < 2**16) else np.int32
     with open(path, "wb") as f:  # a file, so that numpy adds no ".npz" to a path without it (replaced()'s)
@@ -179,10 +179,6 @@ def save_sequences(seqs: list[list[int]], path) -> None:
 def load_sequences(path, vocab_size: int | None = None) -> list[list[int]]:
     """What save_sequences wrote; a ValueError naming the file for anything else (a truncated archive, float
     or negative token ids, ids the target's vocabulary does not have, lengths that do not add up)."""
-    import zipfile
-
-    import numpy as np
-
     try:
         loaded = np.load(path)
         if not isinstance(loaded, np.lib.npyio.NpzFile):  # a .npy array: no `with`, and not our format

@@ -26,10 +26,9 @@ def init_distributed():
 
 def finish_distributed(world: int, ok: bool) -> None:
     """Leaves torchrun's process group before the interpreter shuts down: a gloo rank that exits
-    without it can still hold finished work whose tensors are freed during finalization, and
-    aborts (SIGABRT; seen once in CI, see pytorch PR 179291). After a barrier when this rank
-    finished, so that none leaves while another still talks to it; without one after an error,
-    which the other ranks may never reach."""
+    without it can still hold finished work whose tensors are freed during finalization, and abort.
+    After a barrier when this rank finished, so that none leaves while another still talks to it;
+    without one after an error, which the other ranks may never reach."""
     if world <= 1:
         return
     if not dist.is_initialized():

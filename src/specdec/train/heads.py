@@ -142,6 +142,7 @@ def frequent_tokens(seqs: list[list[int]], size: int, vocab: int, device="cpu", 
 
 
 def target_info(model_name: str, path, checkpoint) -> dict:
+    """The target a saved head records (its config.json's specdec.target): name, file digest, shapes."""
     c = checkpoint.config
     sha = cached_sha256(path) if Path(path).is_file() else None
     return {"names": [model_name], "sha256": [sha] if sha else [], "arch": c.arch, "hidden_size": c.hidden_size,

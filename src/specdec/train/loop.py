@@ -21,6 +21,7 @@ from specdec.train.ttt import TTTLoss, ttt_loss
 
 
 def pad_batch(seqs: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """B sequences -> (tokens (B, T) zero-padded, valid (B, T): True on real tokens), T the longest."""
     width = max(len(s) for s in seqs)
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
     valid = torch.zeros(len(seqs), width, dtype=torch.bool)
@@ -31,6 +32,8 @@ def pad_batch(seqs: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor
 
 
 def mean_accept_length(accs: list[float]) -> float:
+    """1 + sum_s prod_{t<=s} accs[t]: the mean accepted length of a chain whose step s matches at the
+    conditional rate accs[s]. [0.5, 0.5] -> 1 + 0.5 + 0.25 = 1.75."""
     length, run = 1.0, 1.0
     for a in accs:
         run *= a
@@ -93,7 +96,7 @@ class Trainer:
                              "settings; resume with those, or train into another --out") from None
         self.step = step
         # the data order and the loss's random draws where they were, so that a resumed run takes the batches and
-        # anchors the run would have taken (without them some sequences came twice in an epoch, others never)
+        # anchors the run would have taken (each sequence once per epoch)
         self._data = state.get("data")
         rng = state.get("loss_rng")
         if rng is not None and self._loss_generator() is not None:

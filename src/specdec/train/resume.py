@@ -13,9 +13,9 @@ from specdec.model.load import checkpoint_digest
 
 def check_out(out: Path, resume: bool, data_only: bool = False) -> None:
     """A head (or a model) already in --out is replaced only by continuing its training (--resume): a new
-    run wrote over it at its first checkpoint, and --out set to the target's own folder replaced its weights.
-    data_only (--steps 0, which writes the data only) is refused there too: it replaced the text a --resume
-    of that head trains on."""
+    run would write over it at its first checkpoint (the target's own weights, with --out its folder).
+    data_only (--steps 0, which writes the data only) is refused there too: it would replace the text a
+    --resume of that head trains on."""
     held = next((name for name in ("model.safetensors", "config.json", "state.pt") if (out / name).exists()), None)
     if held is None:
         return
@@ -70,7 +70,7 @@ def check_resume(path: Path, kind: str, settings: dict) -> dict | None:
 def resume_settings(args, path, world: int, seq_len: int, sequences: Path | None, layer_ids, mask) -> dict:
     """What a resumed run must repeat (check_resume holds it to them), from `specdec train`'s flags: its target
     (a head trained half against another model), its data, and everything that shapes the head or the loss
-    (another --ttt or --anchors changed the loss half-way)."""
+    (another --ttt or --anchors would change the loss half-way)."""
     settings = {"target": checkpoint_digest(path), "world": world, "seq_len": seq_len,
                 "val": args.val,  # --val moves sequences between the sets
                 "data": f"--sequences sha256 {sha256_file(sequences)}" if sequences else "generated",

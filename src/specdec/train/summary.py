@@ -16,7 +16,7 @@ def write_summary(args, out: Path, step: int, start: int, accs: list[float], seq
     """Rank 0 writes the summary of a run that trained from step `start` to `step` (t0: its perf_counter start)."""
     if rank == 0 and step == start and (out / "train_summary.json").is_file():
         log(f"nothing trained: the head is at step {start} already (--steps {args.steps}); "
-            "train_summary.json is kept")  # a resume past --steps overwrote it with empty numbers
+            "train_summary.json is kept")  # the summary of the steps trained stays, not an empty one
     elif rank == 0:
         summary = {"kind": args.kind, "model": args.model, "steps": step, "sequences": sequences,
                    "val_top1_per_step": [round(a, 4) for a in accs],

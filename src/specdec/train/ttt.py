@@ -72,8 +72,8 @@ def ttt_loss(head, kind: str, target, tokens: torch.Tensor, valid: torch.Tensor,
             guess = logits.argmax(-1)
             if kind == "eagle3" and draft_ids is not None:
                 guess = draft_ids[guess]
-            # step s counts where steps 0..s-1 matched: matches / counts is conditional, as drafting accepts
-            # (mean_accept_length multiplies them; unconditional rates under-reported it, 2.38 for 2.49)
+            # step s counts where steps 0..s-1 matched: matches / counts is the conditional rate that drafting
+            # accepts at and mean_accept_length multiplies
             counts.append(int((prefix & ok).sum()))
             prefix = prefix & (guess == full) & ok
             matches.append(float(prefix.sum()))

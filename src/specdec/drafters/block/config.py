@@ -134,20 +134,20 @@ class BlockConfig:
         if not ids:
             raise DFlashError(f"{where} names no target_layer_ids (dflash_config.target_layer_ids) and no "
                               "num_target_layers to derive them from: the target layers it reads are unknown")
-        if not isinstance(ids, (list, tuple)) or not all(is_whole(i) for i in ids):  # "13" read as layers 1 and 3
+        if not isinstance(ids, (list, tuple)) or not all(is_whole(i) for i in ids):  # a list: not "13" (layers 1 and 3)
             raise DFlashError(f"{where}: target_layer_ids must be a list of layer numbers, got {ids!r}")
         mask = extra.get("mask_token_id")
         if mask is not None and (not is_whole(mask) or mask < 0):
             raise DFlashError(f"{where}: mask_token_id must be a token id, got {mask!r}")
         block = extra.get("block_size")
-        if not is_whole(block) or block < 2:  # 3.7 was read as 3
+        if not is_whole(block) or block < 2:  # a whole number: 3.7 is not 3
             raise DFlashError(f"{where}: block_size must be at least 2, got {block!r}")
         scaling = rope_scaling_of(raw)
         rope_type = scaling and (scaling.get("rope_type") or scaling.get("type"))
         if scaling is not None and rope_type != "llama3":
             raise DFlashError(f"{where} uses {rope_type!r} RoPE scaling; specdec runs plain and llama3 RoPE only")
         rank = extra.get("markov_rank") or 0
-        if not is_whole(rank) or rank < 0:  # -4 was a torch error building the head, 8.7 read as 8
+        if not is_whole(rank) or rank < 0:  # a whole number >= 0: 8.7 is not 8
             raise DFlashError(f"{where}: markov_rank must be a whole number of at least 0, got {rank!r}")
         markov = str(extra.get("markov_head_type") or "vanilla").lower() if rank else None
         if markov is not None and markov not in MARKOV_KINDS:

@@ -134,7 +134,7 @@ def make_block_drafter(target, path=None, kind: str = "draft-dflash", p_min: flo
                               "pass it with -md/--model-draft")
     cfg = read_config(path)
     layout = "DFlash" if cfg.layout == "dflash" else "DSpark"
-    if cfg.layout != short:  # it ran as the other kind, its stats filed under the name asked for
+    if cfg.layout != short:  # each layout runs under its own kind (and its stats)
         raise DFlashError(f"{path} is a {layout} drafter: run it with --spec-type draft-{cfg.layout} (or give -md "
                           "alone)")
     model = load_block_drafter(path, TargetParts.of(target), target.config, f"the target {target.info.name}",
