@@ -1,9 +1,8 @@
-"""Choosing the draft length from measured costs (DESIGN.md: "Choose the draft length from the
-measured cost of verifying k tokens, not a constant").
+"""Choosing the draft length from measured costs, not a constant (docs/design.md, A step).
 
-On this project's CPU a verify pass of 2 tokens costs about what 1 costs, but 6 cost ~2.5x
-(per-row attention and the int8 kernel's per-row work), so the best length depends on the
-acceptance rate and is worth computing rather than guessing.
+On a CPU a verify pass of 2 tokens costs about what 1 costs, but 6 cost ~2.5x (per-row attention
+and the int8 kernel's per-row work), so the best length depends on the acceptance rate and is
+worth computing rather than guessing. DraftLengthPolicy (engine/draft_length.py) calls these.
 """
 
 from __future__ import annotations
@@ -55,9 +54,7 @@ def expected_tokens(k: int, acceptance: float) -> float:
 # Drafting must promise this much more than plain decoding's tokens per second to be chosen: the
 # acceptance estimate is an average of a few steps, the forward costs move by a few percent between
 # measurements, and a step that drafts pays more than its forward (proposing, verifying, rolling back).
-# Without it, text that rarely repeats kept 1-token drafts going at an acceptance of 0.1-0.2 and ran
-# 2-9% slower than plain decoding (prose and chat in the git history of docs/bench/qwen2.5-coder-1.5b-gguf-auto;
-# its report now is a run with the margin: every category at 1.00x or more).
+# So text that rarely repeats (acceptance 0.1-0.2) decodes plainly instead of 1-token drafts that lose.
 DRAFT_MARGIN = 0.05
 
 

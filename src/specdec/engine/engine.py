@@ -16,6 +16,10 @@ Several sequences share one forward per step (continuous batching, server/schedu
 
 Each sequence's rows are computed bitwise as they would be alone (Transformer.forward_batch),
 so batching never changes an answer.
+
+Beside it: a request's state (request.py), its draft length each step (draft_length.py, priced by
+cost.py), its stop strings (stop.py), the argument checks (validate.py), the drafter sets kept per
+SpecConfig (pool.py) and the draft models they load (draft_models.py).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.registry import BuildContext, DrafterSpec
 from specdec.engine.config import SpecConfig
 from specdec.engine.cost import measure_forward_cost, widest_forward
-from specdec.engine.draft_models import DraftModels
 from specdec.engine.draft_length import DraftLengthPolicy
+from specdec.engine.draft_models import DraftModels
 from specdec.engine.pool import DrafterPool
 from specdec.engine.request import GenerationResult, Request
 from specdec.engine.stats import SpecStats
@@ -284,7 +288,7 @@ class Engine:
         A sampled draft (draft_probs: a model drafter at temperature > 0) is verified whatever its length:
         its length can depend on the tokens it drew (--spec-draft-p-min stops after a token whose next row
         is unsure), and dropping it for being short would verify only the drafts whose tokens made them
-        long, a choice rejection sampling does not allow (the target's distribution was off by 0.3-0.8%)."""
+        long, a choice rejection sampling does not allow (the verified law would no longer be the target's)."""
         if k <= 0 or not req.drafters:
             return None, Draft()
         context = req.prompt + req.output

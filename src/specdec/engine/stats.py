@@ -1,4 +1,4 @@
-"""SpecStats: the one counters object shared by CLI, server and bench (DESIGN.md, Metrics).
+"""SpecStats: the one counters object shared by CLI, server and bench (docs/design.md, Metrics).
 
 Rates are derived here and nowhere else.
 """
@@ -33,7 +33,7 @@ class SpecStats:
     def record(self, source: str, drafted: int, accepted: int, depth: int | None = None) -> None:
         """One verify step: `drafted` tokens proposed by `source`, the first `accepted` kept. depth: the
         positions they cover (a tree's depth; a chain's length, the default): per-position acceptance
-        counts positions, not a tree's nodes (a tree 3 deep of 6 nodes reported 6 positions)."""
+        counts positions, not a tree's nodes (a tree 3 deep of 6 nodes drafted 3 positions)."""
         self.decode_steps += 1
         self.emitted += accepted + 1
         if drafted == 0:
