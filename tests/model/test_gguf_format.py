@@ -1,4 +1,4 @@
-"""The gguf weight format: a GGUF file's own quantized blocks, computed as stored (model/kernels/gguf.c)."""
+"""The gguf weight format: a GGUF file's own quantized blocks, computed as stored (model/kernels/gguf_*.c)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def quantized_input(x: torch.Tensor) -> torch.Tensor:
 
 # -- the kernel ------------------------------------------------------------------------------------
 def test_activations_quantize_as_the_scalar_rule():
-    """gguf.c's vectorized quantize_rows_sums, bit for bit the rule it states: per block of 32, d = max|v| / 127,
+    """gguf_acts.c's vectorized quantize_rows_sums, bit for bit the rule it states: per block of 32, d = max|v| / 127,
     q = v * (1 / d) rounded half to even, xsum = d * sum(q), all in float32 (ties, zeros and a zero block
     included)."""
     x = torch.randn(5, 320) * torch.logspace(-3, 3, 320)
@@ -85,7 +85,7 @@ FP16_FIELDS = {"Q4_0": [(0, 2)], "Q4_1": [(0, 4)], "Q5_0": [(0, 2)], "Q5_1": [(0
 def test_the_largest_q_against_the_largest_activations_stays_exact(kind):
     """Every q at its type's largest magnitude (all bits set; Q8_0: -128) against activations that quantize to
     +-127 everywhere: the integer dots' largest sums, which the AVX2 build adds in int16 before widening
-    (gguf.c, sums16); a saturated sum would be off by far more than the tolerance."""
+    (gguf_linear.c, sums16); a saturated sum would be off by far more than the tolerance."""
     width = 512 if kind in K_QUANTS else 352
     b = blocks_of(kind, 8, width).clone()
     size = {"Q4_0": 18, "Q4_1": 20, "Q5_0": 22, "Q5_1": 24, "Q8_0": 34, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[kind]
@@ -121,7 +121,7 @@ def test_rows_are_bitwise_the_same_in_any_batch_and_at_any_thread_count(kind):
 @pytest.mark.parametrize("kind", TYPES)
 def test_long_rows_taken_in_spans_give_the_bits_of_one_pass(kind):
     """Rows of 24 groups of 256 (+ 3 legacy blocks past them): four activation rows no longer fit in L1 with
-    them, so the kernel takes panels of columns span by span of groups (gguf.c, "Spans of groups"), where
+    them, so the kernel takes panels of columns span by span of groups (gguf_linear.c, "Spans of groups"), where
     one row takes each column in one pass; 37 columns leave a partial panel."""
     width = 24 * 256 if kind in K_QUANTS else 24 * 256 + 96
     b = blocks_of(kind, 37, width, seed=4)
@@ -312,7 +312,7 @@ def test_without_the_kernel_gguf_is_a_clear_error_and_not_the_default(monkeypatc
 
 @pytest.mark.parametrize("kind", TYPES)
 def test_embedding_rows_are_the_files_values(kind):
-    """gguf.c's row lookup gives exactly the gguf package's float32 values."""
+    """gguf_values.c's row lookup gives exactly the gguf package's float32 values."""
     width = 512 if kind in K_QUANTS else 96
     b = blocks_of(kind, 50, width, seed=4)
     rows = BlockRows(kind, b)
