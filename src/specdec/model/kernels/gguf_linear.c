@@ -118,7 +118,7 @@ static inline __m256i chains_sum(const __m256i *d, int R) {
 // linears of qwen2.5-coder-1.5b took 0.73x the time at four rows (its ffn_down, K = 8960, 0.55x) and 0.95x
 // at one; qwen2.5-coder-0.5b's 0.87x at four; 1024, 1536, 2048 and 4096 bytes ahead measured alike.
 #define PREFETCH 1536
-// (always_inline: GCC 12 found the out-of-line function free of effects and dropped its calls)
+// (always_inline: out of line, GCC 12 finds the function free of effects and drops its calls)
 static inline __attribute__((always_inline)) void prefetch_bytes(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
