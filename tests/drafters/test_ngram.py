@@ -1,12 +1,14 @@
-"""The n-gram drafters on hand-made token sequences: exact drafts, thresholds, files."""
+"""ngram-simple and ngram-cache on hand-made token sequences: exact drafts, thresholds, files (ngram-map-k,
+-k4v and ngram-mod: test_ngram_map.py, test_ngram_mod.py, test_ngram_reference.py)."""
 
 import json
 
 import numpy as np
 import pytest
 
-from specdec.drafters.ngram import NgramMapK, NgramMapK4V, NgramSimple
+from specdec.drafters.ngram import NgramSimple
 from specdec.drafters.ngram_cache import NgramCache, load_corpus, save_corpus
+from specdec.drafters.ngram_map import NgramMapK, NgramMapK4V
 
 
 def draft(drafter, context, max_tokens=8, prompt=None):
@@ -45,61 +47,6 @@ def test_simple_rejects_impossible_settings():
         NgramSimple(order_min=4, order_max=3)
     with pytest.raises(ValueError, match="order_min"):
         NgramSimple(order_min=0)
-
-
-# --- ngram-map-k ---
-
-
-def test_map_k_drafts_only_after_min_hits():
-    once = [1, 2, 3, 4, 9, 1, 2, 3]
-    assert draft(NgramMapK(min_hits=2), once) == ()
-    assert draft(NgramMapK(min_hits=1), once, max_tokens=3) == (4, 9, 1)
-    twice = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2, 3]
-    assert draft(NgramMapK(min_hits=2), twice, max_tokens=3) == (5, 1, 2)  # the latest one
-    assert draft(NgramMapK(min_hits=3), twice) == ()
-
-
-def test_map_k_uses_exactly_key_size_tokens():
-    context = [7, 1, 2, 5, 8, 1, 2]
-    assert draft(NgramMapK(key_size=3, min_hits=1), context) == ()
-    assert draft(NgramMapK(key_size=2, min_hits=1), context, max_tokens=2) == (5, 8)
-
-
-# --- ngram-map-k4v ---
-
-# key (1, 2) followed by 4 twice and 5 once; the rest (9, 1, 2, ...) repeats.
-DOMINANT = [1, 2, 4, 9, 1, 2, 4, 9, 1, 2, 5, 9, 1, 2]
-
-
-def test_k4v_drafts_a_clear_winner_and_chains_on():
-    assert draft(NgramMapK4V(key_size=2), DOMINANT, max_tokens=5) == (4, 9, 1, 2, 4)
-
-
-def test_k4v_refuses_when_ambiguous():
-    tied = DOMINANT + [5, 9, 1, 2]  # 4: 2, 5: 2
-    assert draft(NgramMapK4V(key_size=2), tied) == ()
-    close = tied + [4, 9, 1, 2]  # 4: 3, 5: 2 is not 2x
-    assert draft(NgramMapK4V(key_size=2), close) == ()
-    assert draft(NgramMapK4V(key_size=2, dominance=1.5), close, max_tokens=1) == (4,)
-
-
-def test_k4v_respects_min_hits():
-    once = [1, 2, 4, 9, 1, 2]
-    assert draft(NgramMapK4V(key_size=2), once) == ()
-    assert draft(NgramMapK4V(key_size=2, min_hits=1), once, max_tokens=2) == (4, 9)
-
-
-def test_k4v_keeps_four_candidates_and_forgets_the_weakest():
-    def after_key(nexts):  # key (1, 2) followed by each of nexts, separated by fresh tokens
-        context = []
-        for i, token in enumerate(nexts):
-            context += [1, 2, token, 100 + i]
-        return context + [1, 2]
-
-    d = NgramMapK4V(key_size=2, min_hits=1)
-    assert draft(d, after_key([10, 11, 12, 13, 10]), max_tokens=1) == (10,)  # 10 seen twice
-    # A fifth candidate (14) evicted 10's count, so 10's next sighting counts 1 again.
-    assert draft(d, after_key([10, 11, 12, 13, 14, 10]), max_tokens=1) == ()
 
 
 # --- ngram-cache ---

@@ -49,7 +49,7 @@ def test_options_are_part_of_the_drafter_settings(tiny_model):
     engine = Engine(tiny_model, max_len=64)
     (plain,) = engine.drafters_for(SpecConfig(drafters=("ngram-map-k",)))
     (strict,) = engine.drafters_for(SpecConfig(drafters=(DrafterSpec.of("ngram-map-k", min_hits=7),)))
-    assert (plain.min_hits, strict.min_hits) == (2, 7)
+    assert (plain.min_hits, strict.min_hits) == (1, 7)
 
 
 def test_the_cache_of_drafter_sets_is_bounded(tiny_model):

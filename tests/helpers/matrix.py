@@ -22,6 +22,10 @@ ROWS = {
 
 MODEL_FREE = [row for row in ROWS if not row.startswith("draft-")]
 
+# options of the model-free rows on the matrix's short texts, where llama.cpp's keys (12 tokens for the
+# n-gram map) repeat nowhere and would never draft
+OPTIONS = {"ngram-map-k": {"key_size": 3}, "ngram-map-k4v": {"key_size": 3}}
+
 # rows whose drafter for the real target (tests/lossless/conftest.py) is random: they draft and are
 # (almost) always rejected, so no accepted draft is asserted for them there
 RANDOM_ON_REAL = {"draft-simple-cross", "draft-dflash", "draft-dspark"}

@@ -17,8 +17,10 @@ import pytest
 import torch
 
 from helpers.drafts import random_sharing_tokenizer, save_random_block_drafter
+from helpers.matrix import OPTIONS
 from helpers.models import real_model
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.registry import DrafterSpec
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
@@ -39,7 +41,7 @@ Answer:
 def accumulate(values):
 """
 # text that repeats, so that the model-free kinds draft; the answers leave the pattern after a while, so
-# drafts are also rejected (ngram-map-k / -k4v draft here and nowhere in EDIT_PROMPT's answer)
+# drafts are also rejected
 ASSIGN_PROMPT = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny = 2\nz ="
 CAT_PROMPT = "the cat sat on the mat. the cat sat on the mat. the cat sat on the"
 PROMPTS = {"edit": EDIT_PROMPT, "assign": ASSIGN_PROMPT, "cat": CAT_PROMPT}
@@ -104,7 +106,8 @@ def real_variants(gguf_smollm, tiny_hf_dir, tmp_path_factory):
     random_draft = random_sharing_tokenizer(folder / "random-smollm", gguf_smollm)
     blocks = {layout: save_random_block_drafter(gguf_smollm, layout, folder / layout)
               for layout in ("dflash", "dspark")}
-    free = {kind: [Variant(kind, SpecConfig(drafters=(kind,), draft_n_max=4))]
+    free = {kind: [Variant(kind, SpecConfig(drafters=(DrafterSpec.of(kind, **OPTIONS.get(kind, {})),),
+                                            draft_n_max=4))]
             for kind in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "suffix")}
     heads = {f"draft-{kind}-{shape}": [Variant(f"the shipped {kind} head, {shape}", SpecConfig(
         drafters=(f"draft-{kind}",), draft_n_max=3, **({"tree_topk": 2, "tree_budget": 5} if shape == "tree" else {})))]

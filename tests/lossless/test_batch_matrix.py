@@ -20,7 +20,8 @@ import asyncio
 import pytest
 
 from helpers.drafts import looping_prompt, perturbed_hf_model, save_random_block_drafter
-from helpers.matrix import ROWS
+from helpers.matrix import OPTIONS, ROWS
+from specdec.drafters.registry import DrafterSpec
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
@@ -97,8 +98,8 @@ def tiny_drafts(tiny_model, tmp_path_factory):
 @pytest.mark.parametrize("row", ["ngram-map-k", "draft-simple", "draft-dflash"])
 def test_scheduled_jobs_give_their_solo_answers(row, tiny_model, tiny_drafts):
     """Five jobs through a batch of 3 (they join as others finish; prompts longer than the prefill chunk)."""
-    spec = SpecConfig(drafters=(ROWS[row],), draft_model=str(tiny_drafts[row]) if row.startswith("draft-") else None,
-                      draft_n_max=3)
+    spec = SpecConfig(drafters=(DrafterSpec.of(ROWS[row], **OPTIONS.get(row, {})),),
+                      draft_model=str(tiny_drafts[row]) if row.startswith("draft-") else None, draft_n_max=3)
     engine = Engine(tiny_model, spec, max_len=128, max_sequences=3)
     scheduler = Scheduler(engine, prefill_chunk=4)
     try:

@@ -30,11 +30,12 @@ import pytest
 from helpers.distribution import engine_law, law_gap
 from helpers.drafts import (Biased, likely_bias, looping_prompt, permuted_vocab_model, perturbed_hf_model,
                             random_block_model, random_mtp_head)
-from helpers.matrix import ROWS
+from helpers.matrix import MODEL_FREE, OPTIONS, ROWS
 from helpers.tiny import EAGLE3_DRAFT_IDS, random_eagle3_head
 from helpers.tree_law import exact_law
 from specdec.drafters.block.drafter import BlockDrafter
 from specdec.drafters.hidden import HiddenStateDrafter
+from specdec.drafters.registry import DrafterSpec
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
@@ -85,7 +86,8 @@ def cases(tiny_model, tmp_path_factory):
                                     p_min=p_min, max_len=MAX_LEN)
 
     loop = looping_prompt(tiny_model)
-    out = {row: Case(SpecConfig(drafters=(row,), draft_n_max=3), loop, 4) for row in ROWS if not row.startswith("draft-")}
+    out = {row: Case(SpecConfig(drafters=(DrafterSpec.of(row, **OPTIONS.get(row, {})),), draft_n_max=3), loop, 4)
+           for row in MODEL_FREE}
     out["draft-simple"] = Case(SpecConfig(drafters=("draft-simple",), draft_model=str(perturbed), draft_n_max=2), SHORT, 4)
     cat = tiny_model.tokenizer.encode("the cat sat on the mat")
     out["draft-simple-cross"] = Case(SpecConfig(drafters=("draft-simple",), draft_model=str(permuted),

@@ -3,14 +3,18 @@
 All read only token ids, so they work for any model and cost microseconds:
 
     ngram-simple   last n tokens -> their most recent earlier occurrence -> copy what followed
-    ngram-map-k    the same through a key -> (hits, last position) map; drafts after min_hits
-    ngram-map-k4v  key -> up to 4 next-token candidates with counts; drafts only a clear winner
+    ngram-map-k    llama.cpp's n-gram map: a key's stored occurrence, draft lengths cut to what
+                   the target kept of the key's last draft (drafters/ngram_map.py)
+    ngram-map-k4v  the same map with up to 4 value m-grams per key, counted; drafts only when one
+                   dominates (drafters/ngram_map.py)
+    ngram-mod      llama.cpp's hashed n-gram -> next token table, kept across requests; drafts a
+                   chain of lookups (drafters/ngram_mod.py)
     ngram-cache    llama.cpp's three tiers: this context, earlier outputs, a static corpus
                    (drafters/ngram_cache.py)
 
-Each keeps its own copy of the committed tokens and indexes every new token exactly once,
-so a call costs O(new tokens + draft length), never a rescan of the whole context. The engine
-passes prompt + committed output, which only grows within a request; begin() starts over.
+IncrementalDrafter keeps a copy of the committed tokens and indexes every new token exactly
+once, so a call costs O(new tokens + draft length), never a rescan of the whole context. The
+engine passes prompt + committed output, which only grows within a request; begin() starts over.
 
     >>> d = NgramSimple()
     >>> d.begin([1, 2, 3, 4, 9])
@@ -140,123 +144,3 @@ class NgramSimple(IncrementalDrafter):
                 if start is not None:
                     return Draft.chain(_copy_from(tokens, start, draft_length))
         return Draft()
-
-
-# --- ngram-map-k --------------------------------------------------------------------------
-
-
-@dataclass
-class NgramMapK(IncrementalDrafter):
-    """A map key -> (hits, last position); copies what followed the key's last occurrence
-    once the key has occurred min_hits times before.
-
-    Defaults key_size=3, min_hits=2: a 3-token key re-syncs quickly, and two earlier hits
-    mean the pattern recurs (boilerplate, repeated structure) rather than matching by
-    chance, which is what separates this kind from ngram-simple (which drafts on the first
-    sighting). Use ngram-simple or suffix to copy a text that occurs once, as in editing.
-    """
-
-    key_size: int = 3
-    min_hits: int = 2
-    name: str = field(default="ngram-map-k", init=False)
-
-    def _check_args(self) -> None:
-        check_positive(self.name, min_hits=self.min_hits)
-        check_order(self.name, key_size=self.key_size)
-
-    def _reset(self) -> None:
-        super()._reset()
-        self._map: dict[NgramKey, list[int]] = {}  # key -> [hits, index after last occurrence]
-
-    def _append(self, i: int) -> None:
-        if i < self.key_size:
-            return
-        key = tuple(self._tokens[i - self.key_size : i])  # one token late, as in NgramSimple
-        entry = self._map.get(key)
-        if entry is None:
-            self._map[key] = [1, i]
-        else:
-            entry[0] += 1
-            entry[1] = i
-
-    def propose(self, context: Sequence[int], draft_length: int) -> Draft:
-        self._sync(context)
-        tokens = self._tokens
-        if draft_length > 0 and len(tokens) >= self.key_size:
-            entry = self._map.get(tuple(tokens[-self.key_size :]))
-            if entry is not None and entry[0] >= self.min_hits:
-                return Draft.chain(_copy_from(tokens, entry[1], draft_length))
-        return Draft()
-
-
-# --- ngram-map-k4v ------------------------------------------------------------------------
-
-MAX_VALUES = 4  # next-token candidates kept per key (the "4v")
-
-
-@dataclass
-class NgramMapK4V(IncrementalDrafter):
-    """key -> up to 4 next tokens with counts; drafts token by token while one dominates.
-
-    A candidate is drafted when its count >= min_hits and >= dominance x the runner-up's
-    count; the draft then continues from the key that ends with it. When a fifth distinct
-    next token shows up, it replaces the least counted candidate (oldest among equals).
-
-    Defaults key_size=3, min_hits=2, dominance=2.0: a winner seen twice and at least twice
-    as often as any alternative is right most of the time; a 1:1 or 3:2 split is a coin
-    toss that costs a verification row and gains nothing.
-    """
-
-    key_size: int = 3
-    min_hits: int = 2
-    dominance: float = 2.0
-    name: str = field(default="ngram-map-k4v", init=False)
-
-    def _check_args(self) -> None:
-        check_positive(self.name, min_hits=self.min_hits)
-        check_order(self.name, key_size=self.key_size)
-        if self.dominance < 1.0:
-            raise ValueError(f"{self.name}: dominance must be >= 1.0 (got {self.dominance})")
-
-    def _reset(self) -> None:
-        super()._reset()
-        self._map: dict[NgramKey, list[list[int]]] = {}  # key -> [[token, count], ...]
-
-    def _append(self, i: int) -> None:
-        if i < self.key_size:
-            return
-        token = self._tokens[i]
-        values = self._map.setdefault(tuple(self._tokens[i - self.key_size : i]), [])
-        for value in values:
-            if value[0] == token:
-                value[1] += 1
-                return
-        if len(values) < MAX_VALUES:
-            values.append([token, 1])
-        else:
-            weakest = min(range(MAX_VALUES), key=lambda v: values[v][1])
-            values[weakest] = [token, 1]
-
-    def _winner(self, key: NgramKey) -> int | None:
-        best, best_count, runner_up = None, 0, 0
-        for token, count in self._map.get(key, ()):
-            if count > best_count:
-                best, best_count, runner_up = token, count, best_count
-            elif count > runner_up:
-                runner_up = count
-        if best_count >= self.min_hits and best_count >= self.dominance * runner_up:
-            return best
-        return None
-
-    def propose(self, context: Sequence[int], draft_length: int) -> Draft:
-        self._sync(context)
-        k = self.key_size
-        tail = self._tokens[-k:]
-        out: list[int] = []
-        while len(out) < draft_length and len(tail) >= k:
-            token = self._winner(tuple(tail[-k:]))
-            if token is None:
-                break
-            out.append(token)
-            tail.append(token)
-        return Draft.chain(tuple(out))

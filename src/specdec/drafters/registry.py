@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH, Drafter
-from specdec.drafters.ngram import NgramMapK, NgramMapK4V, NgramSimple
+from specdec.drafters.ngram import NgramSimple
 from specdec.drafters.ngram_cache import NgramCache
+from specdec.drafters.ngram_map import NgramMapK, NgramMapK4V
 from specdec.drafters.suffix import SuffixDrafter
 
 __all__ = ["DEFAULT_DRAFT_LENGTH", "BuildContext", "DrafterSpec", "Entry", "create", "entry", "kinds", "register"]
@@ -281,10 +282,10 @@ for _entry in (
           summary="copy what followed the last earlier occurrence of the context's tail",
           llama_cpp="ngram-simple", llama_cpp_size_m="--spec-ngram-simple-size-m"),
     Entry("ngram-map-k", _model_free(NgramMapK), vllm="ngram", sglang="NGRAM",
-          summary="n-gram -> last position map; drafts after min_hits sightings",
+          summary="n-gram -> its stored occurrence; drafts as many as the key's last draft kept",
           llama_cpp="ngram-map-k", llama_cpp_size_m="--spec-ngram-map-k-size-m"),
     Entry("ngram-map-k4v", _model_free(NgramMapK4V), vllm="ngram", sglang="NGRAM",
-          summary="n-gram -> up to 4 continuations; drafts a clear winner",
+          summary="n-gram -> up to 4 counted continuations; drafts when one dominates",
           llama_cpp="ngram-map-k4v", llama_cpp_size_m="--spec-ngram-map-k4v-size-m"),
     Entry("ngram-cache", _model_free(NgramCache), vllm="ngram", sglang="NGRAM",
           summary="context, earlier outputs and a static corpus (llama.cpp's three tiers)", llama_cpp="ngram-cache"),
