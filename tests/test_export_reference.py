@@ -87,11 +87,14 @@ LLAMA_FLAGS = {
     **dict.fromkeys(("--spec-draft-p-min", "--draft-p-min"), ("p_min", float)),
     **{f"--spec-ngram-{kind}-size-{nm}": (f"{kind}_size_{nm}", _count(1, 1024))
        for kind in ("simple", "map-k", "map-k4v") for nm in "nm"},
+    "--spec-ngram-mod-n-min": ("mod_n_min", _count(0, 1024)), "--spec-ngram-mod-n-max": ("mod_n_max", _count(0, 1024)),
+    "--spec-ngram-mod-n-match": ("mod_n_match", _count(1, 1024)),
 }
 LLAMA_REMOVED = frozenset({"--draft", "--draft-n", "--draft-max", "--draft-min", "--draft-n-min", "--spec-ngram-size-n",
                            "--spec-ngram-size-m", "--spec-ngram-min-hits"})
 # the draft length of each type: its own m-gram length for the map / simple n-grams, else --spec-draft-n-max
-LLAMA_LENGTH = {"ngram-simple": "simple_size_m", "ngram-map-k": "map-k_size_m", "ngram-map-k4v": "map-k4v_size_m"}
+LLAMA_LENGTH = {"ngram-simple": "simple_size_m", "ngram-map-k": "map-k_size_m", "ngram-map-k4v": "map-k4v_size_m",
+                "ngram-mod": "mod_n_max"}
 
 
 def parse_llama_cpp(command: str) -> dict:
@@ -198,11 +201,11 @@ def parse_sglang(command: str) -> dict:
 
 
 # -- what each specdec kind means there (our own tables, not specdec's registry) ------------------------------
-VLLM_METHOD = {"ngram-simple": "ngram", "ngram-map-k": "ngram", "ngram-map-k4v": "ngram", "ngram-cache": "ngram",
-               "suffix": "suffix", "draft-simple": "draft_model", "draft-mtp": "mtp", "draft-eagle3": "eagle3",
-               "draft-dflash": "dflash", "draft-dspark": "dspark"}
-SGLANG_ALGORITHM = {"ngram-simple": "NGRAM", "ngram-map-k": "NGRAM", "ngram-map-k4v": "NGRAM", "ngram-cache": "NGRAM",
-                    "suffix": "NGRAM", "draft-simple": "STANDALONE", "draft-mtp": "NEXTN",
+VLLM_METHOD = {"ngram-simple": "ngram", "ngram-map-k": "ngram", "ngram-map-k4v": "ngram", "ngram-mod": "ngram",
+               "ngram-cache": "ngram", "suffix": "suffix", "draft-simple": "draft_model", "draft-mtp": "mtp",
+               "draft-eagle3": "eagle3", "draft-dflash": "dflash", "draft-dspark": "dspark"}
+SGLANG_ALGORITHM = {"ngram-simple": "NGRAM", "ngram-map-k": "NGRAM", "ngram-map-k4v": "NGRAM", "ngram-mod": "NGRAM",
+                    "ngram-cache": "NGRAM", "suffix": "NGRAM", "draft-simple": "STANDALONE", "draft-mtp": "NEXTN",
                     "draft-eagle3": "EAGLE3", "draft-dflash": "DFLASH", "draft-dspark": "DSPARK"}
 LLAMA_TYPE = {**{k: k for k in VLLM_METHOD}, "suffix": "ngram-simple"}  # llama.cpp has no suffix decoding
 DRAFT = "/models/my drafts/d'raft"  # a space and a quote: the commands must quote it

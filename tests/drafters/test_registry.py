@@ -10,6 +10,7 @@ from specdec.drafters.base import Draft
 from specdec.drafters.ngram import NgramSimple
 from specdec.drafters.ngram_cache import NgramCache
 from specdec.drafters.ngram_map import NgramMapK, NgramMapK4V
+from specdec.drafters.ngram_mod import NgramMod
 from specdec.drafters.registry import BuildContext, DrafterSpec, Entry
 from specdec.drafters.suffix import SuffixDrafter
 
@@ -17,6 +18,7 @@ MODEL_FREE = {
     "ngram-simple": NgramSimple,
     "ngram-map-k": NgramMapK,
     "ngram-map-k4v": NgramMapK4V,
+    "ngram-mod": NgramMod,
     "ngram-cache": NgramCache,
     "suffix": SuffixDrafter,
 }
@@ -132,8 +134,9 @@ def test_register_refuses_a_taken_name():
 
 KINDS = sorted(MODEL_FREE)
 # kinds whose drafts depend on the calls before, as llama.cpp's do: the n-gram map counts the calls that found a
-# key and cuts a key's drafts to what its last one kept (test_ngram_map.py follows llama.cpp's own calls)
-HISTORY_DEPENDENT = {"ngram-map-k", "ngram-map-k4v"}
+# key and cuts a key's drafts to what its last one kept; ngram-mod indexes new text in chunks of 32 tokens
+# and empties its table after poor drafts (test_ngram_reference.py replays llama.cpp's own calls for them)
+HISTORY_DEPENDENT = {"ngram-map-k", "ngram-map-k4v", "ngram-mod"}
 
 
 def periodic(length, period=5):

@@ -8,6 +8,7 @@ ROWS = {
     "ngram-simple": "ngram-simple",
     "ngram-map-k": "ngram-map-k",
     "ngram-map-k4v": "ngram-map-k4v",
+    "ngram-mod": "ngram-mod",
     "ngram-cache": "ngram-cache",
     "suffix": "suffix",
     "draft-simple": "draft-simple",
@@ -23,8 +24,8 @@ ROWS = {
 MODEL_FREE = [row for row in ROWS if not row.startswith("draft-")]
 
 # options of the model-free rows on the matrix's short texts, where llama.cpp's keys (12 tokens for the
-# n-gram map) repeat nowhere and would never draft
-OPTIONS = {"ngram-map-k": {"key_size": 3}, "ngram-map-k4v": {"key_size": 3}}
+# n-gram map, 24 for ngram-mod) repeat nowhere and would never draft
+OPTIONS = {"ngram-map-k": {"key_size": 3}, "ngram-map-k4v": {"key_size": 3}, "ngram-mod": {"n_match": 4, "n_min": 1}}
 
 # rows whose drafter for the real target (tests/lossless/conftest.py) is random: they draft and are
 # (almost) always rejected, so no accepted draft is asserted for them there

@@ -108,7 +108,7 @@ def real_variants(gguf_smollm, tiny_hf_dir, tmp_path_factory):
               for layout in ("dflash", "dspark")}
     free = {kind: [Variant(kind, SpecConfig(drafters=(DrafterSpec.of(kind, **OPTIONS.get(kind, {})),),
                                             draft_n_max=4))]
-            for kind in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-cache", "suffix")}
+            for kind in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache", "suffix")}
     heads = {f"draft-{kind}-{shape}": [Variant(f"the shipped {kind} head, {shape}", SpecConfig(
         drafters=(f"draft-{kind}",), draft_n_max=3, **({"tree_topk": 2, "tree_budget": 5} if shape == "tree" else {})))]
         for kind in ("mtp", "eagle3") for shape in ("chain", "tree")}

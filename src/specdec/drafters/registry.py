@@ -27,6 +27,7 @@ from specdec.drafters.base import DEFAULT_DRAFT_LENGTH, Drafter
 from specdec.drafters.ngram import NgramSimple
 from specdec.drafters.ngram_cache import NgramCache
 from specdec.drafters.ngram_map import NgramMapK, NgramMapK4V
+from specdec.drafters.ngram_mod import NgramMod
 from specdec.drafters.suffix import SuffixDrafter
 
 __all__ = ["DEFAULT_DRAFT_LENGTH", "BuildContext", "DrafterSpec", "Entry", "create", "entry", "kinds", "register"]
@@ -287,6 +288,9 @@ for _entry in (
     Entry("ngram-map-k4v", _model_free(NgramMapK4V), vllm="ngram", sglang="NGRAM",
           summary="n-gram -> up to 4 counted continuations; drafts when one dominates",
           llama_cpp="ngram-map-k4v", llama_cpp_size_m="--spec-ngram-map-k4v-size-m"),
+    Entry("ngram-mod", _model_free(NgramMod), vllm="ngram", sglang="NGRAM",
+          summary="hashed n-gram -> next token table kept across requests; drafts a chain of lookups",
+          llama_cpp="ngram-mod", llama_cpp_size_m="--spec-ngram-mod-n-max"),
     Entry("ngram-cache", _model_free(NgramCache), vllm="ngram", sglang="NGRAM",
           summary="context, earlier outputs and a static corpus (llama.cpp's three tiers)", llama_cpp="ngram-cache"),
     Entry("suffix", _model_free(SuffixDrafter), vllm="suffix", sglang="NGRAM",
