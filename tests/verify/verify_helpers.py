@@ -64,7 +64,7 @@ class ToyModel:
 
 
 def models(params_name: str, dtype=torch.float64) -> tuple[ToyModel, ToyModel]:
-    """(target, drafter) sharing the same processing, as DESIGN.md requires."""
+    """(target, drafter) sharing the same processing, as docs/design.md ("Verification") requires."""
     return ToyModel(5, PARAMS[params_name], dtype), ToyModel(6, PARAMS[params_name], dtype)
 
 

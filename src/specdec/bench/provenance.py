@@ -37,7 +37,7 @@ def runtime_info(with_transformers: bool = False) -> dict:
         "platform": platform.platform(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
-        "kernel_isa": kernels.kernel_isa(),  # what gguf.c and w8a8.c were built for (model/kernels)
+        "kernel_isa": kernels.kernel_isa(),  # what the gguf and w8a8 libraries were built for (model/kernels)
         "threads": torch.get_num_threads(),
         "peak_rss_bytes": peak_rss_bytes(),
     }

@@ -1,4 +1,4 @@
-"""The measuring loop of `specdec bench` (DESIGN.md, "Measuring honestly").
+"""The measuring loop of `specdec bench` (docs/bench.md, "Measuring honestly").
 
 One Engine per model (weights load once); every method is a SpecConfig passed per request.
 The plain baseline and each method run on the same prompts in one process, interleaved: a

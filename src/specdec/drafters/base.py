@@ -1,4 +1,4 @@
-"""The one interface every drafter implements (STYLE.md convention 1).
+"""The one interface every drafter implements (docs/design.md, "Drafters").
 
 A drafter proposes new tokens only and hears back how many were kept:
 

@@ -1,4 +1,4 @@
-"""Every drafter kind, in one table (STYLE.md convention 4): names are resolved here, once.
+"""Every drafter kind, in one table (docs/design.md, "Drafters"): names are resolved here, once.
 
 A kind is a llama.cpp --spec-type name. Its entry says how to build it from narrow
 arguments, whether it is a model drafter (one at a time, tried after the model-free

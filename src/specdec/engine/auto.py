@@ -1,6 +1,6 @@
 """--spec-type auto: pick the speculative methods for a model from measured facts.
 
-The rule (DESIGN.md, "Which to use, when nothing is said"), each step kept only when this
+The rule (docs/drafters.md, "Auto (the default)"), each step kept only when this
 build can run it and the facts table does not say it slows decoding on this hardware:
 
     1. the model carries MTP layers (weights present)            -> draft-mtp
@@ -52,10 +52,10 @@ class Fact:
 # pointing at a measurement someone can repeat.
 FACTS: tuple[Fact, ...] = (
     Fact("draft-simple", "cpu", "*", SLOWER,
-         "measured 2026-12-03, docs/bench/qwen2.5-coder-1.5b-gguf-draft (1.5B Q4_K_M target, 0.5B Q4_K_M draft, "
+         "measured 2026-12-03, docs/measurements/bench/qwen2.5-coder-1.5b-gguf-draft (1.5B Q4_K_M target, 0.5B Q4_K_M draft, "
          "both gguf, AMD EPYC 2 cores, greedy): k=3 1.25x overall (code 1.27x, edit 1.41x) but prose 0.98x and "
          "chat 0.96x; adaptive length 1.17x, every category 1.03x or more, yet below suffix's 1.22x on that set; "
-         "T=0.7 unmeasured. On 2026-11-29 with int8 weights (docs/bench/qwen2.5-coder-1.5b) k=3 1.10x, prose "
+         "T=0.7 unmeasured. On 2026-11-29 with int8 weights (docs/measurements/bench/qwen2.5-coder-1.5b) k=3 1.10x, prose "
          "0.73x, T=0.7 0.93x"),
     Fact("suffix", "*", "*", UNMEASURED,
          "model-free; drafts only where the context repeats and the estimated chance of the whole draft "
@@ -66,12 +66,12 @@ FACTS: tuple[Fact, ...] = (
     # The MTP and EAGLE-3 rows stay UNMEASURED for a model's own (or a well-trained) head: the only
     # heads measured here are specdec's weak self-trained ones for smollm2, which auto never picks.
     Fact("draft-mtp", "*", "*", UNMEASURED,
-         "measured 2026-11-29 only with specdec's shipped smollm2-135m head (docs/bench/smollm2-135m-heads, int8, "
+         "measured 2026-11-29 only with specdec's shipped smollm2-135m head (docs/measurements/bench/smollm2-135m-heads, int8, "
          "AMD EPYC 2 cores): first-token acceptance 0.34, adaptive draft length 0.88x greedy / 0.85x T=0.7, fixed "
          "k=3 0.63x; each drafted token runs one decoder layer plus the full 49152-row output head (~5 ms). A "
          "model's own MTP layers (DeepSeek-V3 reports 85-90% second-token acceptance) are unmeasured here"),
     Fact("draft-eagle3", "*", "*", UNMEASURED,
-         "measured 2026-11-29 only with specdec's shipped smollm2-135m head (docs/bench/smollm2-135m-heads): "
+         "measured 2026-11-29 only with specdec's shipped smollm2-135m head (docs/measurements/bench/smollm2-135m-heads): "
          "first-token acceptance 0.38, adaptive chain 1.02x greedy (chat 1.19x, summarize 0.84x) / 0.99x T=0.7; "
          "a top-2 tree of 3 nodes 0.64x (verifying 4 tokens costs 1.8x one token on this CPU)"),
     Fact("draft-dflash", "*", "*", UNMEASURED,

@@ -34,7 +34,7 @@ class SpecConfig:
     adaptive: choose the draft length (0..draft_n_max) with the most expected tokens per second,
         from recent acceptance and the measured cost of verifying k tokens (engine/cost.py); at 0
         (no length pays) drafting pauses, with a 1-token probe after PROBE_EVERY steps, the wait doubling
-        after each rejected probe up to MAX_PROBE_EVERY (engine.py).
+        after each rejected probe up to MAX_PROBE_EVERY (engine/draft_length.py).
     draft_model: path or name of the draft model (draft-simple) or head folder (draft-eagle3,
         draft-dflash, draft-dspark).
     cross_tokenizer: allow a draft model with another tokenizer (drafts pass through text).

@@ -65,7 +65,7 @@ class GGUFModel:
 
     def blocks(self, name: str) -> tuple[str, torch.Tensor]:
         """The tensor as the file stores it, in the Hugging Face row order: (type, (rows, row_bytes) uint8)
-        for the block types model/kernels/gguf.c computes on, else ("F32", `get(name)`), which is exact."""
+        for the block types the gguf library (model/kernels) computes on, else ("F32", `get(name)`), which is exact."""
         t = self._tensors[name]
         kind = t.tensor_type.name
         if kind not in GGUF_KERNEL_TYPES or len(t.shape) != 2:

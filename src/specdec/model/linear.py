@@ -2,7 +2,7 @@
 
 Every format here except fp32 and bf16 is *row-invariant*: a row of the output is bitwise
 the same whether the input has 1 row or 16 (measured on this project's CPU, see
-DESIGN.md, Numerics). That is what makes greedy speculative output bit-identical
+docs/design.md, "Exactness"). That is what makes greedy speculative output bit-identical
 to plain decoding. torch's dense fp32 and bf16 GEMMs are not (they pick kernels by the
 row count: fp32 for 1 row, bf16 past 1152 inputs on an AVX512-BF16 EPYC), so those two
 formats compute row by row when `exact=True`: a verify of k rows costs k one-row GEMMs
@@ -20,7 +20,7 @@ Formats, and what one decode step reads per weight element:
     w8a8  1 byte    int8's weights; activations quantized to int8 per block of 32 and integer
                     dot products (model/kernels: a small C kernel, AVX2), ~2x int8's speed
     gguf  as stored a GGUF file's own blocks (Q4_0 ... Q8_0, Q4_K, Q5_K, Q6_K), kept exactly and unpacked
-                    inside model/kernels/gguf.c, with w8a8's activations: the weights the file holds, as
+                    inside the gguf library (model/kernels/gguf_linear.c), with w8a8's activations: the weights the file holds, as
                     llama.cpp computes them; a tensor of another type (F16, Q2_K, ...) is dequantized to
                     fp32 exactly and computed in fp32. GGUF files only (QLinear.from_gguf).
 """
@@ -41,7 +41,7 @@ CONVERTED_FORMATS = WEIGHT_FORMATS[:-1]  # the formats any checkpoint converts t
 # torch's dense GEMMs: a row's bits depend on the rows beside it (kernels picked by the row count), so exact rows
 # are computed one at a time in these
 ROW_VARIANT_FORMATS = ("fp32", "bf16")
-# GGML types model/kernels/gguf.c computes on -> ggml type id; K-quants come in super-blocks of 256 values
+# GGML types the gguf library computes on -> ggml type id; K-quants come in super-blocks of 256 values
 GGUF_KERNEL_TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
 _GGUF_BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
                "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}  # values, bytes per block
@@ -87,7 +87,7 @@ def dequantize_blocks(kind: str, blocks: torch.Tensor) -> torch.Tensor:
 
 class BlockRows:
     """A (V, H) table (the embedding) held as a GGUF tensor's blocks, in the file's layout or interleaved (a
-    gguf-format QLinear's part, gguf.c's layout: a tied output head's blocks are held once); looked-up rows
+    gguf-format QLinear's part, the interleaved layout of gguf_blocks.h: a tied output head's blocks are held once); looked-up rows
     are dequantized then, to exactly the file's values. rows[ids] -> (*ids.shape, H) float32, like a tensor's."""
 
     def __init__(self, kind: str, blocks: torch.Tensor, interleaved: bool = False):
@@ -178,7 +178,7 @@ class QLinear:
                 joined[-1][1].append(t)
             else:
                 joined.append((kind, [t]))
-        # held once, in gguf.c's layout (the blocks interleaved; the same bytes and values), repacked
+        # held once, in the interleaved layout of gguf_blocks.h (the blocks interleaved; the same bytes and values), repacked
         # straight from the file's mapping: a fused q/k/v is not concatenated first
         self._kernel_parts = kernels.GGUFParts([
             (0, torch.cat(ts).float().contiguous()) if kind == "F32" else (GGUF_KERNEL_TYPES[kind], ts)
@@ -191,7 +191,7 @@ class QLinear:
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor this QLinear holds, by attribute name: weight, and scale / scale_zero / bias where
         it has them (a format that grows another tensor must list it in _layout, or from_tensors refuses);
-        the gguf format's parts as part{i}.{type} (in gguf.c's layout: the file's bytes reordered)."""
+        the gguf format's parts as part{i}.{type} (in the interleaved layout of gguf_blocks.h: the file's bytes reordered)."""
         out = {name: t for name, t in vars(self).items() if isinstance(t, torch.Tensor)}
         for i, (kind, t) in enumerate(getattr(self, "parts", ())):
             out[f"part{i}.{kind}"] = t
@@ -293,7 +293,7 @@ class QLinear:
         return torch.cat([self._part_values(kind, t, dtype) for kind, t in self.parts])
 
     def _part_values(self, kind: str, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Rows of one gguf part (its blocks in gguf.c's layout, or F32 values) -> (rows, K) of dtype."""
+        """Rows of one gguf part (its blocks in the interleaved layout of gguf_blocks.h, or F32 values) -> (rows, K) of dtype."""
         if kind == "F32":
             return blocks.to(dtype)
         return kernels.gguf_to_dense(GGUF_KERNEL_TYPES[kind], blocks, self.in_features, dtype)
@@ -306,7 +306,7 @@ class QLinear:
 
         int8 / w8a8 with many rows: the int8 values widened once for all x (exactly: |q| <= 127
         fits bf16's 8-bit mantissa), a dense GEMM per x, then the per-channel scale. gguf: the
-        file's values (rounded to bf16 where the GEMM is bf16; model/kernels/gguf.c), then a dense
+        file's values (rounded to bf16 where the GEMM is bf16; model/kernels/gguf_values.c), then a dense
         GEMM per x. Both a few MB of weight rows at a time (_dense_chunks). The weight-only kernels
         cost the same per row whatever the row count (0.04 ms per row for a 1536 x 576 matrix here);
         this costs 13x less at 1661 rows. Its rows depend on

@@ -1,7 +1,7 @@
 """Sampling parameters and the one function that turns logits into probabilities.
 
 Target and draft distributions must go through exactly the same processing
-(DESIGN.md, Verification), so every caller uses `process_logits`.
+(docs/design.md, "Verification"), so every caller uses `process_logits`.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ from specdec.server.metrics import ServerMetrics
 log = logging.getLogger("specdec.server")
 
 DEFAULT_PREFILL_CHUNK = 256  # prompt tokens per sequence per step (fixed: an answer never depends on load)
-DEFAULT_MAX_BATCH = 16  # `specdec serve --max-batch`; docs/server-batching.md has the measurement behind it
+DEFAULT_MAX_BATCH = 16  # `specdec serve --max-batch`; docs/measurements/server-batching.md has the measurement behind it
 
 
 class QueueFull(Exception):

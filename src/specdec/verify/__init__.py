@@ -1,7 +1,7 @@
 """Verification: pure functions from target distributions and a draft to emitted tokens.
 
 No model calls, no cache writes; randomness is a torch.Generator argument, and every
-random draw goes through `specdec.verify.draws` (DESIGN.md, Verification).
+random draw goes through `specdec.verify.draws` (docs/design.md, "Verification").
 """
 
 from specdec.verify.chain import verify_greedy, verify_sampling, verify_typical
