@@ -15,7 +15,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from specdec.drafters import registry
+from specdec.drafters.block.config import BlockConfig, DFlashError, fit_problem
+from specdec.drafters.draft_model import MAX_VOCAB_PADDING, DraftCompatibilityError, check_compatible
+from specdec.drafters.eagle3 import Eagle3Error, check_eagle3_folder
+from specdec.drafters.mtp import mtp_head_mismatch
+from specdec.model.catalogue import resolve
+from specdec.model.checkpoint_facts import raw_checkpoint
 from specdec.model.errors import ModelFileError
+from specdec.model.load import open_checkpoint
 
 _DRAFT_MODEL_KIND = registry.with_flag("draft_model")[0]  # what a plain language model given with -md drafts as
 
@@ -24,12 +31,10 @@ _DRAFT_MODEL_KIND = registry.with_flag("draft_model")[0]  # what a plain languag
 @dataclass(frozen=True)
 class DrafterFacts:
     """A drafter the user pointed at (-md / --model-draft)."""
-
     path: str
     kind: str  # "draft-simple", "draft-mtp" (a trained head), "draft-eagle3", "draft-dflash" or "draft-dspark"
     compatible: bool = True  # same tokenizer as the target (draft-simple), or trained for it
     reason: str = ""  # why not compatible
-
 
 def head_kind(path) -> str | None:
     """The kind of a hidden-state head folder (config.json names EAGLE-3 / DFlash / DSpark, or is a
@@ -60,29 +65,21 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str 
     if target_config is None:
         return None
     if kind == registry.kind_of_head("eagle3") and path is not None:  # the loader's own checks, without building the head
-        from specdec.drafters.eagle3 import Eagle3Error, check_eagle3_folder
-
         try:
             check_eagle3_folder(path, target_config, target_name)
         except Eagle3Error as exc:
             return str(exc)
         return None
     if kind == registry.kind_of_head("mtp"):
-        from specdec.drafters.mtp import mtp_head_mismatch
-
         if path is not None and not (Path(path) / "model.safetensors").is_file():  # as generate refuses it
             return f"the MTP head {path} has no model.safetensors"
         return mtp_head_mismatch(raw, target_config, target_name, draft_name)
     if kind is not None and registry.entry(kind).block:
-        from specdec.drafters.block.config import BlockConfig, DFlashError, fit_problem
-
         try:
             cfg = BlockConfig.from_json(raw, str(draft_name))
         except DFlashError as exc:
             return str(exc)
         return fit_problem(cfg, target_config, f"the target {target_name}", str(draft_name))
-    from specdec.drafters.draft_model import MAX_VOCAB_PADDING
-
     vocab = raw.get("vocab_size")
     if vocab is not None and abs(int(vocab) - target_config.vocab_size) > MAX_VOCAB_PADDING:
         return (f"{draft_name} was trained for a vocabulary of {vocab} tokens; the target {target_name} has "
@@ -106,8 +103,6 @@ def block_draft_length(path) -> int | None:
 
 def block_facts(raw: dict) -> dict | None:
     """What a DFlash / DSpark config.json says about its block (None when specdec cannot read it)."""
-    from specdec.drafters.block.config import BlockConfig, DFlashError
-
     try:
         cfg = BlockConfig.from_json(raw)
     except DFlashError:
@@ -125,9 +120,6 @@ def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str
     checkpoint/tokenizer are the draft model's (draft-simple only), for callers that report its size;
     a DFlash / DSpark folder adds "block" (block_facts).
     """
-    from specdec.model.checkpoint_facts import raw_checkpoint
-    from specdec.model.load import open_checkpoint
-
     path = Path(path)
     kind = head_kind(path) if path.is_dir() else None
     if kind is not None:  # head_kind read config.json as a JSON object
@@ -155,8 +147,6 @@ def describe_drafter(path, target_checkpoint, target_tokenizer, target_name: str
 def drafter_facts(name_or_path: str, target_checkpoint, target_tokenizer, target_name: str = "target"
                   ) -> DrafterFacts:
     """describe_drafter for auto: the kind, and whether it fits the target."""
-    from specdec.model.catalogue import resolve
-
     d = describe_drafter(resolve(name_or_path), target_checkpoint, target_tokenizer, target_name, name_or_path)
     return DrafterFacts(name_or_path, d["kind"], d["compatible"], d["reason"] or "")
 
@@ -164,8 +154,6 @@ def drafter_facts(name_or_path: str, target_checkpoint, target_tokenizer, target
 def draft_compatibility(target_checkpoint, target_tokenizer, target_name, draft_checkpoint, draft_tokenizer,
                         draft_name) -> tuple[bool, str | None]:
     """drafters/draft_model.check_compatible on unbuilt checkpoints: (ok, the reason when not)."""
-    from specdec.drafters.draft_model import DraftCompatibilityError, check_compatible
-
     def shim(checkpoint, tokenizer, name):
         return SimpleNamespace(tokenizer=tokenizer, config=checkpoint.config, info=SimpleNamespace(name=name))
 

@@ -24,6 +24,10 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH, Drafter
+from specdec.drafters.block.drafter import make_block_drafter
+from specdec.drafters.draft_model import CrossTokenizerDrafter, DraftModelDrafter, check_compatible
+from specdec.drafters.eagle3 import make_eagle3_drafter
+from specdec.drafters.mtp import make_mtp_drafter
 from specdec.drafters.ngram import NgramSimple
 from specdec.drafters.ngram_cache import NgramCache
 from specdec.drafters.ngram_map import NgramMapK, NgramMapK4V
@@ -244,8 +248,6 @@ def _model_free(cls) -> Callable[..., Drafter]:
 
 
 def _draft_model(ctx: BuildContext) -> Drafter:
-    from specdec.drafters.draft_model import CrossTokenizerDrafter, DraftModelDrafter, check_compatible
-
     if ctx.draft_model is None:
         raise ValueError("--spec-type draft-simple needs a draft model (-md/--model-draft)")
     draft = ctx.load_model(ctx.draft_model)
@@ -256,14 +258,10 @@ def _draft_model(ctx: BuildContext) -> Drafter:
 
 
 def _mtp(ctx: BuildContext) -> Drafter:
-    from specdec.drafters.mtp import make_mtp_drafter
-
     return make_mtp_drafter(ctx.target, ctx.p_min, ctx.max_len, ctx.tree_topk, ctx.tree_budget, ctx.draft_model)
 
 
 def _eagle3(ctx: BuildContext) -> Drafter:
-    from specdec.drafters.eagle3 import make_eagle3_drafter
-
     return make_eagle3_drafter(ctx.target, ctx.draft_model, ctx.p_min, ctx.max_len, ctx.tree_topk, ctx.tree_budget)
 
 
@@ -271,8 +269,6 @@ def _block(kind: str) -> Callable[..., Drafter]:
     """build(ctx) for a block drafter kind: the folder is -md/--model-draft (else one shipped for the target)."""
 
     def build(ctx: BuildContext) -> Drafter:
-        from specdec.drafters.block.drafter import make_block_drafter
-
         return make_block_drafter(ctx.target, ctx.draft_model, kind, ctx.p_min, ctx.max_len)
 
     return build
