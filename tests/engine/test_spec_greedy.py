@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from helpers.prompts import EDIT_PROMPT
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
-EDIT_PROMPT = """Rename the variable `total` to `running_sum` in this code and return the whole code.
-
-def accumulate(values):
-    total = 0
-    for v in values:
-        total = total + v
-        print("total so far:", total)
-    return total
-
-Answer:
-def accumulate(values):
-"""
 CODE_PROMPT = "def is_prime(n):\n    \"\"\"Return True if n is a prime number.\"\"\"\n"
 PROSE_PROMPT = "Once upon a time, in a small village by the sea, there lived"
 PROMPTS = [EDIT_PROMPT, CODE_PROMPT, PROSE_PROMPT]

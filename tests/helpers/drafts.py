@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from helpers.tiny import CHATML, SPECIALS, _byte_vocab, make_hf_model, random_weights, tiny_config
+from helpers.tiny import SPECIALS, make_hf_model, random_weights, tiny_config, write_tokenizer_json
 
 
 # -- draft models ---------------------------------------------------------------------------------
@@ -52,17 +52,7 @@ def permuted_vocab_model(folder: Path, vocab: int = 512, seed: int = 0) -> Path:
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
 
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    tokens, merges = _byte_vocab()
-    tokens = tokens + [f"<unused{i}>" for i in range(vocab - len(tokens))]
-    tok = Tokenizer(models.BPE(vocab={t: new_id[i] for i, t in enumerate(tokens)}, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])
-    tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|im_end|>", "bos_token": None, "add_bos_token": False, "chat_template": CHATML}))
+    write_tokenizer_json(folder, vocab, ids=new_id)
     return folder
 
 

@@ -65,12 +65,14 @@ def random_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_tokenizer_json(folder: Path, vocab_size: int) -> None:
+def write_tokenizer_json(folder: Path, vocab_size: int, ids: list[int] | None = None) -> None:
+    """The tiny byte-level BPE tokenizer; ids: the id each token gets (default: its place in the list)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     tokens, merges = _byte_vocab()
     tokens = tokens + [f"<unused{i}>" for i in range(vocab_size - len(tokens))]
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    ids = ids or list(range(vocab_size))
+    tok = Tokenizer(models.BPE(vocab={t: ids[i] for i, t in enumerate(tokens)}, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIALS])

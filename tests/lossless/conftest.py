@@ -19,6 +19,7 @@ import torch
 from helpers.drafts import random_sharing_tokenizer, save_random_block_drafter
 from helpers.matrix import OPTIONS
 from helpers.models import real_model
+from helpers.prompts import EDIT_PROMPT
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.registry import DrafterSpec
 from specdec.engine.config import SpecConfig
@@ -28,18 +29,6 @@ from specdec.sampling import SamplingParams
 MAX_LEN = 512
 ANSWER_TOKENS = 32  # plain answers are computed this long once; tests compare prefixes of them
 
-EDIT_PROMPT = """Rename the variable `total` to `running_sum` in this code and return the whole code.
-
-def accumulate(values):
-    total = 0
-    for v in values:
-        total = total + v
-        print("total so far:", total)
-    return total
-
-Answer:
-def accumulate(values):
-"""
 # text that repeats, so that the model-free kinds draft; the answers leave the pattern after a while, so
 # drafts are also rejected
 ASSIGN_PROMPT = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny = 2\nz ="
