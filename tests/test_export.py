@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from specdec.cli import main
 from helpers.spec import spec_of
-from specdec.engine.config import SpecConfig
+from specdec.cli import main
 from specdec.cli.export import export, format_export
+from specdec.drafters.registry import DrafterSpec
+from specdec.engine.config import SpecConfig
 
 
 def _flag(args, name):
@@ -38,6 +39,11 @@ def test_llama_cpp_flags():
     assert _flag(args, "--spec-type") == "ngram-simple,draft-simple" and _flag(args, "-md") == "d.gguf"
     assert (_flag(args, "--spec-draft-n-max"), _flag(args, "--spec-draft-n-min"), _flag(args, "--spec-draft-p-min")) \
         == ("5", "2", "0.5")
+    mapped = export(SpecConfig(drafters=(DrafterSpec.of("ngram-map-k4v", key_size=4, min_hits=2),
+                                         DrafterSpec.of("ngram-mod", n_match=8, table_size=1024))), "t")["llama.cpp"]
+    assert (_flag(mapped["args"], "--spec-ngram-map-k4v-size-n"), _flag(mapped["args"], "--spec-ngram-map-k4v-min-hits"),
+            _flag(mapped["args"], "--spec-ngram-mod-n-match")) == ("4", "2", "8")
+    assert any("ngram-mod's table_size=1024 has no llama.cpp flag" in n for n in mapped["notes"])
     suffix = export(SpecConfig(drafters=("suffix",)), "t")["llama.cpp"]
     assert _flag(suffix["args"], "--spec-type") == "ngram-simple"
     assert any("llama.cpp has no suffix (" in n for n in suffix["notes"])

@@ -111,6 +111,13 @@ def _llama_cpp(spec: SpecConfig, args: list[str], model: str) -> dict:
         for t in types:
             if size_m[t]:
                 args += [size_m[t], str(spec.draft_n_max)]
+        for d in spec.drafters:  # options llama.cpp has flags for; the others are said in a note
+            flags = dict(registry.entry(d.kind).llama_cpp_options)
+            for option, value in d.options:
+                if option in flags:
+                    args += [flags[option], str(value)]
+                elif d.kind != NGRAM:  # ngram-simple's sizes have their own note (_common_notes)
+                    notes.append(f"{d.kind}'s {option}={value} has no llama.cpp flag; llama.cpp uses its own")
         if any(not size_m[t] for t in types):
             args += ["--spec-draft-n-max", str(spec.draft_n_max)]
         if spec.draft_n_min:

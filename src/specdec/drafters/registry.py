@@ -110,6 +110,7 @@ class Entry:
     noun: str = ""  # what its folder holds, for people: "an EAGLE-3 head"
     llama_cpp: str | None = None  # llama.cpp's --spec-type name (None: llama.cpp has no such kind)
     llama_cpp_size_m: str | None = None  # llama.cpp's flag for this n-gram kind's draft length
+    llama_cpp_options: tuple[tuple[str, str], ...] = ()  # (option, the llama.cpp flag that sets the same thing)
 
     @property
     def runnable(self) -> bool:
@@ -280,13 +281,17 @@ for _entry in (
           llama_cpp="ngram-simple", llama_cpp_size_m="--spec-ngram-simple-size-m"),
     Entry("ngram-map-k", _model_free(NgramMapK), vllm="ngram", sglang="NGRAM",
           summary="n-gram -> its stored occurrence; drafts as many as the key's last draft kept",
-          llama_cpp="ngram-map-k", llama_cpp_size_m="--spec-ngram-map-k-size-m"),
+          llama_cpp="ngram-map-k", llama_cpp_size_m="--spec-ngram-map-k-size-m",
+          llama_cpp_options=(("key_size", "--spec-ngram-map-k-size-n"), ("min_hits", "--spec-ngram-map-k-min-hits"))),
     Entry("ngram-map-k4v", _model_free(NgramMapK4V), vllm="ngram", sglang="NGRAM",
           summary="n-gram -> up to 4 counted continuations; drafts when one dominates",
-          llama_cpp="ngram-map-k4v", llama_cpp_size_m="--spec-ngram-map-k4v-size-m"),
+          llama_cpp="ngram-map-k4v", llama_cpp_size_m="--spec-ngram-map-k4v-size-m",
+          llama_cpp_options=(("key_size", "--spec-ngram-map-k4v-size-n"),
+                             ("min_hits", "--spec-ngram-map-k4v-min-hits"))),
     Entry("ngram-mod", _model_free(NgramMod), vllm="ngram", sglang="NGRAM",
           summary="hashed n-gram -> next token table kept across requests; drafts a chain of lookups",
-          llama_cpp="ngram-mod", llama_cpp_size_m="--spec-ngram-mod-n-max"),
+          llama_cpp="ngram-mod", llama_cpp_size_m="--spec-ngram-mod-n-max",
+          llama_cpp_options=(("n_match", "--spec-ngram-mod-n-match"), ("n_min", "--spec-ngram-mod-n-min"))),
     Entry("ngram-cache", _model_free(NgramCache), vllm="ngram", sglang="NGRAM",
           summary="context, earlier outputs and a static corpus (llama.cpp's three tiers)", llama_cpp="ngram-cache"),
     Entry("suffix", _model_free(SuffixDrafter), vllm="suffix", sglang="NGRAM",
