@@ -16,7 +16,8 @@ PACKAGE = SRC / "specdec"
 # (specdec.cli and one module per subcommand) sit on top and never import each other; the package's
 # __init__ (the command table) and __main__ import them.
 COMMAND_MODULES = {"specdec.cli.bench", "specdec.cli.demo", "specdec.cli.export", "specdec.cli.generate",
-                   "specdec.cli.inspect", "specdec.cli.pull", "specdec.cli.serve", "specdec.cli.train"}
+                   "specdec.cli.inspect", "specdec.cli.pull", "specdec.cli.serve", "specdec.cli.train",
+                   "specdec.cli.tune"}
 LAYERS = [
     {"specdec.model", "specdec.cache", "specdec.sampling"},
     {"specdec.verify"},
@@ -31,7 +32,8 @@ LAYERS = [
      "specdec.bench.load",
      "specdec.server.job_builder", "specdec.server.responses", "specdec.server.errors", "specdec.server.middleware",
      "specdec.bench.streaming", "specdec.bench.local_server",
-     "specdec.bench.plots", "specdec.bench.results_file", "specdec.bench.provenance", "specdec.bench.method_bench"},
+     "specdec.bench.plots", "specdec.bench.results_file", "specdec.bench.provenance", "specdec.bench.method_bench",
+     "specdec.bench.tune"},
     {"specdec.cli", "specdec.cli.__main__"} | COMMAND_MODULES,
 ]
 COMMANDS = LAYERS[-1]

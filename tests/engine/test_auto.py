@@ -10,20 +10,30 @@ from safetensors.torch import save_file
 
 from specdec.drafters import registry
 from helpers.spec import spec_for_model
-from specdec.engine.auto import (FACTS, SLOWER, DrafterFacts, Fact, TargetFacts, choose_auto,
-                                 lookup_fact, runnable_model_drafters)
+from specdec.engine.auto import DrafterFacts, TargetFacts, candidates, choose_auto, runnable_model_drafters
+from specdec.engine.calibration import Calibration, CalibrationKey, Measured, load_calibration, save_calibration
 from specdec.engine.spec_request import AutoTarget, SpecRequest, build_spec
 from specdec.model.checkpoint_facts import target_facts
 
 PLAIN = TargetFacts("m", weights_format="int8")
-FAST_DRAFT = FACTS + (Fact("draft-simple", "cpu", "int8", "faster", "test"),)
 ONLY_DRAFT_MODEL = frozenset({"draft-simple"})  # a build that runs no MTP / EAGLE-3 / DFlash / DSpark drafter
+KEY = CalibrationKey("ab" * 32, "int8", 2, "cpu", cpu="test cpu")
 
 
-def test_plain_model_gets_the_model_free_drafter():
+def calibrated(*measured) -> Calibration:
+    return Calibration(KEY, "2026-12-07 10:00", "calibration", 64, tuple(measured), "/tune/x.json")
+
+
+def measured(types, overall, worst=None, where="chat@0.7"):
+    speedups = {"all@0": overall, "code@0": overall, where: overall if worst is None else worst}
+    return Measured("+".join(types), tuple(types), speedups)
+
+
+def test_plain_model_gets_the_model_free_drafter_and_is_told_how_to_measure():
     spec, reasons = choose_auto(PLAIN)
-    assert spec.types == ("suffix",) and spec.draft_model is None and spec.draft_n_max == 3
+    assert spec.types == ("suffix",) and spec.draft_model is None and spec.draft_n_max == 3 and spec.adaptive
     assert reasons[0] == "auto chose suffix"
+    assert any("not measured on this machine: `specdec tune -m m`" in r for r in reasons)
 
 
 def test_mtp_with_weights_is_not_picked_while_specdec_cannot_run_it():
@@ -39,10 +49,9 @@ def test_mtp_with_weights_is_picked_by_this_build():
     assert any("draft-mtp, used without being asked" in r for r in reasons)
 
 
-def test_mtp_is_picked_once_runnable_and_beats_a_draft_model():
+def test_mtp_beats_a_draft_model_given():
     draft = DrafterFacts("d", "draft-simple")
-    spec, reasons = choose_auto(TargetFacts("m", 1, True), draft, runnable=ONLY_DRAFT_MODEL | {"draft-mtp"},
-                                facts=FAST_DRAFT)
+    spec, reasons = choose_auto(TargetFacts("m", 1, True), draft, runnable=ONLY_DRAFT_MODEL | {"draft-mtp"})
     assert spec.types == ("suffix", "draft-mtp") and spec.draft_model is None
     assert any("draft-simple d not used: draft-mtp was chosen" in r for r in reasons)
 
@@ -53,19 +62,36 @@ def test_mtp_declared_without_weights():
     assert any("declares 2 MTP layer(s) but the checkpoint lacks their weights" in r for r in reasons)
 
 
-def test_draft_model_follows_the_facts_table():
+def test_a_draft_model_runs_only_once_measured_faster_here():
     draft = DrafterFacts("small", "draft-simple")
-    spec, reasons = choose_auto(PLAIN, draft)  # shipped table: a draft model slows the target on CPU
+    spec, reasons = choose_auto(PLAIN, draft)
     assert spec.types == ("suffix",)
-    assert any("draft-simple small not used: measured slower" in r for r in reasons)
-    spec, _ = choose_auto(PLAIN, draft, facts=FAST_DRAFT)
+    assert any("draft-simple small not used yet" in r for r in reasons)
+    assert any("`specdec tune -m m -md small`" in r for r in reasons)
+    fast = calibrated(measured(("suffix",), 1.10), measured(("suffix", "draft-simple"), 1.35))
+    spec, reasons = choose_auto(PLAIN, draft, calibration=fast)
     assert spec.types == ("suffix", "draft-simple") and spec.draft_model == "small"
-    spec, _ = choose_auto(PLAIN, draft, facts=FAST_DRAFT, hardware="cuda")  # no row for cuda+draft: unmeasured
-    assert "draft-simple" in spec.types
+    assert any("suffix+draft-simple measured 1.35x overall" in r and "/tune/x.json" in r for r in reasons)
+
+
+def test_the_fastest_configuration_no_slower_anywhere_is_chosen():
+    calibration = calibrated(measured(("ngram-mod",), 1.4, worst=0.9),  # fastest, but slower on chat at T=0.7
+                             measured(("suffix",), 1.2), measured(("ngram-simple",), 1.15, worst=0.985))
+    spec, reasons = choose_auto(PLAIN, calibration=calibration)
+    assert spec.types == ("suffix",) and spec.adaptive
+    assert any("not chosen: ngram-mod measured 1.40x overall, 0.90x at worst (chat@0.7)" in r for r in reasons)
+    spec, reasons = choose_auto(PLAIN, calibration=calibrated(measured(("suffix",), 1.2, worst=0.8)))
+    assert spec.types == () and any("no configuration paid in every category" in r for r in reasons)
+
+
+def test_a_measured_configuration_that_cannot_run_now_is_not_chosen():
+    """A calibration that measured a draft model: auto without that draft model given does not run it."""
+    calibration = calibrated(measured(("suffix", "draft-simple"), 1.5), measured(("suffix",), 1.1))
+    assert choose_auto(PLAIN, calibration=calibration)[0].types == ("suffix",)
 
 
 def test_incompatible_and_unrunnable_drafters_are_explained():
-    spec, reasons = choose_auto(PLAIN, DrafterFacts("d", "draft-simple", False, "token 5 differs"), facts=FAST_DRAFT)
+    spec, reasons = choose_auto(PLAIN, DrafterFacts("d", "draft-simple", False, "token 5 differs"))
     assert spec.types == ("suffix",) and any("token 5 differs" in r for r in reasons)
     spec, reasons = choose_auto(PLAIN, DrafterFacts("e", "draft-eagle3"), runnable=ONLY_DRAFT_MODEL)
     assert spec.types == ("suffix",) and any("specdec cannot run draft-eagle3 yet" in r for r in reasons)
@@ -73,28 +99,22 @@ def test_incompatible_and_unrunnable_drafters_are_explained():
     assert spec.types == ("suffix", "draft-eagle3") and spec.draft_model == "e"
 
 
-def test_a_method_measured_slower_is_not_picked():
-    facts = FACTS + (Fact("suffix", "cpu", "int8", SLOWER, "bench run 1"),)
-    spec, reasons = choose_auto(PLAIN, facts=facts)
-    assert spec.types == () and spec.method == "none"
-    assert any("suffix not used" in r and "bench run 1" in r for r in reasons)
-    spec, _ = choose_auto(TargetFacts("m", weights_format="bf16"), facts=facts)  # that row is for int8 only
-    assert spec.types == ("suffix",)
+def test_tune_measures_what_auto_could_run():
+    assert candidates(PLAIN) == [(k,) for k in registry.model_free_kinds()]
+    with_mtp = candidates(TargetFacts("m", 1, True))
+    assert ("draft-mtp",) in with_mtp and ("suffix", "draft-mtp") in with_mtp
 
 
-def test_most_specific_fact_wins():
-    facts = (Fact("x", "*", "*", "faster", "a"), Fact("x", "cpu", "*", SLOWER, "b"),
-             Fact("x", "cpu", "bf16", "faster", "c"))
-    assert lookup_fact("x", "cpu", "bf16", facts).evidence == "c"
-    assert lookup_fact("x", "cpu", "int8", facts).evidence == "b"
-    assert lookup_fact("x", "cuda", "int8", facts).evidence == "a"
-    assert lookup_fact("y", "cpu", "int8", facts).verdict == "unmeasured"
-
-
-def test_facts_table_is_well_formed():
-    for f in FACTS:
-        assert f.verdict in ("faster", "slower", "unmeasured") and f.evidence
-        assert f.method in registry.kinds()
+def test_a_calibration_round_trips_and_a_stale_one_is_ignored(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path))
+    calibration = calibrated(measured(("suffix",), 1.2))
+    path = save_calibration(calibration)
+    assert path.parent == tmp_path / "tune"
+    back = load_calibration(KEY)
+    assert back.measured == calibration.measured and back.path == str(path)
+    assert load_calibration(CalibrationKey("ab" * 32, "int8", 1, "cpu", cpu="test cpu")) is None  # other threads
+    path.write_text("{not json")
+    assert load_calibration(KEY) is None
 
 
 def test_runnable_model_drafters_are_the_registry_entries_that_build(tiny_model, tiny_hf_dir):
@@ -225,7 +245,7 @@ def test_auto_refuses_a_tree_topk_of_0_as_the_explicit_path_does(tmp_path, monke
 
     monkeypatch.setattr(spec_request, "target_facts", lambda *a, **k: TargetFacts("m", mtp_declared=1,
                                                                                    mtp_weights=True))
-    target = AutoTarget(None, None, tmp_path, "m", "int8")
+    target = AutoTarget(None, None, tmp_path, "m", "int8", sha256="0" * 64)
     with pytest.raises(ValueError, match="--spec-tree-topk must be at least 1, got 0"):
         build_spec(SpecRequest.from_flags(spec_type="auto", tree_topk=0), target)
     spec, _ = build_spec(SpecRequest.from_flags(spec_type="auto", tree_topk=2), target)

@@ -190,8 +190,63 @@ PROMPTS: tuple[Prompt, ...] = (
     )),
 )
 
+# The prompts `specdec tune` measures on: one per category, none of them in the mixed set (so that the bench
+# checks auto on prompts it was not chosen on).
+_LEDGER = """\
+class Ledger:
+    def __init__(self):
+        self.entries = []
+
+    def add(self, amount, note):
+        self.entries.append({"amount": amount, "note": note})
+
+    def total(self):
+        total = 0
+        for entry in self.entries:
+            total += entry["amount"]
+        return total
+
+    def largest(self):
+        best = None
+        for entry in self.entries:
+            if best is None or entry["amount"] > best["amount"]:
+                best = entry
+        return best
+"""
+
+_MEETING = (
+    "The library board met on Tuesday to discuss the renovation of the reading room. The contractor said the "
+    "new shelving will arrive in March, two weeks later than planned, because the supplier changed factories. "
+    "The board agreed to keep the children's section open during the work by moving it to the community hall. "
+    "Members raised concerns about noise during exam season, and the contractor promised to schedule drilling "
+    "before ten in the morning. The budget remains within the approved amount, although the cost of lighting "
+    "rose by eight percent. The next meeting will review the paint colours and the opening date."
+)
+
+CALIBRATION = (
+    Prompt("tune-code-parse", "code", text=(
+        "def parse_duration(text):\n"
+        "    \"\"\"Parse strings like '1h30m', '45s' or '2h' into a number of seconds.\n\n"
+        "    Raise ValueError for anything else.\n    \"\"\"\n")),
+    Prompt("tune-edit-rename", "edit", messages=(
+        {"role": "user", "content": "Rename the method `largest` to `biggest_entry` and the attribute `entries` "
+                                    "to `items` in this class. Return the whole class.\n\n" + _LEDGER},)),
+    Prompt("tune-summarize-meeting", "summarize", messages=(
+        {"role": "user", "content": "Summarize these meeting notes in three sentences.\n\n" + _MEETING},)),
+    Prompt("tune-prose-clockmaker", "prose", messages=(
+        {"role": "user", "content": "Write a short story about a clockmaker who finds a clock that runs "
+                                    "backwards."},)),
+    Prompt("tune-chat-garden", "chat", messages=(
+        {"role": "user", "content": "What vegetables are easy to grow on a balcony?"},
+        {"role": "assistant", "content": "Cherry tomatoes, lettuce, radishes and herbs such as basil and mint "
+                                         "grow well in pots with enough sun."},
+        {"role": "user", "content": "How often should I water the tomatoes in summer?"},
+    )),
+)
+
 SETS = {
     "mixed": PROMPTS,
+    "calibration": CALIBRATION,
     # one prompt per category, for quick checks
     "quick": tuple(next(p for p in PROMPTS if p.category == c) for c in CATEGORIES),
 }

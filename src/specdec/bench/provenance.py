@@ -16,17 +16,8 @@ import torch
 import specdec
 from specdec.bench.memory import peak_rss_bytes
 from specdec.model import kernels
+from specdec.model.kernels.cpu import cpu_model
 from specdec.model.catalogue import cached_sha256, resolve
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def runtime_info(with_transformers: bool = False) -> dict:

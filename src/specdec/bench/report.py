@@ -147,12 +147,6 @@ def markdown(r: dict, plots: dict[str, str] | None = None) -> str:
         for x in a["slower_in"]:
             lines.append(f"- slower in {x['category']} at T={x['temperature']:g}: {x['speedup_median']:.2f}x")
         lines.append("")
-    if r.get("facts"):
-        lines += ["## Facts for engine/auto.py", "", "| method | hardware | weights | verdict | evidence |",
-                  "|---|---|---|---|---|"]
-        for f in r["facts"]:
-            lines.append(f"| {f['method']} | {f['hardware']} | {f['weights']} | {f['verdict']} | {f['evidence']} |")
-        lines.append("")
 
     notes = caveats(r)
     if notes:

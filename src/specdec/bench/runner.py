@@ -238,8 +238,6 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
         "sweep": sweep(summary, methods),
         "auto": auto_check(summary, methods, auto_tolerance),
     }
-    results["facts"] = suggest_facts(results, engine.model.info.weights_dtype, auto_tolerance,
-                                     engine.model.info.device.split(":")[0])
     return results
 
 
@@ -355,28 +353,3 @@ def auto_check(summary: list[dict], methods: list[Method], tolerance: float) -> 
                        "speedup_median": s["speedup_median"]} for s in slower],
         "tolerance": tolerance,
     }
-
-
-def suggest_facts(results: dict, weights_format: str, tolerance: float, hardware: str = "cpu") -> list[dict]:
-    """Rows for engine/auto.py FACTS from this run: per method, faster/slower/neutral on every category;
-    hardware: "cpu" or "cuda", where the target ran."""
-    facts = []
-    for cfg in results["configs"]:
-        if cfg["kind"] != "specdec" or cfg["speculation_path"] != "yes" or cfg["base"] == "auto" or \
-                len(cfg["types"]) != 1 or cfg["drafters"] != cfg["types"] or " k=" in cfg["label"]:
-            continue
-        rows = [s for s in results["summary"] if s["config"] == cfg["label"] and s["category"] != "all"]
-        ratios = [s["speedup_median"] for s in rows if s["speedup_median"] is not None]
-        if not ratios:
-            continue
-        if min(ratios) < 1.0 - tolerance:
-            verdict = "slower"
-        elif min(ratios) > 1.0 + tolerance:
-            verdict = "faster"
-        else:
-            verdict = "unmeasured"  # neither clearly: leave auto's default
-        per_cat = ", ".join(f"{s['category']}@T{s['temperature']:g} {s['speedup_median']:.2f}x" for s in rows
-                            if s["speedup_median"] is not None)
-        facts.append({"method": cfg["types"][0], "hardware": hardware, "weights": weights_format, "verdict": verdict,
-                      "evidence": f"specdec bench {results['created']}: median speed-up {per_cat}"})
-    return facts

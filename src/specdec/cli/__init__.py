@@ -11,12 +11,12 @@ import argparse
 import os
 import sys
 
-from specdec.cli import bench, demo, export, generate, inspect, pull, serve, train
+from specdec.cli import bench, demo, export, generate, inspect, pull, serve, train, tune
 from specdec.model.errors import SpecdecError
 
 # subcommand -> the module that adds it (generate adds chat too), in the order --help lists them
 COMMANDS = {"demo": demo, "generate": generate, "chat": generate, "serve": serve, "bench": bench, "inspect": inspect,
-            "export-config": export, "pull": pull, "train": train}
+            "export-config": export, "pull": pull, "train": train, "tune": tune}
 
 
 def build_parser() -> argparse.ArgumentParser:

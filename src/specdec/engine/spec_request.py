@@ -23,12 +23,17 @@ import json
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+import torch
+
 from specdec.drafters import registry
 from specdec.drafters.describe import block_draft_length, drafter_facts, head_kind
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH, DrafterSpec
 from specdec.engine.auto import choose_auto
+from specdec.engine.calibration import CalibrationKey, load_calibration
 from specdec.engine.config import MAX_DRAFT_LENGTH, SpecConfig
+from specdec.model import catalogue
 from specdec.model.checkpoint_facts import target_facts
+from specdec.model.load import checkpoint_digest
 
 # how each setting is spelled on the command line (messages use these unless the request says otherwise)
 FLAG_NAMES = {"drafters": "--spec-type", "draft_model": "-md/--model-draft", "draft_n_max": "--spec-draft-n-max",
@@ -207,11 +212,15 @@ class AutoTarget:
     name: str
     weights_format: str
     hardware: str = "cpu"
+    sha256: str | None = None  # the file's digest when known (a loaded model's)
 
     @staticmethod
     def of_model(model) -> AutoTarget:
         return AutoTarget(model.checkpoint, model.tokenizer, model.info.path, model.info.name,
-                          model.info.weights_dtype, model.info.device.split(":")[0])
+                          model.info.weights_dtype, model.info.device.split(":")[0], model.info.sha256)
+
+    def digest(self) -> str:
+        return self.sha256 or checkpoint_digest(self.path)
 
 
 def build_spec(request: SpecRequest, target: AutoTarget | None = None,
@@ -260,24 +269,33 @@ def build_spec(request: SpecRequest, target: AutoTarget | None = None,
 
 
 def _auto(request: SpecRequest, target: AutoTarget | None) -> tuple[SpecConfig, list[str]]:
-    """auto: the target's and the given drafter's facts -> engine/auto.choose_auto -> the user's settings on top."""
+    """auto: the target's and the given drafter's facts, and what `specdec tune` measured for them here ->
+    engine/auto.choose_auto -> the user's settings on top."""
     if target is None:
         raise ValueError("auto reads the target model's files to choose; name a --spec-type")
     facts = target_facts(target.checkpoint, target.path, target.name, target.weights_format)
     draft = (drafter_facts(request.draft_model, target.checkpoint, target.tokenizer, target.name)
              if request.draft_model else None)
+    calibration = load_calibration(calibration_key(target, request.draft_model))
     n_max = DEFAULT_DRAFT_LENGTH if request.draft_n_max is None else request.draft_n_max
-    spec, reasons = choose_auto(facts, draft, hardware=target.hardware, draft_n_max=n_max)
+    spec, reasons = choose_auto(facts, draft, draft_n_max=n_max, calibration=calibration)
     if request.draft_n_max is None and spec.model_kind and registry.entry(spec.model_kind).block:
         block, note = _block_length(spec.draft_model)  # as an explicit --spec-type runs it
         if block is not None:
-            spec, reasons = choose_auto(facts, draft, hardware=target.hardware, draft_n_max=block)
+            spec, reasons = choose_auto(facts, draft, draft_n_max=block, calibration=calibration)
             reasons.append(note)
     try:
         tuned = _config(request, spec.drafters, spec.draft_model, spec.draft_n_max, spec, adaptive=spec.adaptive)
     except ValueError as exc:  # a setting for a drafter auto did not choose
         raise ValueError(f"auto chose {spec.method}: {exc}") from None
     return tuned, [f"auto: {r}" for r in reasons]
+
+
+def calibration_key(target: AutoTarget, draft_model: str | None) -> CalibrationKey:
+    """What a calibration of this target and drafter on this machine, at this process's threads, is saved under."""
+    draft_digest = checkpoint_digest(catalogue.resolve(draft_model, auto_pull=False)) if draft_model else None
+    return CalibrationKey(target.digest(), target.weights_format, torch.get_num_threads(), target.hardware,
+                          draft_digest)
 
 
 def _tuned(base: SpecConfig, request: SpecRequest) -> SpecConfig:

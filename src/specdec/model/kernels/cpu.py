@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 from functools import lru_cache
 from pathlib import Path
 
@@ -17,6 +18,18 @@ def cpu_flags() -> frozenset[str]:
     except OSError:
         pass
     return frozenset()
+
+
+@lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC ..."), else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def env_flag(name: str) -> bool:
