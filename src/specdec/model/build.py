@@ -11,6 +11,7 @@ import torch
 from specdec.model.config import ModelConfig
 from specdec.model.errors import ModelFileError, unread_bias
 from specdec.model.linear import WEIGHT_FORMATS, BlockRows, QLinear
+from specdec.model.moe import build_moe
 from specdec.model.transformer import Layer, Transformer
 
 
@@ -70,13 +71,18 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         if c.qkv_bias:
             qkv_b = torch.cat([get(p + f"self_attn.{n}_proj.bias", (size,))  # the kernels add it unchecked
                                for n, size in zip("qkv", (c.q_size, c.kv_size, c.kv_size))])
+        norm = get(p + mlp_norm + ".weight", (h,))
+        if c.moe is not None and c.moe.is_moe(i):  # a mixture of experts in place of the dense MLP (model/moe.py)
+            mlp = dict(gate_up=None, down=None, moe=build_moe(source, c, p, weights_format, norm, get))
+        else:
+            mlp = dict(gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], shapes["gate_up"]),
+                       down=linear([p + "mlp.down_proj.weight"], shapes["down"]))
         layers.append(Layer(
             qkv=linear([p + f"self_attn.{n}_proj.weight" for n in "qkv"], shapes["qkv"], qkv_b),
             o=linear([p + "self_attn.o_proj.weight"], shapes["o"]),
-            gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], shapes["gate_up"]),
-            down=linear([p + "mlp.down_proj.weight"], shapes["down"]),
+            **mlp,
             attn_norm=get(p + "input_layernorm.weight", (h,)),
-            mlp_norm=get(p + mlp_norm + ".weight", (h,)),
+            mlp_norm=norm,
             q_norm=get(p + "self_attn.q_norm.weight", (c.head_dim,)) if c.qk_norm else None,  # the family has them
             k_norm=get(p + "self_attn.k_norm.weight", (c.head_dim,)) if c.qk_norm else None,
             attn_out_norm=get(p + "post_attention_layernorm.weight", (h,)) if c.sandwich_norms else None,

@@ -1,4 +1,5 @@
-"""Model configuration: one dataclass for every family specdec runs (Llama, Qwen2, Qwen3, Gemma 3).
+"""Model configuration: one dataclass for every family specdec runs (Llama, Qwen2, Qwen3, Gemma 3, and the
+mixture-of-experts Qwen3-MoE and GLM-4.5, whose MLP settings are a MoEConfig, model/moe_config.py).
 
 Per-family differences (Qwen2's q/k/v biases, Qwen3's q/k norms, tied embeddings; Gemma 3's
 GeGLU, four norms per block, scaled embeddings, sliding-window layers with their own RoPE base,
@@ -11,24 +12,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+from specdec.model.moe_config import MoEConfig
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU; GeGLU with the tanh approximation of gelu
 
 # Families people run that specdec cannot run yet, by config.json model_type and GGUF architecture:
 # one sentence saying why, for the error and for `specdec inspect`.
 _MOE = "a mixture-of-experts model"
 UNSUPPORTED_FAMILIES = {
-    "deepseek_v3": f"DeepSeek-V3 is {_MOE} with multi-head latent attention (MLA)",
-    "deepseek_v2": f"DeepSeek-V2 is {_MOE} with multi-head latent attention (MLA)",
-    "deepseek2": f"DeepSeek-V2/V3 is {_MOE} with multi-head latent attention (MLA)",
-    "glm4_moe": f"GLM-4.5 is {_MOE}",
-    "glm4moe": f"GLM-4.5 is {_MOE}",
+    "deepseek_v3": "DeepSeek-V3 attends with multi-head latent attention (MLA)",
+    "deepseek_v2": "DeepSeek-V2 attends with multi-head latent attention (MLA)",
+    "deepseek2": "DeepSeek-V2/V3 attend with multi-head latent attention (MLA)",
     "qwen3_next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
     "qwen3next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
     "qwen3_5": "Qwen3.5 mixes linear attention (Gated DeltaNet) with full attention layers",
     "qwen3_5_moe": f"Qwen3.5 MoE is {_MOE} with hybrid linear attention",
     "qwen2_moe": f"Qwen2-MoE is {_MOE}", "qwen2moe": f"Qwen2-MoE is {_MOE}",
-    "qwen3_moe": f"Qwen3-MoE is {_MOE}", "qwen3moe": f"Qwen3-MoE is {_MOE}",
     "mixtral": f"Mixtral is {_MOE}",
     # config.json model_type gemma3 is the multimodal checkpoint (the GGUF architecture gemma3 is text-only)
     "gemma3": "'gemma3' is multimodal Gemma 3 (a vision tower beside the language model; the text-only "
@@ -41,7 +41,7 @@ def unsupported_reason(name: str, runs: str) -> str:
     why = UNSUPPORTED_FAMILIES.get(name)
     if why is None:
         return f"{name!r} is not supported (specdec runs {runs})"
-    return f"{why}: specdec cannot run it yet (it runs dense {runs} models)"
+    return f"{why}: specdec cannot run it yet (it runs {runs} models)"
 
 
 def size_problem(sizes: dict[str, int], heads: str, kv_heads: str) -> str | None:
@@ -88,6 +88,8 @@ class ModelConfig:
     rope_local_theta: float | None = None  # RoPE base of the local layers, plain RoPE (Gemma: rope_local_base_freq);
     #                                        None = the global layers' (rope_theta with rope_freq_factors)
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap); None = none
+    rope_dims: int = 0  # dimensions of each head RoPE rotates, the first ones (GLM-4.5: half); 0 = all of them
+    moe: MoEConfig | None = None  # the mixture-of-experts MLP of the layers it lists (None: every MLP dense)
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -106,15 +108,26 @@ class ModelConfig:
             raise ValueError(f"rope_theta is {self.rope_theta}; it must be a positive number")
         if not (self.rms_norm_eps >= 0 and math.isfinite(self.rms_norm_eps)):
             raise ValueError(f"rms_norm_eps is {self.rms_norm_eps}; it must be a finite number of at least 0")
-        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
-            raise ValueError(f"{len(self.rope_freq_factors)} RoPE frequency factors for head_dim {self.head_dim}; "
-                             f"expected {self.head_dim // 2}")
         if self.mlp_act not in MLP_ACTIVATIONS:
             raise ValueError(f"unknown MLP activation {self.mlp_act!r}; specdec computes {', '.join(MLP_ACTIVATIONS)}")
         if any(not 0 <= i < self.num_layers for i in self.sliding_layers):
             raise ValueError(f"sliding layers {self.sliding_layers} are not all among the {self.num_layers} layers")
         if self.sliding_layers and self.sliding_window < 1:
             raise ValueError(f"sliding layers {self.sliding_layers} need a sliding window of at least 1 token")
+        if self.rope_dims % 2 or not 0 <= self.rope_dims <= self.head_dim:
+            raise ValueError(f"RoPE rotates {self.rope_dims} of {self.head_dim} head dimensions; an even number up to "
+                             "the head dimension is expected")
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.rotary_dims // 2:
+            raise ValueError(f"{len(self.rope_freq_factors)} RoPE frequency factors for {self.rotary_dims} rotated "
+                             f"dimensions; expected {self.rotary_dims // 2}")
+        if self.moe is not None and any(not 0 <= i < self.num_layers for i in self.moe.layers):
+            raise ValueError(f"mixture-of-experts layers {self.moe.layers} are not all among the {self.num_layers} "
+                             "layers")
+
+    @property
+    def rotary_dims(self) -> int:
+        """The dimensions of each head RoPE rotates (the first ones): rope_dims, or the whole head."""
+        return self.rope_dims or self.head_dim
 
     @property
     def attention_scale(self) -> float:

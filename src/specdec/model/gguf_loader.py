@@ -22,6 +22,7 @@ from specdec.model.errors import ModelFileError, unread_bias
 from specdec.model.gguf_names import hf_name
 from specdec.model.gguf_reader import reader_class
 from specdec.model.linear import GGUF_KERNEL_TYPES
+from specdec.model.moe_config import moe_from_gguf, moe_shapes
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
 SUPPORTED_GGML_TYPES = {
@@ -81,6 +82,24 @@ class GGUFModel:
             heads = self.config.num_heads if "q_proj" in name else self.config.num_kv_heads
             out = _unpermute_rope(out, heads).contiguous()
         return kind, out
+
+    def expert_blocks(self, name: str) -> tuple[str, torch.Tensor]:
+        """A stacked expert tensor (llama.cpp's ffn_*_exps, E experts of `rows` rows) as the file stores it, its
+        experts one after another: (type, (E * rows, row_bytes) uint8), a view of the mapped file, for the block
+        types the gguf library computes on; else ("F32", (E * rows, cols) float32), the values exactly."""
+        t = self._tensors[name]
+        kind = t.tensor_type.name
+        experts, rows = int(t.shape[2]), int(t.shape[1])
+        if kind not in GGUF_KERNEL_TYPES or len(t.shape) != 3:
+            values = self.get(name)
+            return "F32", values.reshape(experts * rows, values.shape[-1])
+        data = np.asarray(t.data)
+        if data.ndim != 3 or data.shape[:2] != (experts, rows):
+            raise ModelFileError(self.path, f"tensor {t.name} ({kind}) has {data.shape} bytes for {experts} experts "
+                                 f"of {rows} rows")
+        if data.dtype != np.uint8 or not data.flags.writeable:
+            data = np.array(data, dtype=np.uint8, copy=True)
+        return kind, torch.from_numpy(data).reshape(experts * rows, data.shape[2])
 
 
 # llama.cpp's file_type enum (LLAMA_FTYPE_*), for naming the quantization the way users know it.
@@ -185,7 +204,7 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
             raise ModelFileError(path, f"metadata key {arch}.{key} is missing")
         return value
 
-    if meta.get(f"{arch}.expert_count"):  # Mixtral's llama files: running the dense path would be another model
+    if meta.get(f"{arch}.expert_count") and arch not in MOE_ARCHS:  # Mixtral's llama files: dense would be wrong
         raise ModelFileError(path, f"{arch}.expert_count is {meta[f'{arch}.expert_count']}: a mixture-of-experts "
                              "model, which specdec cannot run yet")
     _check_sizes(path, arch, meta, tensors)
@@ -209,18 +228,26 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
         raise ModelFileError(path, f"rope scaling {scaling!r} ({arch}.rope.scaling.type) is not supported (specdec "
                              "computes plain RoPE and Llama 3.x rope_freqs); running without it would change the output")
     rotated = meta.get(f"{arch}.rope.dimension_count")
-    if rotated is not None and int(rotated) != head_dim:
+    rope_dims = int(rotated) if arch == "glm4moe" and rotated is not None and int(rotated) != head_dim else 0
+    if rotated is not None and int(rotated) != head_dim and not rope_dims:
         raise ModelFileError(path, f"RoPE rotates {rotated} of {head_dim} head dimensions ({arch}.rope.dimension_count); "
                              "specdec rotates the whole head")
     factors = None
     if rope_freqs is not None:  # Llama 3.x: one divisor per rotated pair
         factors = tuple(float(f) for f in np.asarray(dequantize(rope_freqs.data, rope_freqs.tensor_type)).reshape(-1))
     gemma.setdefault("rope_freq_factors", factors)
+    layers = int(need("block_count")) - nextn
+    moe = None
+    if arch in MOE_ARCHS:
+        try:
+            moe = moe_from_gguf(meta, arch, layers, any(n.endswith(".mlp.gate.e_score_correction_bias") for n in tensors))
+        except KeyError as exc:
+            raise ModelFileError(path, f"metadata key {exc.args[0]} is missing") from None
     return ModelConfig(
         arch=arch,
         vocab_size=vocab,
         hidden_size=hidden,
-        num_layers=int(need("block_count")) - nextn,
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
@@ -232,10 +259,13 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
         qk_norm="model.layers.0.self_attn.q_norm.weight" in tensors,
         tie_embeddings="lm_head.weight" not in tensors,
         mtp_layers_declared=nextn,
+        rope_dims=rope_dims,
+        moe=moe,
         **gemma,
     )
 
 
+MOE_ARCHS = ("qwen3moe", "glm4moe")  # GGUF architectures whose expert_* keys specdec reads (model/moe_config.py)
 _COUNTS = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
            "vocab_size", "block_count", "feed_forward_length", "context_length")
 _POSITIVE = ("rope.freq_base", "attention.layer_norm_rms_epsilon")
@@ -312,6 +342,10 @@ def _check_shapes(model: GGUFModel) -> None:
             p + "input_layernorm.weight": (c.hidden_size,),
             p + "post_attention_layernorm.weight": (c.hidden_size,),
         })
+        if c.moe is not None and c.moe.is_moe(i):  # a mixture in place of the dense MLP
+            for part in ("gate", "up", "down"):
+                del expected[p + f"mlp.{part}_proj.weight"]
+            expected.update(moe_shapes(c.moe, c.hidden_size, p))
         if c.sandwich_norms:
             expected[p + "pre_feedforward_layernorm.weight"] = (c.hidden_size,)
             expected[p + "post_feedforward_layernorm.weight"] = (c.hidden_size,)

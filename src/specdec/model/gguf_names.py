@@ -20,7 +20,20 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    # mixture-of-experts layers (llama.cpp's qwen3moe, glm4moe): the router, its selection bias, the routed
+    # experts stacked into one (E, rows, cols) tensor each, the shared expert and its gate
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.down_proj.weight",
+    "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+    "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+    "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+    "ffn_gate_inp_shexp.weight": "mlp.shared_expert_gate.weight",
 }
+# GLM-4.5 (glm4moe): the norm before the MLP is llama.cpp's post_attention_norm
+_GLM4MOE_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight"}
 # Gemma 3's four norms per block: llama.cpp's ffn_norm is the one before the MLP (HF pre_feedforward_layernorm);
 # HF's post_attention_layernorm norms the attention output. llama.cpp's converter stored 1 + w for every norm.
 _GEMMA3_NAMES = {
@@ -52,7 +65,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    layer_names = _GEMMA3_NAMES if arch == "gemma3" else _LAYER_NAMES
+    layer_names = {"gemma3": _GEMMA3_NAMES, "glm4moe": _GLM4MOE_NAMES}.get(arch, _LAYER_NAMES)
     if m and m.group(2) in layer_names:
         return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}"
     if m and m.group(2) in _NEXTN_NAMES:

@@ -14,10 +14,12 @@ from specdec.model.config import (ModelConfig, linear_rope_factors, llama3_rope_
                                   unsupported_reason)
 from specdec.model.errors import ModelFileError
 from specdec.model.files import read_json_object, safetensors_header
+from specdec.model.moe_config import moe_from_hf
 
 # model_type -> the family specdec runs it as. MiMo (Xiaomi) is a Qwen2 body whose MTP layers sit
 # under model.mtp_layers.* (drafters/mtp.py reads them; auto turns draft-mtp on).
-_ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mimo": "qwen2", "gemma3_text": "gemma3"}
+_ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mimo": "qwen2", "gemma3_text": "gemma3",
+                       "qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe"}
 # config.json activation names -> ModelConfig.mlp_act
 _ACTIVATIONS = {None: "silu", "silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -128,6 +130,7 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
         if arch == "gemma3":
             return _gemma3_config(path, raw, tensor_names)
         theta = rope_theta_of(raw, 10000.0)
+        rope_dims = _rotary_dims(path, raw, model_type, head_dim)
         return ModelConfig(
             arch=arch,
             vocab_size=int(raw["vocab_size"]),
@@ -138,15 +141,17 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
             head_dim=head_dim,
             intermediate_size=int(raw["intermediate_size"]),
             rope_theta=theta,
-            rope_freq_factors=_rope_factors(path, raw, head_dim, theta),
+            rope_freq_factors=_rope_factors(path, raw, rope_dims or head_dim, theta),
+            rope_dims=rope_dims,
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             context_length=int(raw.get("max_position_embeddings", 4096)),
             # Qwen2 (and MiMo) always have q/k/v biases: transformers' Qwen2 ignores attention_bias
             qkv_bias=arch == "qwen2" or bool(raw.get("attention_bias", False)),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "qwen3moe") or bool(raw.get("use_qk_norm", False)),
             tie_embeddings=_tied(path, raw, tensor_names),
             mtp_layers_declared=int(raw.get("num_nextn_predict_layers") or raw.get("mtp_num_hidden_layers") or 0),
             mlp_act=_ACTIVATIONS[_activation(raw, arch)],
+            moe=moe_from_hf(raw, model_type, int(raw["num_hidden_layers"])) if arch in ("qwen3moe", "glm4moe") else None,
         )
     except KeyError as exc:
         raise ModelFileError(path, f"config.json lacks {exc.args[0]!r}") from None
@@ -156,11 +161,15 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
 
 # config.json keys specdec reads, by the JSON type each must have; null counts as absent (its default).
 _SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size",
-          "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window_pattern")
-_COUNTS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "sliding_window")
+          "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window_pattern",
+          "num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+          "n_group", "topk_group", "decoder_sparse_step")
+_COUNTS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "sliding_window", "n_shared_experts",
+           "first_k_dense_replace", "shared_expert_intermediate_size")
 _NUMBERS = ("rope_theta", "rms_norm_eps", "partial_rotary_factor", "query_pre_attn_scalar",
-            "final_logit_softcapping", "attn_logit_softcapping", "rope_local_base_freq")
-_FLAGS = ("attention_bias", "tie_word_embeddings", "mlp_bias", "use_sliding_window", "use_bidirectional_attention")
+            "final_logit_softcapping", "attn_logit_softcapping", "rope_local_base_freq", "routed_scaling_factor")
+_FLAGS = ("attention_bias", "tie_word_embeddings", "mlp_bias", "use_sliding_window", "use_bidirectional_attention",
+          "norm_topk_prob", "use_qk_norm")
 _OBJECTS = ("rope_scaling", "rope_parameters")
 _TEXTS = ("model_type", "hidden_act", "hidden_activation")
 
@@ -291,6 +300,18 @@ def rope_scaling_factors(path, scaling: dict, head_dim: int, theta: float) -> tu
                          "Llama 3.x 'llama3' scaling); running without it would change the model's output")
 
 
+def _rotary_dims(path, raw: dict, model_type: str, head_dim: int) -> int:
+    """The head dimensions RoPE rotates (ModelConfig.rope_dims; 0: all): GLM-4.5's partial_rotary_factor (top level
+    or in rope_parameters; 0.5 when absent, as transformers' Glm4MoeConfig defaults), int(head_dim * factor)."""
+    if model_type != "glm4_moe":
+        return 0
+    factor = raw.get("partial_rotary_factor", (raw.get("rope_parameters") or {}).get("partial_rotary_factor", 0.5))
+    if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise ModelFileError(path, f"partial_rotary_factor is {factor!r}; a number in (0, 1] is expected")
+    dims = int(head_dim * factor)
+    return 0 if dims == head_dim else dims
+
+
 def _activation(raw: dict, arch: str) -> str | None:
     """The MLP's activation as transformers reads it: Gemma 3 hidden_activation first; Llama / Qwen
     hidden_act only (silu when absent; a hidden_activation there is not read)."""
@@ -307,7 +328,7 @@ def _refuse_unknown_math(path, raw: dict) -> None:
                              f"act one of {', '.join(a for a in _ACTIVATIONS if a)})")
     if raw.get("mlp_bias"):
         raise ModelFileError(path, "mlp_bias is true: specdec's MLP has no biases")
-    if float(raw.get("partial_rotary_factor", 1.0)) != 1.0:
+    if float(raw.get("partial_rotary_factor", 1.0)) != 1.0 and raw.get("model_type") != "glm4_moe":
         raise ModelFileError(path, f"partial_rotary_factor {raw['partial_rotary_factor']} is not supported "
                              "(specdec rotates the whole head)")
     window = raw.get("sliding_window")

@@ -6,6 +6,7 @@
     x       = x + down(act(gate) * up),             gate, up = gate_up(rms_norm(x, mlp_norm));
                                                     act silu (SwiGLU) or gelu-tanh (Gemma's GeGLU);
                                                     Gemma 3: x + rms_norm(down(...), mlp_out_norm)
+                                                    a mixture-of-experts layer: x + moe(rms_norm(x, mlp_norm))
 
 Norm weights are the multipliers applied (Gemma's checkpoints store w for a multiplier 1 + w; the
 loaders add the 1, as llama.cpp's converter does). Which keys a query sees (sliding windows), the
@@ -167,7 +168,11 @@ def rope_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> 
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (N, heads, hd); cos, sin: (N, 1, hd) -> x rotated (rotate-half layout). Elementwise per row."""
+    """x: (N, heads, hd); cos, sin: (N, 1, r) -> x rotated (rotate-half layout). Elementwise per row.
+    r < hd (partial rotary, GLM-4.5): the first r dimensions of each head rotate, the others pass unchanged."""
+    if cos.shape[-1] < x.shape[-1]:
+        r = cos.shape[-1]
+        return torch.cat([apply_rope(x[..., :r].contiguous(), cos, sin), x[..., r:]], dim=-1)
     if x.dim() == 3 and cos.shape == (x.shape[0], 1, x.shape[2]) == sin.shape and _row_kernel(x, cos, sin):
         return kernels.rope(x, cos, sin)  # the same products and sums, one call
     half = x.shape[-1] // 2
@@ -190,6 +195,7 @@ class LayerWeights(Protocol):
     attn_out_norm: torch.Tensor | None  # (H,) norm of the attention output (Gemma 3), or None
     mlp_out_norm: torch.Tensor | None  # (H,) norm of the MLP output (Gemma 3), or None
     act: str  # "silu" or "gelu_tanh" (model.config.MLP_ACTIVATIONS)
+    # optional: moe, the MLP of a mixture-of-experts layer, (N, H) normed rows -> (N, H); gate_up and down unused
 
     def qkv(self, h: torch.Tensor) -> torch.Tensor:
         """(N, A) -> (N, (heads + 2 * kv_heads) * hd): the q heads, then the k heads, then the v heads."""
@@ -223,8 +229,13 @@ def decoder_layer(x: torch.Tensor, w: LayerWeights, attend: Attend, cos: torch.T
     attn = attend(qk[:, :nh], qk[:, nh:], v)  # (N, nh, hd)
     out = w.o(attn.reshape(N, nh * hd))  # (N, H)
     x = x + (out if w.attn_out_norm is None else rms_norm(out, w.attn_out_norm, w.eps))
-    gate, up = w.gate_up(rms_norm(x, w.mlp_norm, w.eps))  # (N, I) each
-    out = w.down(mlp_act(gate, up, w.act, w.mlp_norm))
+    h = rms_norm(x, w.mlp_norm, w.eps)
+    moe = getattr(w, "moe", None)  # a mixture-of-experts layer's MLP, (N, H) -> (N, H) (model/moe.py)
+    if moe is not None:
+        out = moe(h)
+    else:
+        gate, up = w.gate_up(h)  # (N, I) each
+        out = w.down(mlp_act(gate, up, w.act, w.mlp_norm))
     return x + (out if w.mlp_out_norm is None else rms_norm(out, w.mlp_out_norm, w.eps))
 
 

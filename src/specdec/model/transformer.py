@@ -36,6 +36,7 @@ from specdec.model.config import MLP_ACTIVATIONS, ModelConfig
 from specdec.model.errors import CacheOverflowError
 from specdec.model.layers import RopeTable, decoder_layer, rms_norm, softcap
 from specdec.model.linear import ROW_VARIANT_FORMATS, QLinear
+from specdec.model.moe import MoE
 from specdec.model.segments import ForwardOutput, Segment, segment_layout
 
 # What the KV cache holds (--cache-type): float16, as llama.cpp keeps it by default, or float32. A step reads
@@ -57,14 +58,15 @@ class Layer:
 
     qkv: QLinear  # q, k, v projections fused: (q_size + 2 * kv_size, H)
     o: QLinear
-    gate_up: QLinear  # gate and up fused: (2 * I, H)
-    down: QLinear
+    gate_up: QLinear | None  # gate and up fused: (2 * I, H); None in a mixture-of-experts layer
+    down: QLinear | None
     attn_norm: torch.Tensor
     mlp_norm: torch.Tensor
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     attn_out_norm: torch.Tensor | None = None  # Gemma 3: norms of the attention and MLP outputs
     mlp_out_norm: torch.Tensor | None = None
+    moe: MoE | None = None  # a mixture-of-experts layer's MLP (model/moe.py), in place of gate_up and down
 
 
 class _QuantWeights:
@@ -77,7 +79,7 @@ class _QuantWeights:
     """
 
     __slots__ = ("layer", "spans", "heads", "kv_heads", "head_dim", "eps", "attn_norm", "mlp_norm", "q_norm",
-                 "k_norm", "attn_out_norm", "mlp_out_norm", "act")
+                 "k_norm", "attn_out_norm", "mlp_out_norm", "act", "moe")
 
     def __init__(self, layer: Layer, config: ModelConfig, spans: list[tuple[slice, bool]]):
         self.layer, self.spans = layer, spans
@@ -86,6 +88,7 @@ class _QuantWeights:
         self.attn_norm, self.mlp_norm = layer.attn_norm, layer.mlp_norm
         self.q_norm, self.k_norm = layer.q_norm, layer.k_norm
         self.attn_out_norm, self.mlp_out_norm, self.act = layer.attn_out_norm, layer.mlp_out_norm, config.mlp_act
+        self.moe = None if layer.moe is None else partial(layer.moe, spans=spans)
 
     def qkv(self, h: torch.Tensor) -> torch.Tensor:
         return _linear_by_spans(self.layer.qkv, h, self.spans)
@@ -140,10 +143,10 @@ class Transformer(CacheAttention):
         self.kv_dtype = default_kv_dtype(weights_format)  # load_model's cache_type may change it
         self.max_positions = config.context_length
         # rows computed as positions reach them, not max_positions of them at every start (RopeTable)
-        self.rope = RopeTable(config.head_dim, config.rope_theta, self.max_positions, config.rope_freq_factors)
+        self.rope = RopeTable(config.rotary_dims, config.rope_theta, self.max_positions, config.rope_freq_factors)
         self.local_rope = None  # the local layers' table, when their RoPE differs
         if config.sliding_layers and config.rope_local_theta is not None:
-            self.local_rope = RopeTable(config.head_dim, config.rope_local_theta, self.max_positions)
+            self.local_rope = RopeTable(config.rotary_dims, config.rope_local_theta, self.max_positions)
         self.attn_scale = config.attention_scale  # query_pre_attn_scalar ** -0.5 for Gemma
         # exact attention rows through attend.c when it builds here (AVX2, a C compiler) and fits the heads
         self._attend_kernel = (config.head_dim % 8 == 0 and config.head_dim <= kernels.ATTEND_MAX_HEAD_DIM
@@ -157,8 +160,9 @@ class Transformer(CacheAttention):
         """Bytes of weights one decode step reads (all matrices, norms, one embedding row)."""
         row = self.embed.row_bytes() if hasattr(self.embed, "row_bytes") else self.embed.shape[1] * self.embed.element_size()
         total = self.lm_head.nbytes() + row
-        for layer in self.layers:
-            total += sum(m.nbytes() for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        for layer in self.layers:  # a mixture layer: its router, shared expert and k of its experts
+            total += sum(m.nbytes() for m in (layer.qkv, layer.o, layer.gate_up, layer.down) if m is not None)
+            total += layer.moe.active_bytes() if layer.moe is not None else 0
         return total
 
     def new_cache(self, max_len: int | None = None, num_slots: int = 1) -> KVCache:
@@ -261,8 +265,9 @@ class Transformer(CacheAttention):
         where step.c cannot run it: a matrix not in the gguf format, or a kernel that did not load here."""
         if not hasattr(self, "_step"):
             self._step = None
-            if self._attend_kernel and kernels.step() is not None and all(
-                    m.fmt == "gguf" for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)):
+            if self._attend_kernel and kernels.step() is not None and not self.config.rope_dims and all(
+                    m is not None and m.fmt == "gguf"
+                    for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)):
                 keep, layers = [], []
 
                 def address(t):
