@@ -48,6 +48,11 @@ class KVCache:
         if slot not in self.free_slots:
             self.free_slots.append(slot)
 
+    def restorable(self, slot: int, length: int) -> bool:
+        """Whether truncate(slot, length) can roll back there: any length up to the slot's (a hybrid model's
+        cache, cache/recurrent.py, holds the recurrent state of its last few lengths only)."""
+        return 0 <= length <= self.lengths[slot]
+
     def truncate(self, slot: int, length: int) -> None:
         """Roll back `slot` to its first `length` positions."""
         if not 0 <= length <= self.lengths[slot]:

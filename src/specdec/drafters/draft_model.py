@@ -93,11 +93,14 @@ class DraftModelDrafter(DrafterBase):
                 break
             common += 1
         common = min(common, len(context) - 1)  # always feed at least the newest token
+        refeed = not self.cache.restorable(self.slot, common)  # a hybrid draft model holds its last few states:
+        if refeed:  # past them, the context is prefilled again, as begin() prefills the prompt
+            common = 0
         self.cache.truncate(self.slot, common)
         del self.fed[common:]
         if max(context[common:]) >= self.draft_vocab:  # not fed: the next call sees it again, and drafts nothing
             return Draft()
-        logits = self._feed(context[common:])
+        logits = self._feed(context[common:], exact=not refeed)
         tokens, probs = [], []
         for i in range(draft_length):
             logits = logits[: self.target_vocab]

@@ -15,8 +15,9 @@ Weights are read in the layouts real checkpoints use (tensor names as in the fil
     qwen3next  mtp.{pre_fc_norm_embedding,pre_fc_norm_hidden,fc,norm}.weight, mtp.layers.{k}.*
                (Qwen3-Next / Qwen3.5: norms and fc shared by the layers)
 
-The block must be a dense layer of the target's family (llama / qwen2 / qwen3): MoE or MLA
-blocks are not something this runtime runs. An MTP head trained by `specdec train mtp` is
+The block must be a dense layer of the target's family (llama / qwen2 / qwen3 / gemma3; Qwen3.5's: the
+gated-attention layer of model/gated_attention.py, whose later steps are fed the normed output in either
+layout, as vLLM and llama.cpp run it): MoE or MLA blocks are not something this runtime runs. An MTP head trained by `specdec train mtp` is
 saved in the deepseek layout in a folder (config.json + model.safetensors) and found
 beside the model (`<model path>.mtp/`) or among the heads shipped with specdec.
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -39,6 +40,7 @@ from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
 from specdec.model.checkpoint_facts import sidecar_path
 from specdec.model.errors import SpecdecError
 from specdec.model.files import read_json_object, replaced, safetensors_names, write_text
+from specdec.model.gated_attention import GatedDecoderLayer
 from specdec.model.layers import DecoderLayer, RMSNorm, rms_norm
 from specdec.model.load import checkpoint_digest
 
@@ -99,10 +101,14 @@ class MTPModule(nn.Module):
         self.hnorm = RMSNorm(H, c.rms_norm_eps)
         self.eh_proj = nn.Linear(2 * H, H, bias=False)
         self.input_layernorm = RMSNorm(H, c.rms_norm_eps)  # the block's input norm lives here (checkpoint names)
-        # a block like the target's layers (Gemma 3: its four norms and GeGLU)
-        self.block = DecoderLayer(H, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, c.rms_norm_eps,
-                                  qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, input_norm=False,
-                                  sandwich_norms=c.sandwich_norms, act=c.mlp_act)
+        # a block like the target's layers (Gemma 3: its four norms and GeGLU; Qwen3.5: its gated attention)
+        if c.attn_output_gate:
+            self.block = GatedDecoderLayer(H, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                                           c.rms_norm_eps, input_norm=False)
+        else:
+            self.block = DecoderLayer(H, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size,
+                                      c.rms_norm_eps, qkv_bias=c.qkv_bias, qk_norm=c.qk_norm, input_norm=False,
+                                      sandwich_norms=c.sandwich_norms, act=c.mlp_act)
         self.norm = RMSNorm(H, c.rms_norm_eps)
         self.embed_first = embed_first
 
@@ -125,7 +131,7 @@ class MTPHead(HiddenHead):
         self.embed = embed
         self.lm_head = lm_head
         self.register_buffer("target_norm", target_norm.float().clone(), persistent=False)
-        self.init_rope(config.head_dim, config.rope_theta, max_positions or config.context_length,
+        self.init_rope(config.rotary_dims, config.rope_theta, max_positions or config.context_length,
                        config.rope_freq_factors)
 
     def module_layer(self, module: int) -> DecoderLayer:
@@ -306,6 +312,8 @@ def load_mtp_head(model, max_len: int = 4096, folder=None) -> tuple[MTPHead, str
     layout = find_layout(source.names(), c.num_layers)
     if layout is None:
         raise MTPError(f"{where}: no MTP tensors in a known layout")
+    if c.attn_output_gate:  # Qwen3.5 feeds each step the normed output, its GGUF nextn layout too
+        layout = replace(layout, feeds_normed=True)
     tr = model.transformer
     head = MTPHead(c, len(layout.prefixes), tr.embed, tr.lm_head, tr.norm, layout, max_positions=max_len + 64)
     head.load_from(checkpoint_getter(source), layout)

@@ -94,9 +94,11 @@ class Engine:
     def build_drafter(self, drafter: DrafterSpec, spec: SpecConfig) -> Drafter:
         """A drafter from the registry, with the settings of `spec` a model drafter reads."""
         if spec.tree_topk > 1 and not self.model.transformer.exact_trees:
-            raise ValueError(f"--spec-tree-topk {spec.tree_topk}: the target runs on {self.model.info.device}, where "
-                             "specdec verifies chains only (tree rows would not be bitwise their paths' single "
-                             "steps there); use --spec-tree-topk 1")
+            why = getattr(self.model.transformer, "chains_only", None) or (
+                f"the target runs on {self.model.info.device}, where tree rows would not be bitwise their paths' "
+                "single steps")
+            raise ValueError(f"--spec-tree-topk {spec.tree_topk}: {why}, so specdec verifies chains only; use "
+                             "--spec-tree-topk 1")
         ctx = BuildContext(self.model, self.cache.max_len, spec.draft_model, spec.draft_p_min, spec.cross_tokenizer,
                            spec.tree_topk, spec.effective_tree_budget, self.draft_models.load)
         return registry.create(drafter, ctx)

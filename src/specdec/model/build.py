@@ -10,6 +10,8 @@ import torch
 
 from specdec.model.config import ModelConfig
 from specdec.model.errors import ModelFileError, unread_bias
+from specdec.model.hybrid import HybridTransformer
+from specdec.model.hybrid_build import hybrid_layer
 from specdec.model.linear import WEIGHT_FORMATS, BlockRows, QLinear
 from specdec.model.moe import build_moe
 from specdec.model.transformer import Layer, Transformer
@@ -47,6 +49,7 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         raise unread_bias(where, unread)
 
     h, shapes = c.hidden_size, _linear_shapes(c)
+    runtime = Transformer if c.linear_attention is None else HybridTransformer  # Qwen3.5: model/hybrid.py
 
     def linear(weights: list[str], shape: tuple[int, int], bias: torch.Tensor | None = None) -> QLinear:
         """One QLinear over these weights stacked row-wise (q/k/v and gate/up are fused)."""
@@ -67,6 +70,11 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
     layers = []
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
+        if c.linear_attention is not None:  # a Qwen3.5 layer: Gated DeltaNet or gated attention
+            layers.append(hybrid_layer(c, i, get, linear, names, where))
+            if progress is not None:
+                progress(1)
+            continue
         qkv_b = None
         if c.qkv_bias:
             qkv_b = torch.cat([get(p + f"self_attn.{n}_proj.bias", (size,))  # the kernels add it unchecked
@@ -99,7 +107,7 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
             embed = BlockRows(kind, lm_head.parts[0][1], interleaved=True)
         else:
             embed = BlockRows(kind, blocks)
-        return Transformer(c, embed, layers, get("model.norm.weight", (h,)), lm_head, weights_format)
+        return runtime(c, embed, layers, get("model.norm.weight", (h,)), lm_head, weights_format)
     embed = get("model.embed_tokens.weight")
     head = embed if c.tie_embeddings else get("lm_head.weight")
     if c.tie_embeddings and "lm_head.weight" in names and not torch.equal(get("lm_head.weight"), embed):
@@ -121,7 +129,7 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
         embed = lm_head.weight  # the same values (QLinear may have copied them to aligned memory): held once
     elif weights_format != "fp32":
         embed = embed.to(torch.bfloat16)  # rows are looked up one at a time; half the memory
-    return Transformer(c, embed.contiguous(), layers, get("model.norm.weight", (h,)), lm_head, weights_format)
+    return runtime(c, embed.contiguous(), layers, get("model.norm.weight", (h,)), lm_head, weights_format)
 
 
 def _linear_shapes(c: ModelConfig) -> dict[str, tuple[int, int]]:

@@ -108,7 +108,8 @@ def param_count(checkpoint) -> int:
         return sum(int(t.n_elements) for t in tensors.values())
     files = set(checkpoint._files.values())
     shapes = {name: shape for file in files for name, (_, shape) in safetensors_header(file).items()}
-    return sum(math.prod(shapes[name]) for name in checkpoint._files)
+    stored = getattr(checkpoint, "_stored", {})  # a published Qwen3.5 folder: text tensors renamed (hf_loader.py)
+    return sum(math.prod(shapes[stored.get(name, name)]) for name in checkpoint._files)
 
 
 def raw_checkpoint(path: Path) -> SimpleNamespace:

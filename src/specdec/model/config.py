@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from specdec.model.hybrid_config import LinearAttention
 from specdec.model.moe_config import MoEConfig
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "qwen35")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU; GeGLU with the tanh approximation of gelu
 
 # Families people run that specdec cannot run yet, by config.json model_type and GGUF architecture:
@@ -26,7 +27,6 @@ UNSUPPORTED_FAMILIES = {
     "deepseek2": "DeepSeek-V2/V3 attend with multi-head latent attention (MLA)",
     "qwen3_next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
     "qwen3next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
-    "qwen3_5": "Qwen3.5 mixes linear attention (Gated DeltaNet) with full attention layers",
     "qwen3_5_moe": f"Qwen3.5 MoE is {_MOE} with hybrid linear attention",
     "qwen2_moe": f"Qwen2-MoE is {_MOE}", "qwen2moe": f"Qwen2-MoE is {_MOE}",
     "mixtral": f"Mixtral is {_MOE}",
@@ -90,6 +90,10 @@ class ModelConfig:
     final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap); None = none
     rope_dims: int = 0  # dimensions of each head RoPE rotates, the first ones (GLM-4.5: half); 0 = all of them
     moe: MoEConfig | None = None  # the mixture-of-experts MLP of the layers it lists (None: every MLP dense)
+    # Qwen3.5 / 3.6 (hybrid): Gated DeltaNet layers (model/hybrid_config.py), the others full attention whose
+    # q_proj also gives a per-head output gate: attention * sigmoid(gate) before o_proj
+    linear_attention: LinearAttention | None = None
+    attn_output_gate: bool = False
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -120,6 +124,10 @@ class ModelConfig:
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.rotary_dims // 2:
             raise ValueError(f"{len(self.rope_freq_factors)} RoPE frequency factors for {self.rotary_dims} rotated "
                              f"dimensions; expected {self.rotary_dims // 2}")
+        if self.linear_attention is not None and any(not 0 <= i < self.num_layers
+                                                     for i in self.linear_attention.layers):
+            raise ValueError(f"linear attention layers {self.linear_attention.layers} are not all among the "
+                             f"{self.num_layers} layers")
         if self.moe is not None and any(not 0 <= i < self.num_layers for i in self.moe.layers):
             raise ValueError(f"mixture-of-experts layers {self.moe.layers} are not all among the {self.num_layers} "
                              "layers")

@@ -22,7 +22,9 @@ from specdec.model.errors import ModelFileError, unread_bias
 from specdec.model.gguf_names import hf_name
 from specdec.model.gguf_reader import reader_class
 from specdec.model.linear import GGUF_KERNEL_TYPES
+from specdec.model.hybrid_build import hybrid_shapes
 from specdec.model.moe_config import moe_from_gguf, moe_shapes
+from specdec.model.qwen35_checkpoint import qwen35_gguf_config
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
 SUPPORTED_GGML_TYPES = {
@@ -208,6 +210,8 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
         raise ModelFileError(path, f"{arch}.expert_count is {meta[f'{arch}.expert_count']}: a mixture-of-experts "
                              "model, which specdec cannot run yet")
     _check_sizes(path, arch, meta, tensors)
+    if arch == "qwen35":  # hybrid: model/qwen35_checkpoint.py
+        return qwen35_gguf_config(path, meta, tensors)
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv") or heads)
@@ -329,7 +333,9 @@ def _check_shapes(model: GGUFModel) -> None:
     }
     if not c.tie_embeddings:  # the gguf kernel reads the head's rows as the shape says: a narrow one past its end
         expected["lm_head.weight"] = (c.vocab_size, c.hidden_size)
-    for i in range(c.num_layers):
+    hybrid = c.linear_attention is not None  # Qwen3.5's layers: hybrid_build.hybrid_shapes
+    expected.update(hybrid_shapes(c) if hybrid else {})
+    for i in range(0 if hybrid else c.num_layers):
         p = f"model.layers.{i}."
         expected.update({
             p + "self_attn.q_proj.weight": (c.q_size, c.hidden_size),

@@ -33,6 +33,7 @@ SOURCES = {
     "gguf": ("gguf_blocks.h", "gguf_acts.c", "gguf_linear.c", "gguf_repack.c", "gguf_values.c"),
     "rows": ("rows.c",),
     "step": ("step.c",),
+    "deltanet": ("deltanet.c",),
 }
 # -ffp-contract=off: no mul and add fused unless the source asks (the bits are the source's arithmetic)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
