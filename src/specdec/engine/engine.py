@@ -19,7 +19,8 @@ so batching never changes an answer.
 
 Beside it: a request's state (request.py), its draft length each step (draft_length.py, priced by
 cost.py), its stop strings (stop.py), the argument checks (validate.py), the drafter sets kept per
-SpecConfig (pool.py) and the draft models they load (draft_models.py).
+SpecConfig (pool.py), the draft models they load (draft_models.py), and what a plain step costs
+(step_clock.py), against which a request's verdict (verdict.py) is judged.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from specdec.engine.draft_models import DraftModels
 from specdec.engine.pool import DrafterPool
 from specdec.engine.request import GenerationResult, Request
 from specdec.engine.stats import SpecStats
+from specdec.engine.step_clock import StepClock
 from specdec.engine.stop import StopStrings
 from specdec.engine.validate import check_engine_args, check_request, check_step_args
 from specdec.model.load import Model
@@ -74,6 +76,7 @@ class Engine:
         self._pool = DrafterPool(lambda s: [self.drafter_factory(d, s) for d in s.drafters], MAX_CACHED_CONFIGS)
         self.draft_models = DraftModels(model)  # draft-simple's models, loaded once per engine
         self._forward_cost: list[float] | None = None  # measured on first adaptive request
+        self.clock = StepClock()  # what a plain decode step costs here: every request's verdict reads it
 
     def forward_cost(self, max_tokens: int) -> list[float]:
         """Measured seconds of one exact forward of t tokens, t = 0..max_tokens (cached)."""
@@ -197,8 +200,9 @@ class Engine:
             if plan.draft is None:
                 plan.req.prefill_s += t3 - t0
             else:
-                plan.req.stats.verify_s += t3 - t1
+                plan.req.stats.verify_s += t3 - t1 - plan.rollback_s
                 plan.req.decode_s += t3 - t0
+                self.clock.step(plan.req.stats, len(plan.draft), t3 - t0, plan.draft_s, plan.start, len(live) == 1)
         return [[] if p is None else p.new for p in plans]
 
     def finish(self, req: Request) -> None:
@@ -206,6 +210,9 @@ class Engine:
         if req.slot >= 0:
             self.cache.release(req.slot)
             req.slot = -1
+            context = len(req.prompt) + len(req.output) // 2  # the mean context of its decode steps
+            self.clock.settle(req.stats, req.decode_s, max(len(req.output) - 1 + req.ended_on_eos, 0), context,
+                              self._forward_cost)
             try:
                 for d in req.drafters:
                     d.end(req.output)
@@ -238,7 +245,8 @@ class Engine:
         text = req.stop_text if req.stop_text is not None else self.model.tokenizer.decode(req.output,
                                                                                              req.skip_special)
         return GenerationResult(req.output, text, req.finish_reason or "length", len(req.prompt), req.stats,
-                                req.prefill_s, req.decode_s, req.ended_on_eos)
+                                req.prefill_s, req.decode_s, req.ended_on_eos, req.sources,
+                                ("target", *(d.name for d in req.drafters)))
 
     # -- internals ---------------------------------------------------------------------------
     def _plan_prefill(self, req: Request, chunk: int | None) -> _Plan:
@@ -250,13 +258,18 @@ class Engine:
         t0 = time.perf_counter()
         start = self.cache.lengths[req.slot]
         room = min(req.max_tokens - len(req.output) - 1, self.cache.max_len - start - 2)
-        drafter, draft = self._propose(req, max(0, min(cap, room)))
+        k = max(0, min(cap, room))
+        drafter, draft = self._propose(req, k)
+        if not len(draft) and req.drafters:  # why this step drafted nothing, for the request's verdict
+            req.stats.paused_steps += k == 0 and req.draft_policy.length == 0
+            req.stats.empty_steps += k > 0
         if start + 1 + len(draft) > self.cache.max_len:
             drafter, draft = None, Draft()  # the tree does not fit in the context left: no draft, no feedback
         ids = [req.output[-1], *draft.tokens]  # the last committed token, then the tree's nodes
         positions, mask = _tree_layout(draft.tree, start)
         segment = Segment(torch.tensor(ids), req.slot, positions, mask)
-        return _Plan(req, segment, ids, draft, drafter, start, time.perf_counter() - t0)
+        # no drafters, nothing asked: planning is plain decoding's own work, not drafting
+        return _Plan(req, segment, ids, draft, drafter, start, time.perf_counter() - t0 if req.drafters else 0.0)
 
     def _commit(self, plan: _Plan, out) -> list[int]:
         """Verify, roll back and emit after the forward: out.logits (1, T, V), out.hidden {layer: (1, T, H)}."""
@@ -269,19 +282,23 @@ class Engine:
                 return []
             first = self._verify(req, out.logits[0], Draft())
             self._feed_hidden(req, out.hidden, rows, plan.tokens)
-            return self._emit(req, first.tokens)
+            return self._emit(req, first.tokens, (0,))
         draft, drafter = plan.draft, plan.drafter
         result = self._verify(req, out.logits[0], draft)
         kept = [0] + [1 + i for i in result.accepted_path]  # rows of the forward that stay in the cache
-        self.cache.keep(req.slot, plan.start, kept)
         self._feed_hidden(req, out.hidden, kept, [plan.tokens[i] for i in kept])
-        if drafter is not None:
+        t0 = time.perf_counter()  # the rollback: rows of rejected nodes dropped, the drafter told what was kept
+        self.cache.keep(req.slot, plan.start, kept)
+        if drafter is not None:  # a step without a draft had nothing to roll back
             drafter.on_accept(result.num_accepted)
+            plan.rollback_s = time.perf_counter() - t0
+        req.stats.rollback_s += plan.rollback_s
         req.stats.record(drafter.name if drafter is not None else "", len(draft), result.num_accepted, draft.depth)
         req.stats.lossy |= result.lossy
         req.stats.draft_s += plan.draft_s
         req.draft_policy.update(len(draft), result.num_accepted, plan.draft_s, draft.depth, req.stats)
-        return self._emit(req, result.tokens)
+        source = 0 if drafter is None else 1 + req.drafters.index(drafter)  # Request.sources' codes
+        return self._emit(req, result.tokens, (source,) * result.num_accepted + (0,))
 
     def _propose(self, req: Request, k: int) -> tuple[Drafter | None, Draft]:
         """The first draft of the request's drafters (n-gram kinds first) at least --spec-draft-n-min long (a
@@ -323,14 +340,16 @@ class Engine:
             if d.hidden_layers:
                 d.on_target_hidden({layer: picked[layer] for layer in d.hidden_layers}, tokens)
 
-    def _emit(self, req: Request, tokens: Sequence[int]) -> list[int]:
-        """Append tokens one at a time, stopping exactly where plain decoding would."""
+    def _emit(self, req: Request, tokens: Sequence[int], sources: Sequence[int]) -> list[int]:
+        """Append tokens one at a time, stopping exactly where plain decoding would; sources[i]: where
+        tokens[i] came from (Request.sources)."""
         new = []
-        for t in tokens:
+        for t, source in zip(tokens, sources):
             if t in self.eos:
                 req.finished, req.finish_reason, req.ended_on_eos = True, "stop", True
                 break
             req.output.append(t)
+            req.sources.append(source)
             new.append(t)
             if req.stop is not None and (cut := req.stop.find(req.output)) is not None:
                 req.stop_text = cut
@@ -356,6 +375,7 @@ class _Plan:
     drafter: Drafter | None = None
     start: int = 0  # cache length before the forward
     draft_s: float = 0.0
+    rollback_s: float = 0.0
     new: list[int] = field(default_factory=list)  # tokens emitted by this step
 
 

@@ -30,6 +30,8 @@ class Request:
     generator: torch.Generator
     draft_policy: DraftLengthPolicy  # its draft length each step, and its recent acceptance
     output: list[int] = field(default_factory=list)  # emitted tokens; the last one is not in the cache yet
+    sources: list[int] = field(default_factory=list)  # sources[i]: where output[i] came from: 0 the target (a
+    # plain step's token, a recovered or bonus token), i + 1 an accepted draft of drafters[i]
     prefilled: int = 0  # prompt tokens in the cache; the first token is emitted when all are
     stop_text: str | None = None  # the decoded output cut before the stop string that ended it
     finished: bool = False
@@ -52,6 +54,8 @@ class GenerationResult:
     prefill_s: float
     decode_s: float
     ended_on_eos: bool = False  # an EOS token ended the answer; token_ids leave it out
+    sources: list[int] = field(default_factory=list)  # sources[i]: where token_ids[i] came from, an index of
+    source_names: tuple[str, ...] = ("target",)  # these: "target", then the request's drafters in order
 
     @property
     def completion_tokens(self) -> int:
