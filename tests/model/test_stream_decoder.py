@@ -111,3 +111,36 @@ def test_real_tokenizers_stream_their_whole_decode(name):
         pieces = push_all(stream, ids, chunks)
         assert "".join(pieces) == stream.text
     assert "".join(push_all(StreamDecoder(tok), sequences[2], [1] * len(sequences[2]))) == tok.decode(sequences[2])
+
+
+def owner_of_each_character(ids) -> list[int]:
+    """The reference for TextStream.pieces, from prefix decodes: a character belongs to the token whose
+    prefix first decodes it whole (ByteTokenizer: the token of its last byte)."""
+    tok, owners = ByteTokenizer(), []
+    for i in range(len(ids)):
+        whole = tok.decode(ids[: i + 1]).rstrip("\ufffd")  # the text holds no U+FFFD of its own
+        owners += [i] * (len(whole) - len(owners))
+    return owners
+
+
+@pytest.mark.parametrize("stop", [(), ("日本 X",)])
+def test_text_stream_pieces_give_each_character_to_the_token_that_completed_it(stop):
+    from specdec.model.text_stream import TextStream
+
+    text = "a é 日本 🤖 z"
+    data = list(text.encode())
+    rng = random.Random(5)
+    for _ in range(20):
+        stream = TextStream(ByteTokenizer(), stop, track_tokens=True)
+        owners, at = [], 0
+        while at < len(data):
+            at = min(len(data), at + rng.randint(1, 4))
+            piece = stream.advance(data[:at])
+            runs = stream.pieces(*stream.last)
+            assert sum(n for _, n in runs) == len(piece)  # the runs cover the piece exactly
+            assert [i for i, _ in runs] == sorted({i for i, _ in runs})  # one run per token, in order
+            owners += [i for i, n in runs for _ in range(n)]
+        piece = stream.finish(text, data)
+        owners += [i for i, n in stream.pieces(*stream.last) for _ in range(n)]
+        assert stream.sent == text
+        assert owners == owner_of_each_character(data)

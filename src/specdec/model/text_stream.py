@@ -3,6 +3,7 @@ take back what they sent (TextStream: holds back an incomplete character and a p
 
 from __future__ import annotations
 
+import bisect
 import re
 
 from specdec.model.tokenizer import Tokenizer
@@ -84,24 +85,63 @@ class TextStream:
     (longest stop - 1) characters: a stop string found later starts no earlier than that,
     so the text sent is always a prefix of the final (stop-cut) text. Call `advance` only
     while the request is unfinished (its text holds no stop string yet), then `finish`.
+
+    track_tokens: also know which token each character of the text came from (`ends`, `pieces`): the
+    tokens are then decoded one at a time, which costs a decode per token.
     """
 
-    def __init__(self, tokenizer, stop: tuple[str, ...], skip_special: bool = False):
+    def __init__(self, tokenizer, stop: tuple[str, ...], skip_special: bool = False, track_tokens: bool = False):
         self.decoder = StreamDecoder(tokenizer, skip_special)  # the output's text, a window of tokens a step
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.sent = ""
+        self.track_tokens = track_tokens
+        # ends[i]: characters of the settled text once token i was pushed (a token that settled no character,
+        # e.g. the first bytes of one, ends where the one before it does; the character goes to its last token)
+        self.ends: list[int] = []
+        self.last = (0, 0)  # the characters of the text the last advance or finish sent: [start, end)
 
     def advance(self, output: list[int]) -> str:
         """output: the request's tokens so far, of which the last call's are the start."""
-        self.decoder.push(output[len(self.decoder.ids) :])
+        self._push(output)
         text = self.decoder.text  # settled: what a later token cannot change
         return self._take(text[: max(0, len(text) - self.hold)])
 
-    def finish(self, final_text: str) -> str:
+    def finish(self, final_text: str, output: list[int] | None = None) -> str:
+        """final_text: the whole answer's text (stop-cut); output: its tokens, with track_tokens."""
+        if output is not None:
+            self._push(output)
         return self._take(final_text)
+
+    def pieces(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The characters [start, end) of the text as (token index, characters) runs, one per token, in order;
+        characters past the last settled token's end (the last tokens' pending text) go to the last token.
+
+        Tokens "He", "llo", "" (a skipped special token), " you": ends [2, 5, 5, 9], and
+        pieces(1, 7) == [(0, 1), (1, 3), (3, 2)].
+        """
+        if not self.ends:
+            return []
+        out, i = [], bisect.bisect_right(self.ends, start)
+        while start < end:
+            stop = end if i >= len(self.ends) - 1 else min(end, self.ends[i])
+            if stop > start:
+                out.append((min(i, len(self.ends) - 1), stop - start))
+            start, i = stop, i + 1
+        return out
+
+    def _push(self, output: list[int]) -> None:
+        new = output[len(self.decoder.ids) :]
+        if not self.track_tokens:
+            self.decoder.push(new)
+            return
+        for token in new:
+            self.decoder.push([token])
+            self.ends.append(len(self.decoder.text))
 
     def _take(self, text: str) -> str:
         if not text.startswith(self.sent):
+            self.last = (len(self.sent), len(self.sent))
             return ""
         piece, self.sent = text[len(self.sent) :], text
+        self.last = (len(self.sent) - len(piece), len(self.sent))
         return piece

@@ -5,8 +5,10 @@
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both stream as SSE with
 "stream": true), GET /v1/models, GET /v1/models/{id}, GET /health, GET /metrics
-(Prometheus text). With an api_key, every /v1 path needs "Authorization: Bearer KEY" (or
-"X-Api-Key: KEY"); /health and /metrics stay open (they say nothing about prompts).
+(Prometheus text), and GET / the chat page (static/chat.html: it streams the chat endpoint and
+colours each token by where it came from). With an api_key, every /v1 path needs "Authorization:
+Bearer KEY" (or "X-Api-Key: KEY"); /, /health and /metrics stay open (they say nothing about prompts;
+the page sends the key the user types into it).
 
 Extras OpenAI clients ignore: the request field "speculative" overrides the server's
 speculative settings for that request (see overrides.py); every response carries
@@ -36,10 +38,11 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
+from importlib.resources import files
 
 from fastapi import FastAPI, Request
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import Response
+from starlette.responses import HTMLResponse, Response
 
 from specdec.engine.engine import Engine
 from specdec.server.errors import install_error_handlers
@@ -103,6 +106,12 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    page = (files("specdec.server") / "static" / "chat.html").read_text(encoding="utf-8")
+
+    @app.get("/", include_in_schema=False)
+    async def chat_page():
+        return HTMLResponse(page)
 
     # -- generation routes ---------------------------------------------------------------------
     @app.post("/v1/completions")

@@ -109,5 +109,6 @@ def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_tok
     except ValueError as exc:
         raise APIError(400, str(exc), code="invalid_value") from None
     spec = resolve_spec(engine.spec, body.speculative)
+    sources = bool(body.stream_options and body.stream_options.include_sources)
     return Job(prompt, sampling, max_tokens, stop, spec, stream=body.stream, endpoint=endpoint,
-               loop=asyncio.get_running_loop(), skip_special=body.skip_special_tokens)
+               loop=asyncio.get_running_loop(), skip_special=body.skip_special_tokens, sources=sources)

@@ -29,6 +29,7 @@ class Delta:
     """New text of a streamed request (may be empty: the first Delta says generation started)."""
 
     text: str
+    sources: dict | None = None  # with Job.sources: {"sources": [[source, characters], ...], "tokens", ...}
 
 
 @dataclass
@@ -38,6 +39,7 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     stats: SpecStats
+    sources: dict | None = None  # as Delta's, for `text`
 
 
 class StepFailed(SpecdecError):
@@ -65,6 +67,7 @@ class Job:
     endpoint: str
     loop: asyncio.AbstractEventLoop
     skip_special: bool = True  # the answer's text leaves special tokens out (skip_special_tokens)
+    sources: bool = False  # a stream that asked where each token came from (stream_options.include_sources)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)

@@ -3,7 +3,11 @@
     return await answer(worker, job, body, request, model_name, chat=False)
 
 A stream sends "spec" on its last chunk (the one with finish_reason) and "usage" only when the client
-asks for stream_options.include_usage, on the usage-only chunk (choices: []) that follows.
+asks for stream_options.include_usage, on the usage-only chunk (choices: []) that follows. With
+stream_options.include_sources, each chunk with text also carries "specdec": {"sources": [[source,
+characters], ...], "tokens", "drafted", "accepted"}: the chunk's text cut into one run per token (its
+characters are Unicode code points, in order, adding up to the text), each named by where the token came
+from ("target", or the drafter whose accepted draft it was), and the request's counts so far.
 """
 
 from __future__ import annotations
@@ -117,12 +121,9 @@ async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: b
             yield chunk("", role=True)
         event = first
         while True:
-            if isinstance(event, Delta):
-                if event.text:
-                    yield chunk(event.text)
-            elif isinstance(event, Done):
-                if event.text:
-                    yield chunk(event.text)
+            if isinstance(event, (Delta, Done)) and event.text:
+                yield chunk(event.text, **({"specdec": event.sources} if event.sources else {}))
+            if isinstance(event, Done):
                 spec = event.stats.to_dict()
                 yield chunk(None, event.finish_reason, spec=spec)
                 if include_usage:  # OpenAI's usage-only chunk, the one place a stream carries usage

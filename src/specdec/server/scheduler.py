@@ -220,7 +220,7 @@ class Scheduler:
             self.metrics.record_generation(job.endpoint, "error", len(job.prompt), 0, None)
             job.put(Failed(exc))
             return
-        stream = TextStream(self.engine.model.tokenizer, job.stop, job.skip_special)
+        stream = TextStream(self.engine.model.tokenizer, job.stop, job.skip_special, track_tokens=job.sources)
         self._running.append(_Running(job, req, stream))
 
     def _drop_gone(self) -> None:
@@ -259,11 +259,12 @@ class Scheduler:
             r.first_at = time.perf_counter()
             m.ttft.observe(r.first_at - r.job.arrived)
             if r.job.stream and not r.req.finished:
-                r.job.put(Delta(r.text.advance(r.req.output)))
+                piece = r.text.advance(r.req.output)
+                r.job.put(Delta(piece, _sources(r) if piece else None))
         elif new and r.job.stream and not r.req.finished:
             piece = r.text.advance(r.req.output)
             if piece:
-                r.job.put(Delta(piece))
+                r.job.put(Delta(piece, _sources(r)))
         if r.req.finished:
             self._end(r)
 
@@ -315,8 +316,8 @@ class Scheduler:
         m.latency.observe(now - job.arrived)
         self._recent_latency = 0.8 * self._recent_latency + 0.2 * (now - job.arrived)
         m.record_generation(job.endpoint, reason, result.prompt_tokens, n, result.stats)
-        piece = r.text.finish(result.text) if job.stream else result.text
-        job.put(Done(piece, reason, result.prompt_tokens, n, result.stats))
+        piece = r.text.finish(result.text, req.output) if job.stream else result.text
+        job.put(Done(piece, reason, result.prompt_tokens, n, result.stats, _sources(r) if piece else None))
 
     def _shutdown(self) -> None:
         with self._cv:
@@ -329,3 +330,15 @@ class Scheduler:
             self._end(r, cancelled=True)
         self.metrics.queued.set(0)
         self.metrics.running.set(0)
+
+
+def _sources(r: _Running) -> dict | None:
+    """Where the characters the stream sent last came from, for a job that asked (Job.sources): runs of
+    [source, characters] (one per token; "target" or the name of the drafter whose draft was accepted),
+    and the request's counts so far."""
+    if not r.job.sources:
+        return None
+    req = r.req
+    names = ("target", *(d.name for d in req.drafters))
+    return {"sources": [[names[req.sources[i]], n] for i, n in r.text.pieces(*r.text.last)],
+            "tokens": len(req.output), "drafted": req.stats.drafted, "accepted": req.stats.accepted}

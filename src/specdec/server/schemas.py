@@ -10,7 +10,9 @@ carry tool_calls.
 
 Extras OpenAI clients ignore:
     request  "speculative": {"enabled": false} or {"method": "ngram", "num_speculative_tokens": 5}
-    response "spec": SpecStats.to_dict() of that request (also on the last streamed chunk)
+    request  "stream_options": {"include_sources": true}: every streamed chunk with text also carries
+             "specdec": {"sources": [[source, characters], ...], "tokens", "drafted", "accepted"}
+    response "spec": SpecStats.to_dict() of that request, its verdict included (also on the last streamed chunk)
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
 
     include_usage: bool | None = None  # null: false, as vLLM reads it
+    include_sources: bool | None = None  # specdec's: where each token of a chunk came from (responses.py)
 
 
 class GenerationRequest(BaseModel):
