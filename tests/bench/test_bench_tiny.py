@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -115,3 +116,33 @@ def test_memory_is_accounted(tiny_bench, tiny_model):
     assert mem["draft-simple"]["drafter_bytes_measured_by"] == "tensor sizes"
     assert 0 < mem["none"]["kv_used_bytes"] <= mem["none"]["kv_allocated_bytes"]
     assert mem["draft-simple"]["total_bytes"] > mem["none"]["total_bytes"]
+
+
+def test_every_speculative_run_and_row_carries_a_verdict_checked_against_the_plain_run(tiny_bench):
+    out, r = tiny_bench
+    runs = r["runs"]
+    for run in runs:
+        if run["config"] == "none":
+            assert "plain_estimate_error" not in run
+            continue
+        base = next(b for b in runs if b["config"] == "none" and b["round"] == run["round"])
+        step = run["spec"]["verdict"]["plain_step_s"]
+        if step is None or base["output_tokens"] < 2:
+            assert run["plain_estimate_error"] is None
+        else:  # the estimated plain step over the plain run's measured one, in the same round
+            assert run["plain_estimate_error"] == pytest.approx(step * (base["output_tokens"] - 1) / base["decode_s"] - 1)
+    for s in r["summary"]:
+        mine = [x for x in runs if x["config"] == s["config"] and x["temperature"] == s["temperature"]
+                and s["category"] in ("all", x["category"])]
+        v = s["verdict"]
+        assert v["decode_s"] == pytest.approx(sum(x["spec"]["verdict"]["decode_s"] for x in mine))  # merged
+        estimates = [x["spec"]["verdict"]["plain_estimate_s"] for x in mine]
+        if None not in estimates:
+            assert v["plain_estimate_s"] == pytest.approx(sum(estimates))
+        check = s["plain_estimate_error"]
+        errors = [x["plain_estimate_error"] for x in mine if x.get("plain_estimate_error") is not None]
+        assert (check is None) == (not errors)
+        if errors:
+            assert check["median"] == pytest.approx(statistics.median(errors)) and check["runs"] == len(errors)
+    md = (out / "report.md").read_text()
+    assert "## Verdicts" in md and "| draft-simple | all |" in md and "within 15%" in md

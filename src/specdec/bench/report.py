@@ -1,8 +1,8 @@
 """results.json -> report.md (and the PNG plots of plots.py).
 
 Every report names the artifact, the runtime and the settings first; then one table per
-temperature; then per-position acceptance, the draft-length sweep, peers, auto's check, and
-the caveats (methods never engaged, greedy outputs that differed from the baseline).
+temperature; then per-position acceptance, the draft-length sweep, peers, the verdicts
+(bench/verdicts.py), auto's check, and the caveats (methods never engaged, greedy outputs that differed from the baseline).
 `specdec bench --concurrency` adds a "load" section (bench/load.py): write_load puts it into
 results.json and report.md, as a table per concurrency level. What an --out folder already holds,
 and whether a run may join it, is results_file.py.
@@ -16,6 +16,7 @@ from pathlib import Path
 
 from specdec.bench.plots import PLOTS, write_plots
 from specdec.bench.results_file import load_results, method_results
+from specdec.bench.verdicts import markdown as verdict_markdown
 from specdec.model.files import write_text
 
 
@@ -137,6 +138,7 @@ def markdown(r: dict, plots: dict[str, str] | None = None) -> str:
                          "'engaged: unknown'.")
         lines.append("")
 
+    lines += verdict_markdown(r["summary"])
     a = r.get("auto")
     if a:
         verdict = {True: "yes", False: "NO", None: "unknown (too few tokens to compare)"}[a["no_slower_than_plain"]]

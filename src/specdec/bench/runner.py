@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from specdec.bench import memory
 from specdec.bench.methods import BASELINE, Method
+from specdec.bench.verdicts import estimate_error, summary_fields
 from specdec.engine.stats import SpecStats
 from specdec.model.errors import SpecdecError
 from specdec.sampling import SamplingParams
@@ -202,6 +203,8 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
             base_rec, base_out = round_runs[cfg.baseline]
             if cfg.label != cfg.baseline and rec["decode_tokens_per_s"] and base_rec["decode_tokens_per_s"]:
                 rec["speedup"] = rec["decode_tokens_per_s"] / base_rec["decode_tokens_per_s"]
+            if cfg.kind == "specdec" and cfg.label != cfg.baseline:  # the verdict's yardstick against the plain run
+                rec["plain_estimate_error"] = estimate_error(rec, base_rec)
             if temperature == 0.0 and cfg.label != cfg.baseline:
                 rec["identical_to_baseline"] = _identical(out, base_out)
                 if rec["identical_to_baseline"] is not None:
@@ -302,6 +305,7 @@ def summarize(runs: list[dict], stats_of: dict[int, SpecStats], configs, tempera
                         "lossy": merged.lossy,
                         "by_drafter": {k: vars(v).copy() for k, v in merged.by_drafter.items()},
                     })
+                    row.update(summary_fields(sel, merged))
                 else:
                     engaged = {r["engaged"] for r in sel}
                     drafted = [r["drafted"] for r in sel]
@@ -316,6 +320,7 @@ def summarize(runs: list[dict], stats_of: dict[int, SpecStats], configs, tempera
                         "draft_s": None, "verify_s": None, "draft_fraction": None, "lossy": None,
                         "by_drafter": {},
                     })
+                    row.update(summary_fields(sel, None))
                 compared = [r["identical_to_baseline"] for r in sel if r["identical_to_baseline"] is not None]
                 row["greedy_identical"] = ({"identical": sum(compared), "compared": len(compared)}
                                            if t == 0.0 and cfg.label != cfg.baseline else None)
