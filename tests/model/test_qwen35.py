@@ -47,6 +47,17 @@ def assert_close(ours, theirs, rel=1e-5):
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """A tiny model's ops take microseconds: a second thread only adds a barrier to each, which costs a
+    millisecond or more whenever the other core is busy (as tests/lossless/conftest.py's fixture)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def load(path, fmt="fp32"):
     return load_model(str(path), fmt, progress=False, weight_cache=False)
 

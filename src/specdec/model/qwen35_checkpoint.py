@@ -55,7 +55,11 @@ def text_tensor_name(name: str) -> str | None:
 
 
 def adds_one(name: str) -> bool:
-    """Whether a folder tensor is an RMS norm weight w standing for 1 + w (all of Qwen3.5's but the gated norm's)."""
+    """Whether a folder tensor is an RMS norm weight w standing for 1 + w: all of Qwen3.5's but the gated norm's,
+    the MTP layer's pre_fc_norm_embedding / pre_fc_norm_hidden included (llama.cpp's converter adds the 1 to
+    them too, once it has named them enorm / hnorm)."""
+    if name.endswith(("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight")):
+        return True
     return name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight")
 
 

@@ -1,0 +1,196 @@
+"""Speculation on a Qwen3.5 hybrid (tests/model/data/qwen35-tiny: written by transformers' own classes, converted
+by llama.cpp's own converter): its MTP layer against a float64 reference of the block (helpers/qwen35.py, read
+from vLLM and llama.cpp), draft-mtp lit up by itself in the folder and in the GGUF file, greedy speculative
+output bitwise plain decoding alone and in a batch while drafts are accepted and rejected (the recurrent state
+rolled back), and the exact law of sampled output.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from helpers.distribution import engine_law, law_gap
+from helpers.drafts import Biased, likely_bias, random_mtp_head
+from helpers.qwen35 import FIXTURE, mtp_reference
+from helpers.spec import spec_for_model
+from helpers.tree_law import exact_law
+from specdec.drafters.base import Draft, DrafterBase
+from specdec.drafters.hidden import HiddenStateDrafter
+from specdec.drafters.mtp import load_mtp_head
+from specdec.engine.config import SpecConfig
+from specdec.engine.engine import Engine
+from specdec.model import kernels
+from specdec.model.load import load_model
+from specdec.sampling import SamplingParams
+
+TOKENS = [(7 * i + 3) % 260 for i in range(40)]
+HF, F32, Q8 = FIXTURE / "hf", FIXTURE / "f32.gguf", FIXTURE / "q8_0.gguf"
+PROMPTS = [TOKENS[2:12], TOKENS[12:19], TOKENS[20:33]]  # answers of 24 tokens in every format (no early EOS)
+
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """A tiny model's ops take microseconds: a second thread only adds a barrier to each, which costs a
+    millisecond or more whenever the other core is busy (as tests/lossless/conftest.py's fixture)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def load(path, fmt="fp32"):
+    return load_model(str(path), fmt, progress=False, weight_cache=False)
+
+
+class Oracle(DrafterBase):
+    """Drafts the plain answer with one token changed at a depth that cycles through 0..k (k: none), so steps
+    are accepted whole, in part and not at all: every rollback length of the recurrent state is taken."""
+
+    name = "oracle"
+
+    def __init__(self, prompt: list[int], answer: list[int], vocab: int):
+        self.prompt, self.answer, self.vocab, self.steps = prompt, answer, vocab, 0
+        self.accepted = self.rejected = 0
+
+    def propose(self, context, draft_length: int) -> Draft:
+        done = len(context) - len(self.prompt)
+        tokens = list(self.answer[done : done + draft_length])
+        wrong = self.steps % (draft_length + 1)
+        self.steps += 1
+        if wrong < len(tokens):
+            tokens[wrong] = (tokens[wrong] + 1) % self.vocab
+        self.drafted = len(tokens)
+        return Draft.chain(tokens)
+
+    def on_accept(self, num_accepted: int) -> None:
+        self.accepted += num_accepted
+        self.rejected += self.drafted - num_accepted
+
+
+def plain(model, prompt, n):
+    return Engine(model, max_len=128).generate(prompt, SamplingParams(), max_tokens=n).token_ids
+
+
+MODELS = [(HF, "fp32"), (HF, "int8"), (Q8, "gguf")]
+
+
+@pytest.fixture(scope="module", params=MODELS, ids=[f for _, f in MODELS])
+def target(request):
+    path, fmt = request.param
+    if fmt == "gguf" and kernels.gguf() is None:
+        pytest.skip("no GGUF kernel here (no cc or no AVX2)")
+    return load(path, fmt)
+
+
+# -- the MTP layer ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("path", [HF, F32], ids=["folder", "llama.cpp-f32"])
+def test_the_mtp_layer_is_the_reference_block(path):
+    """Logits and the fed-forward output of Qwen3.5's MTP block over the target's own rows, as the float64
+    reference computes them from the checkpoint's tensors and transformers' final hidden rows."""
+    from transformers import AutoModelForCausalLM
+
+    model = load(path)
+    head, _ = load_mtp_head(model, 128)
+    T, L = 24, model.config.num_layers
+    tr = model.transformer
+    cache = tr.new_cache(64)
+    out = tr.forward(torch.tensor([TOKENS[:T]]), cache, [cache.allocate()], exact=True, hidden_layers=(L,))
+    feats = head.feature({L: out.hidden[L][0, : T - 1]})[None]  # (1, T-1, H) the target's normed rows
+    positions = torch.arange(T - 1)[None]
+    with torch.no_grad():
+        logits, fed, _, _ = head.step(0, feats, torch.tensor([TOKENS[1:T]]), positions, None, None,
+                                      torch.ones(1, T - 1, T - 1, dtype=torch.bool).tril())
+        ref = AutoModelForCausalLM.from_pretrained(HF, dtype=torch.float32).eval()
+        hidden = ref.model(input_ids=torch.tensor([TOKENS[:T]])).last_hidden_state[0, : T - 1]
+    t = load_file(str(HF / "model.safetensors"))
+    cfg = json.loads((HF / "config.json").read_text())
+    want, want_fed = mtp_reference(t, cfg, t["model.embed_tokens.weight"], t["lm_head.weight"], hidden, TOKENS[1:T],
+                                   list(range(T - 1)))
+    scale = want.abs().max().item()
+    assert (logits[0].double() - want).abs().max().item() < 1e-4 * scale
+    assert torch.equal(logits[0].argmax(-1), want.argmax(-1))
+    assert (fed[0].double() - want_fed).abs().max().item() < 1e-4 * want_fed.abs().max().item()
+
+
+@pytest.mark.parametrize("path,fmt", [(HF, "fp32"), (Q8, "fp32")], ids=["folder", "llama.cpp-q8_0"])
+def test_draft_mtp_lights_up_by_itself_and_drafts(path, fmt):
+    model = load(path, fmt)
+    assert model.config.mtp_layers_declared == 1
+    spec, _ = spec_for_model(model)
+    assert "draft-mtp" in [d.kind for d in spec.drafters]
+    engine = Engine(model, SpecConfig(drafters=("draft-mtp",)), max_len=128)
+    r = engine.generate(PROMPTS[0], SamplingParams(), max_tokens=12)
+    assert r.stats.drafted > 0 and r.token_ids == plain(model, PROMPTS[0], 12)
+
+
+# -- greedy: bitwise plain decoding -------------------------------------------------------------------------
+def test_greedy_speculation_is_plain_decoding_through_every_rollback(target):
+    n = 24
+    for prompt in PROMPTS:
+        answer = plain(target, prompt, n)
+        oracle = Oracle(prompt, answer, target.config.vocab_size)
+        engine = Engine(target, SpecConfig(drafters=("suffix",), draft_n_max=4, draft_n_min=1), max_len=128,
+                        drafter_factory=lambda drafter_spec, spec: oracle)
+        assert engine.generate(prompt, SamplingParams(), max_tokens=n).token_ids == answer
+        assert oracle.accepted > 0 and oracle.rejected > 0
+        mtp = Engine(target, SpecConfig(drafters=("draft-mtp",)), max_len=128)
+        r = mtp.generate(prompt, SamplingParams(), max_tokens=n)
+        assert r.token_ids == answer and r.stats.drafted > 0
+
+
+def test_batched_requests_give_their_solo_answers(target):
+    """Three requests in one forward a step, the third joining late and prefilling beside the others' verify."""
+    n = [20, 14, 16]
+    answers = [plain(target, p, k) for p, k in zip(PROMPTS, n)]
+    oracles = iter([Oracle(p, a, target.config.vocab_size) for p, a in zip(PROMPTS, answers)])
+    engine = Engine(target, SpecConfig(drafters=("suffix",), draft_n_max=4, draft_n_min=1), max_len=128,
+                    drafter_factory=lambda drafter_spec, spec: next(oracles), max_sequences=3)
+    reqs = [engine.admit(PROMPTS[0], SamplingParams(), n[0]), engine.admit(PROMPTS[1], SamplingParams(), n[1])]
+    for step in range(100):
+        if step == 2:
+            reqs.append(engine.admit(PROMPTS[2], SamplingParams(), n[2]))
+        if len(reqs) == 3 and all(r.finished for r in reqs):
+            break
+        engine.step_batch([r for r in reqs if not r.finished])
+    for req, answer in zip(reqs, answers):
+        engine.finish(req)
+        assert req.output == answer
+    assert sum(r.stats.accepted for r in reqs) > 0 and sum(r.stats.drafted - r.stats.accepted for r in reqs) > 0
+
+
+def test_a_batched_verify_is_bitwise_each_sequence_alone_with_draft_mtp(target):
+    reqs_alone = [Engine(target, SpecConfig(drafters=("draft-mtp",)), max_len=128).generate(
+        p, SamplingParams(), max_tokens=10).token_ids for p in PROMPTS]
+    engine = Engine(target, SpecConfig(drafters=("draft-mtp",)), max_len=128, max_sequences=3)
+    reqs = [engine.admit(p, SamplingParams(), 10) for p in PROMPTS]
+    while not all(r.finished for r in reqs):
+        engine.step_batch([r for r in reqs if not r.finished])
+    assert [r.output for r in reqs] == reqs_alone
+    assert all(r.stats.drafted > 0 for r in reqs)
+
+
+# -- sampling: the target's law -----------------------------------------------------------------------------
+SAMPLING = dict(temperature=1.0, top_k=2)
+
+
+def test_sampled_output_follows_the_target_law(monkeypatch):
+    """Exact law (every random draw enumerated, helpers/tree_law.py) of 4 sampled tokens with a random MTP
+    head biased towards the tokens the target can emit: drafts accepted at some steps, rejected at others."""
+    model = load(HF)
+    prompt = PROMPTS[0]
+    likely = {t for seq in engine_law(model, prompt, SamplingParams(**SAMPLING), depth=3) for t in seq[1:]}
+    head = random_mtp_head(model, Biased(model.transformer.lm_head, likely_bias(model, likely)), max_len=64)
+    spec = SpecConfig(drafters=("draft-mtp",), draft_n_max=2)
+    engine = Engine(model, max_len=64)
+    engine.drafter_factory = lambda drafter_spec, s: HiddenStateDrafter(head, "draft-mtp", model.config.vocab_size,
+                                                                        budget=2, max_len=64)
+    law = exact_law(monkeypatch, engine, prompt, spec=spec, max_tokens=4, **SAMPLING)
+    assert 0 < law.accepted < 2
+    with pytest.MonkeyPatch.context() as patch:
+        reference = exact_law(patch, Engine(model, max_len=64), prompt, max_tokens=4, **SAMPLING).tokens
+    assert law_gap(law.tokens, reference) < 1e-6
