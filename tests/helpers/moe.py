@@ -1,0 +1,124 @@
+"""Tiny mixture-of-experts checkpoints written by the reference's own code, and llama.cpp's conversion of them.
+
+    transformers_folder  transformers' Qwen3MoeForCausalLM or Glm4MoeForCausalLM (config and model classes),
+                         every parameter and GLM's selection bias random, saved with save_pretrained
+    convert_to_gguf      llama.cpp's own convert_hf_to_gguf.py on such a folder (its ffn_*_exps stacking, its
+                         expert_* metadata), from $LLAMA_CPP_DIR or the source tree above $LLAMA_CPP_BIN. The tiny
+                         tokenizer's pre-tokenizer is named "default" and GLM's vocabulary is read as a plain BPE
+                         one (the converter wants GLM's own special tokens): the text is not what is tested.
+
+FIXTURE (tests/model/data/moe-tiny) holds each family's f16 conversion (<family>.gguf), made by
+tests/model/data/moe-tiny/make_fixture.py, so the fast suite reads llama.cpp's files on any machine; the folder
+it was converted from is written again by transformers_folder (same seed, same weights: fixture_folder).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from helpers.tiny import write_tokenizer_json
+
+FIXTURE = Path(__file__).resolve().parent.parent / "model" / "data" / "moe-tiny"
+NO_TREE = "no llama.cpp source tree here"
+FAMILIES = ("qwen3_moe", "glm4_moe")
+
+# 2 layers, 8 experts of width 32, 2 per token. Every weight a float16 value, so that llama.cpp's f16 conversion
+# (half the bytes of f32: the fixture files stay under 200 KB) holds exactly the weights transformers computes with
+COMMON = dict(vocab_size=272, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6,
+              num_experts_per_tok=2, moe_intermediate_size=32, bos_token_id=None, eos_token_id=2,
+              pad_token_id=None, tie_word_embeddings=False)
+SIZES = {
+    # every layer a mixture (llama.cpp's qwen3moe has no dense layers: mlp_only_layers stays empty)
+    "qwen3_moe": dict(num_experts=8, norm_topk_prob=True, mlp_only_layers=[], decoder_sparse_step=1,
+                      rope_parameters={"rope_type": "default", "rope_theta": 100000.0}),
+    # the first layer dense, a shared expert, half of each head rotated, routed weights scaled;
+    # n_group 1: llama.cpp's glm4moe has no group-limited choice (GLM-4.5's n_group is 1)
+    "glm4_moe": dict(n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+                     routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=False, attention_bias=True,
+                     num_nextn_predict_layers=0,
+                     rope_parameters={"rope_type": "default", "rope_theta": 100000.0, "partial_rotary_factor": 0.5}),
+}
+
+
+def reference_classes(family: str):
+    import transformers
+
+    return {"qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM),
+            "glm4_moe": (transformers.Glm4MoeConfig, transformers.Glm4MoeForCausalLM)}[family]
+
+
+def _randomize(model, seed: int) -> None:
+    """Every parameter random (norm weights near 1, matrices small, the embedding larger) and rounded to float16,
+    and GLM's selection bias (a buffer) large enough to change some choices."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            value = 1 + 0.1 * noise if name.endswith("norm.weight") else \
+                noise * (0.5 if "embed" in name else 0.2 if "gate.weight" in name else 0.15)
+            p.copy_(value.half().float())
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_((0.1 * torch.randn(b.shape, generator=g)).half().float())
+
+
+def transformers_folder(folder, family: str, seed: int = 0, **sizes) -> Path:
+    """A tiny checkpoint transformers writes for `family` (qwen3_moe or glm4_moe)."""
+    config_class, model_class = reference_classes(family)
+    folder = Path(folder)
+    model = model_class(config_class(**{**COMMON, **SIZES[family], **sizes}))
+    _randomize(model, seed)
+    model.save_pretrained(folder)
+    write_tokenizer_json(folder, COMMON["vocab_size"])
+    return folder
+
+
+def fixture_folder(folder, family: str) -> Path:
+    """The folder FIXTURE/<family>.gguf was converted from (transformers' classes, seed 0), written again."""
+    return transformers_folder(folder, family, seed=0)
+
+
+def reference(folder):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+def llama_cpp_tree() -> Path | None:
+    """llama.cpp's source tree (its convert_hf_to_gguf.py): $LLAMA_CPP_DIR, or two levels above $LLAMA_CPP_BIN
+    (a build/bin folder); None where neither holds one."""
+    candidates = [os.environ.get("LLAMA_CPP_DIR", "")]
+    if os.environ.get("LLAMA_CPP_BIN"):
+        candidates.append(str(Path(os.environ["LLAMA_CPP_BIN"]).resolve().parent.parent))
+    return next((Path(c) for c in candidates if c and (Path(c) / "convert_hf_to_gguf.py").is_file()), None)
+
+
+_CONVERT = """import runpy, sys
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1] + "/gguf-py")
+import conversion.base as base
+import conversion.glm as glm
+base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"
+glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()
+script = sys.argv[1] + "/convert_hf_to_gguf.py"
+sys.argv = [script, *sys.argv[2:]]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def convert_to_gguf(folder, out, outtype: str = "f16", tree: Path | None = None) -> Path:
+    """llama.cpp's converter on `folder` -> the GGUF file `out` (outtype f16, f32, q8_0, ...)."""
+    tree = tree or llama_cpp_tree()
+    if tree is None:
+        raise FileNotFoundError(NO_TREE)
+    done = subprocess.run([sys.executable, "-c", _CONVERT, str(tree), str(folder), "--outfile", str(out),
+                           "--outtype", outtype], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")
+    return Path(out)
