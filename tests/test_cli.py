@@ -29,7 +29,11 @@ def run_chat(capsys, monkeypatch, lines: list[str], argv) -> tuple[int, str, str
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "-c", "-5", "hi"], "--ctx-size must be 0 (the model's context length) or more, got -5"),
-    (["generate", "-n", "-1", "hi"], "--max-tokens must be at least 1, got -1"),
+    (["generate", "-n", "-2", "hi"], "--max-tokens must be at least 1, or -1 (until the model ends the answer or "
+     "the context is full), got -2"),  # -1 is llama.cpp's "until the end"
+    (["generate", "-t", "0", "hi"], "--threads must be a whole number of at least 1, got 0"),  # was RuntimeError
+    (["chat", "--threads", "-2"], "--threads must be a whole number of at least 1, got -2"),
+    (["serve", "-t", "0"], "--threads must be a whole number of at least 1, got 0"),
     (["generate", ""], "the prompt is empty: give it as an argument, with --file or on stdin"),  # said after loading
     (["generate", "--file", "/nonexistent/prompt.txt"], "cannot read the prompt file /nonexistent/prompt.txt: No such"),
     (["generate", "--file", "a-file", "hi"], "give the prompt as an argument or with --file, not both"),
@@ -56,7 +60,7 @@ def run_chat(capsys, monkeypatch, lines: list[str], argv) -> tuple[int, str, str
     (["bench", "--temperature", "0,-1"], "--temperature: temperature must be a finite number >= 0, got -1.0"),
     (["bench", "--temperature", "0,0"], "--temperature lists a temperature twice"),
     (["bench", "-n", "0"], "--max-tokens must be at least 1, got 0"),  # was raised after the first round
-    (["bench", "--threads", "-2"], "--threads must be at least 1, got -2"),  # was a RuntimeError traceback
+    (["bench", "-t", "-2"], "--threads must be a whole number of at least 1, got -2"),  # was a RuntimeError traceback
     (["bench", "--spec-type", "ngram-simple", "--requests", "5"], "--spec-type, --requests set the server-load "
      "mode (--concurrency); the method bench measures --methods"),  # were ignored: the default methods ran
     (["bench", "--draft-lengths", "2,0"], "--draft-lengths takes distinct lengths from 1 to 32, got '2,0'"),

@@ -23,8 +23,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import torch
-
 from specdec.bench.method_bench import DEFAULT_METHODS, bench
 from specdec.bench.methods import parse_methods
 from specdec.bench.peers import HF_PEERS, optional_module
@@ -32,11 +30,12 @@ from specdec.bench.prompts import load_prompts
 from specdec.bench.provenance import artifact_of, client_runtime
 from specdec.bench.report import load_table, write_load
 from specdec.bench.results_file import check_load_joins
-from specdec.cli.options import add_model_args, out_dir
+from specdec.cli.options import add_model_args, add_threads_args, out_dir
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
 from specdec.engine.config import MAX_DRAFT_LENGTH
 from specdec.model.device import pick_device
 from specdec.model.load import load_model
+from specdec.model.threads import check_threads, set_threads
 from specdec.sampling import SamplingParams
 
 
@@ -124,8 +123,8 @@ def cmd_load(args) -> int:
         serve_args += ["--cache-type", args.cache_type] if args.cache_type else []
         serve_args += ["--spec-type", args.spec_type] if args.spec_type else []
         serve_args += ["-md", args.draft_model] if args.draft_model else []
-        env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else None
-        server = LocalServer(serve_args, Path(args.out) / "server.log", args.server_start_timeout, env)
+        serve_args += ["--threads", str(args.threads)] if args.threads else []
+        server = LocalServer(serve_args, Path(args.out) / "server.log", args.server_start_timeout)
         if progress:
             print(f"load: starting specdec serve {' '.join(serve_args)} (log: {server.log_path})", file=sys.stderr)
         with server:
@@ -146,8 +145,7 @@ def cmd_load(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    check_threads(args.threads)
     if args.concurrency is not None:  # "" too: it names no level (an error), not "no load test"
         return cmd_load(args)
     # check the settings before spending a minute loading the model
@@ -190,8 +188,7 @@ def cmd_bench(args) -> int:
         bases = [base_url(url, "--peer-url") for url in args.peer_url]  # a malformed one: an error line now
         if len(set(bases)) < len(bases):
             raise ValueError(f"--peer-url names {next(b for b in bases if bases.count(b) > 1)} twice")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
     results = bench(
         model, args.prompts, args.methods, args.draft_model, temperatures(args.temperature), args.max_tokens,
@@ -215,6 +212,7 @@ def cmd_bench(args) -> int:
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="measure plain vs speculative decoding (and peers) on shipped prompt sets")
     add_model_args(p)
+    add_threads_args(p)
     p.add_argument("--draft-model", "-md", "--model-draft", dest="draft_model", default=None,
                    help="draft model for draft-simple and hf-assisted")
     p.add_argument("--methods", default=DEFAULT_METHODS,
@@ -238,7 +236,6 @@ def add_parser(sub) -> None:
                         "there, else the server's first model)")
     p.add_argument("--hf-dtype", default="bf16", choices=["bf16", "fp32"],
                    help="format transformers holds the dequantized weights in (default bf16)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--keep-drafter-memory", action="store_true",

@@ -16,13 +16,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from specdec.cli.options import add_model_args, add_spec_args, check_ctx_size, check_explicit, spec_request
+from specdec.cli.options import add_model_args, add_spec_args, spec_request
 from specdec.drafters import registry
 from specdec.drafters.describe import block_facts
 from specdec.drafters.mtp import shipped_head_for
 from specdec.drafters.ngram import NgramSimple
 from specdec.drafters.tree import most_nodes
 from specdec.engine.config import SpecConfig
+from specdec.engine.setup import check_ctx_size, check_explicit
 from specdec.engine.spec_request import AutoTarget, build_spec
 from specdec.model.errors import SpecdecError
 from specdec.model.checkpoint_facts import mtp_info, sidecar_path

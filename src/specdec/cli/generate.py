@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
-from specdec.cli.options import add_model_args, add_sampling_args, add_spec_args, build_engine
+from specdec.cli.options import (UNLIMITED, add_model_args, add_sampling_args, add_spec_args, add_threads_args,
+                                 build_engine, check_max_tokens, token_limit)
+from specdec.completion import cut_by
 from specdec.model.errors import SpecdecError
 from specdec.model.text_stream import TextStream
 
@@ -34,18 +36,20 @@ def cmd_generate(args) -> int:
     prompt = read_prompt(args)
     if not prompt:  # said before the model loads
         raise ValueError("the prompt is empty: give it as an argument, with --file or on stdin")
+    check_max_tokens(args.max_tokens)
     engine, sampling = build_engine(args)
+    max_tokens = token_limit(args.max_tokens, engine)
     tok = engine.model.tokenizer
     if args.chat:
         prompt_ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": prompt}]), add_bos=False)
     else:
         prompt_ids = tok.encode(prompt)
     if args.json:
-        result = engine.generate(prompt_ids, sampling, args.max_tokens, args.stop)
+        result = engine.generate(prompt_ids, sampling, max_tokens, args.stop)
         print(json.dumps(result_json(engine, result), indent=None if args.compact else 2))
-        note_context_end(engine, result, args.max_tokens)
+        note_cut(engine, result, max_tokens)
         return 0
-    result = print_answer(engine, prompt_ids, sampling, args.max_tokens, args.stop)
+    result = print_answer(engine, prompt_ids, sampling, max_tokens, args.stop)
     print(timing_line(result), file=sys.stderr)
     print(result.stats.summary(), file=sys.stderr)
     return 0
@@ -80,15 +84,19 @@ def print_answer(engine, prompt_ids, sampling, max_tokens: int, stop, interrupti
         result.finish_reason = "interrupted"
     sys.stdout.write(stream.finish(result.text) + "\n")
     sys.stdout.flush()
-    note_context_end(engine, result, max_tokens)
+    note_cut(engine, result, max_tokens)
     return result
 
 
-def note_context_end(engine, result, max_tokens: int) -> None:
-    """Say on stderr when an answer stopped short of max_tokens because the context was full (with --json
-    too: finish_reason "length" alone does not tell it from -n)."""
-    if result.finish_reason == "length" and len(result.token_ids) < max_tokens:
+def note_cut(engine, result, max_tokens: int) -> None:
+    """Say on stderr which limit cut an answer, -n or the context (with --json too: finish_reason "length"
+    alone does not tell them apart). max_tokens: the engine's limit (token_limit's)."""
+    limit = cut_by(result, max_tokens)
+    if limit == "context":
         print(f"note: the answer stopped at the end of the {engine.cache.max_len}-token context (--ctx-size)",
+              file=sys.stderr)
+    elif limit == "max_tokens":
+        print(f"note: the answer was cut at {max_tokens} tokens (--max-tokens); -n {UNLIMITED} lets the model end it",
               file=sys.stderr)
 
 
@@ -113,7 +121,9 @@ def result_json(engine, result) -> dict:
 
 
 def cmd_chat(args) -> int:
+    check_max_tokens(args.max_tokens)
     engine, sampling = build_engine(args)
+    max_tokens = token_limit(args.max_tokens, engine)  # -n -1 (the default): until the end of the turn
     tok = engine.model.tokenizer
     if not tok.chat_template:
         raise ValueError(f"{engine.model.info.name} has no chat template, so chat cannot lay out a conversation; "
@@ -131,7 +141,7 @@ def cmd_chat(args) -> int:
             break
         turn = {"role": "user", "content": line}
         try:
-            ids, dropped = fit_conversation(tok, system, history, turn, context, args.max_tokens)
+            ids, dropped = fit_conversation(tok, system, history, turn, context, max_tokens)
         except ValueError as exc:  # text that is not UTF-8, a template that refuses it, a line longer than the
             print(f"specdec: error: {exc}; the line was not sent", file=sys.stderr)  # context: this line only
             continue
@@ -140,7 +150,7 @@ def cmd_chat(args) -> int:
             print(f"note: the conversation outgrew the {context}-token context (--ctx-size): its oldest {dropped} "
                   "turn(s) were dropped", file=sys.stderr)
         try:
-            result = print_answer(engine, ids, sampling, args.max_tokens, args.stop, interruptible=True)
+            result = print_answer(engine, ids, sampling, max_tokens, args.stop, interruptible=True)
         except (SpecdecError, ValueError) as exc:  # this turn failed (e.g. a float16 cache overflow): it is
             print(f"\nspecdec: error: {exc}; the line was not answered", file=sys.stderr)  # dropped, chat goes on
             continue
@@ -175,6 +185,7 @@ def fit_conversation(tok, system: list[dict], history: list[dict], turn: dict, c
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt")
     add_model_args(p)
+    add_threads_args(p)
     add_spec_args(p)
     add_sampling_args(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
@@ -187,7 +198,8 @@ def add_parser(sub) -> None:
 
     p = sub.add_parser("chat", help="interactive chat, streaming")
     add_model_args(p)
+    add_threads_args(p)
     add_spec_args(p)
-    add_sampling_args(p)
+    add_sampling_args(p, max_tokens=UNLIMITED)  # an answer ends where the model ends its turn, as llama-cli's
     p.add_argument("--system", default=None, help="system message")
     p.set_defaults(func=cmd_chat)

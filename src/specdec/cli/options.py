@@ -1,11 +1,12 @@
 """Command-line flags the commands share, turned into typed settings once.
 
-    add_model_args(parser); add_spec_args(parser); add_sampling_args(parser)
+    add_model_args(parser); add_threads_args(parser); add_spec_args(parser); add_sampling_args(parser)
     request = spec_request(args)            # SpecRequest: what the user said about speculation
     engine, sampling = build_engine(args)   # target loaded, speculation decided (auto included)
 
-generate, chat and serve build their engine here; export-config, inspect and bench read the
-same flags. engine/ never sees an argparse object.
+generate, chat and serve build their engine here (engine/setup.open_engine, which specdec.LLM opens
+its engine with too); export-config, inspect and bench read the same flags. engine/ never sees an argparse
+object.
 """
 
 from __future__ import annotations
@@ -17,16 +18,15 @@ from pathlib import Path
 
 from specdec.drafters import registry
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
-from specdec.engine.engine import Engine
-from specdec.engine.spec_request import AutoTarget, SpecRequest, build_spec
-from specdec.model.device import pick_device
+from specdec.engine.setup import DEFAULT_CTX_SIZE, capped_context_note, open_engine
+from specdec.engine.spec_request import SpecRequest
 from specdec.model.linear import WEIGHT_FORMATS
-from specdec.model.load import load_model
 from specdec.model.transformer import CACHE_TYPES
 from specdec.sampling import SamplingParams
 
 DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_CTX_SIZE = 4096  # tokens per sequence unless --ctx-size says (the model's context length where shorter)
+DEFAULT_MAX_TOKENS = 128  # generate's -n; chat answers until the model ends the turn (-n -1)
+UNLIMITED = -1  # -n -1, as llama.cpp's: until the model ends the answer or the context is full
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -72,8 +72,16 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         '"num_speculative_tokens": 3}\'')
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", "-n", type=int, default=128)
+def add_threads_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", "-t", type=int, default=None,
+                   help="CPU threads for torch and the C kernels, as llama.cpp's -t (default: torch's, the "
+                        "physical cores)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int = DEFAULT_MAX_TOKENS) -> None:
+    p.add_argument("--max-tokens", "-n", type=int, default=max_tokens,
+                   help="most tokens an answer gets; -1: until the model ends it or the context is full "
+                        "(llama.cpp's -n -1)")
     p.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -93,17 +101,6 @@ def spec_request(args: argparse.Namespace) -> SpecRequest:
     )
 
 
-def check_explicit(request: SpecRequest):
-    """The SpecConfig of a request that names its drafters, checked before any model loads (a model-free
-    drafter's options too); None for auto, which reads the model's files to choose."""
-    if request.wants_auto:
-        return None
-    spec, notes = build_spec(request)
-    for drafter in spec.drafters:
-        registry.check_options(drafter)
-    return spec, notes
-
-
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
     seed = None if args.seed == -1 else args.seed  # llama.cpp's -s -1: a random seed (it was the fixed seed -1)
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
@@ -111,41 +108,37 @@ def sampling_from_args(args: argparse.Namespace) -> SamplingParams:
 
 
 def build_engine(args: argparse.Namespace):
-    """Load the target and set up speculation; prints the notes a user must see.
+    """Load the target and set up speculation (engine/setup.open_engine); prints the notes a user must see.
 
     Returns (engine, sampling). Explicit flags are checked before the model loads.
     """
     request = spec_request(args)
-    check_explicit(request)  # a bad flag is an error before a minute of loading
-    check_ctx_size(args.ctx_size)
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    sampling = sampling_from_args(args)
-    model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
-    spec, notes = build_spec(request, AutoTarget.of_model(model))
+    sampling = sampling_from_args(args)  # a bad --seed is an error before the load too
+    engine, notes = open_engine(args.model, request, weights=args.weights, ctx_size=args.ctx_size,
+                                cache_type=args.cache_type, device=args.device, threads=args.threads,
+                                max_sequences=getattr(args, "max_batch", 1))
     for note in notes:
         print(note if note.startswith("auto: ") else f"note: {note}", file=sys.stderr)
-    engine = Engine(model, spec, max_len=context_size(args.ctx_size), max_sequences=getattr(args, "max_batch", 1))
-    note_capped_context(args.ctx_size, engine)
-    engine.drafters_for(spec)  # load and check drafters now, not in the middle of a request
     return engine, sampling
 
 
-def context_size(ctx_size: int | None) -> int:
-    """The context per sequence that --ctx-size asks for (None: not given, DEFAULT_CTX_SIZE; 0: the model's)."""
-    return DEFAULT_CTX_SIZE if ctx_size is None else ctx_size
+def check_max_tokens(max_tokens: int) -> None:
+    """-n: at least 1, or -1 (UNLIMITED)."""
+    if max_tokens < 1 and max_tokens != UNLIMITED:
+        raise ValueError(f"--max-tokens must be at least 1, or -1 (until the model ends the answer or the context is "
+                         f"full), got {max_tokens}")
+
+
+def token_limit(max_tokens: int, engine) -> int:
+    """The engine's max_tokens for -n: -1 is the context (the engine ends an answer there first)."""
+    return engine.cache.max_len if max_tokens == UNLIMITED else max_tokens
 
 
 def note_capped_context(ctx_size: int | None, engine) -> None:
     """Say so when a --ctx-size given was more than the model addresses (the engine holds the model's)."""
-    if ctx_size is not None and ctx_size > engine.cache.max_len:
-        print(f"note: --ctx-size {ctx_size} is more than {engine.model.info.name} can address; its context is "
-              f"{engine.cache.max_len} tokens", file=sys.stderr)
-
-
-def check_ctx_size(ctx_size: int | None) -> None:
-    if ctx_size is not None and ctx_size < 0:
-        raise ValueError(f"--ctx-size must be 0 (the model's context length) or more, got {ctx_size}")
+    note = capped_context_note(ctx_size, engine)
+    if note:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def out_dir(path, flag: str = "--out") -> Path:

@@ -15,7 +15,7 @@ import sys
 
 import uvicorn
 
-from specdec.cli.options import add_model_args, add_spec_args, build_engine
+from specdec.cli.options import add_model_args, add_spec_args, add_threads_args, build_engine
 from specdec.server.app import DEFAULT_MAX_TOKENS, create_app
 from specdec.server.scheduler import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 
@@ -23,6 +23,7 @@ from specdec.server.scheduler import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)")
     add_model_args(p)
+    add_threads_args(p)
     add_spec_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000)
@@ -50,6 +51,8 @@ def add_parser(sub) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if not 1 <= args.max_batch <= 256:
         raise ValueError(f"--max-batch must be between 1 and 256, got {args.max_batch}")
     if args.max_queue < 0:

@@ -11,10 +11,12 @@ import sys
 import torch
 
 from specdec.bench.tune import DEFAULT_TEMPERATURES, tune
-from specdec.cli.options import add_model_args, check_ctx_size, context_size
+from specdec.cli.options import add_model_args, add_threads_args
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
+from specdec.engine.setup import check_ctx_size, context_size
 from specdec.model.device import pick_device
 from specdec.model.load import load_model
+from specdec.model.threads import set_threads
 
 
 def cmd_tune(args) -> int:
@@ -25,6 +27,7 @@ def cmd_tune(args) -> int:
     if args.repeats < 1 or args.max_tokens < 1:
         raise ValueError("--repeats and --max-tokens must be at least 1")
     only = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    set_threads(args.threads)  # the calibration is kept per thread count: generate -t N reads the one tune -t N made
     model = load_model(args.model, args.weights, device=pick_device(args.device), cache_type=args.cache_type)
     calibration, _ = tune(model, args.model_draft, args.prompts, temperatures, args.max_tokens, args.repeats,
                           args.spec_draft_n_max, only, context_size(args.ctx_size) if args.ctx_size else 2048,
@@ -44,6 +47,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("tune", help="measure which speculative methods pay for a model on this machine (auto reads "
                                     "the result)")
     add_model_args(p)
+    add_threads_args(p)
     p.add_argument("--model-draft", "-md", default=None, help="a draft model or head folder auto may use")
     p.add_argument("--methods", default=None, help="comma list of the configurations to measure (default: every "
                                                    "one auto could run, e.g. suffix,ngram-mod,suffix+draft-mtp)")
