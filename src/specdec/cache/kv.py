@@ -13,6 +13,11 @@ import torch
 
 
 class KVCache:
+    # Whether a slot's first n rows can start another sequence as they are (the prefix cache, cache/prefix.py):
+    # true of keys and values, which each position holds on its own. A subclass that keeps more than that (a
+    # recurrent state, cache/recurrent.py) must say False unless it can give the state at any kept length.
+    holds_prefixes = True
+
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, num_slots: int = 1,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", spare: int = 0):
         """spare: positions past max_len that no sequence keeps, zero-filled with the rest: the device
@@ -35,12 +40,18 @@ class KVCache:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
-    def allocate(self) -> int:
-        """A free slot with length 0; raises RuntimeError when all are in use."""
+    def allocate(self, slot: int | None = None, keep: int = 0) -> int:
+        """A free slot (`slot` itself when given) whose first `keep` rows stay from its last sequence (the
+        prefix cache; default 0: an empty slot); raises RuntimeError when all are in use."""
         if not self.free_slots:
             raise RuntimeError(f"all {self.num_slots} KV cache slots are in use")
-        slot = self.free_slots.pop()
-        self.lengths[slot] = 0
+        if not 0 <= keep <= self.max_len:
+            raise ValueError(f"cannot keep {keep} rows of a {self.max_len}-row slot")
+        if slot is None:
+            slot = self.free_slots.pop()
+        else:
+            self.free_slots.remove(slot)  # ValueError for a slot in use
+        self.lengths[slot] = keep
         return slot
 
     def release(self, slot: int) -> None:
@@ -57,6 +68,16 @@ class KVCache:
         """Roll back `slot` to its first `length` positions."""
         if not 0 <= length <= self.lengths[slot]:
             raise ValueError(f"cannot truncate slot {slot} of length {self.lengths[slot]} to {length}")
+        self.lengths[slot] = length
+
+    def copy_prefix(self, source: int, slot: int, length: int) -> None:
+        """Give `slot` the first `length` rows of slot `source` (every layer's keys and values): a sequence
+        that shares those tokens goes on from there. Rows are written by absolute position, so they are valid
+        at the same offsets in any slot."""
+        if not 0 <= length <= self.max_len:
+            raise ValueError(f"cannot copy {length} rows of a {self.max_len}-row slot")
+        self.k[:, slot, :, :length] = self.k[:, source, :, :length]
+        self.v[:, slot, :, :length] = self.v[:, source, :, :length]
         self.lengths[slot] = length
 
     def keep(self, slot: int, start: int, offsets: list[int]) -> None:

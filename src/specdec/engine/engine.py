@@ -38,7 +38,9 @@ from specdec.engine.config import SpecConfig
 from specdec.engine.cost import measure_forward_cost, widest_forward
 from specdec.engine.draft_length import DraftLengthPolicy
 from specdec.engine.draft_models import DraftModels
+from specdec.engine.logprobs import check_top_logprobs, token_logprobs
 from specdec.engine.pool import DrafterPool
+from specdec.engine.prefix_cache import PrefixCache
 from specdec.engine.request import GenerationResult, Request
 from specdec.engine.stats import SpecStats
 from specdec.engine.step_clock import StepClock
@@ -61,13 +63,17 @@ class Engine:
     """Runs requests on one target model with the drafters a SpecConfig names."""
 
     def __init__(self, model: Model, spec: SpecConfig = SpecConfig(), max_len: int = 4096,
-                 drafter_factory: DrafterBuilder | None = None, max_sequences: int = 1):
+                 drafter_factory: DrafterBuilder | None = None, max_sequences: int = 1, prefix_cache: str = "off"):
         """max_len: context per sequence; max_sequences: sequences that can run at once (cache slots).
-        drafter_factory(drafter_spec, spec) -> Drafter; default: the registry (`build_drafter`)."""
+        drafter_factory(drafter_spec, spec) -> Drafter; default: the registry (`build_drafter`).
+        prefix_cache: "off", "on" or "exact": whether a request reuses the rows earlier ones left for the same
+        leading tokens, and how exactly (engine/prefix_cache.py)."""
         check_engine_args(max_len, max_sequences, spec)
         self.model = model
         self.spec = spec
         self.cache = model.transformer.new_cache(max_len, num_slots=max_sequences)
+        self.prefix = PrefixCache(prefix_cache, self.cache)
+        self._running: dict[int, Request] = {}  # slot -> the request admitted into it and not finished
         self.eos = set(model.tokenizer.eos_ids)
         # an answer's text leaves special tokens out (<|im_start|>, <end_of_turn>; their ids stay in token_ids),
         # as vLLM's skip_special_tokens and llama-server do by default; stop strings are looked for in that text
@@ -108,9 +114,13 @@ class Engine:
 
     # -- request lifecycle -------------------------------------------------------------------
     def admit(self, prompt: Sequence[int], sampling: SamplingParams = SamplingParams(), max_tokens: int = 128,
-              stop: Sequence[str] = (), spec: SpecConfig | None = None, skip_special: bool | None = None) -> Request:
+              stop: Sequence[str] = (), spec: SpecConfig | None = None, skip_special: bool | None = None,
+              logprobs: int | None = None) -> Request:
         """Check a request and give it a cache slot and a drafter set; step_batch prefills it. skip_special:
         whether its text leaves special tokens out (None: Engine.skip_special), stop strings looked for in it.
+        logprobs: None, or n: record each emitted token's log-probability and its row's n most likely tokens
+        (req.logprobs, engine/logprobs.py). With the prefix cache on, the slot may hold the prompt's first
+        tokens already (req.cached_tokens); step_batch prefills the rest.
 
         Raises TypeError or ValueError for a bad request, before a cache slot is taken (engine/validate.py), and
         RuntimeError when every cache slot is in use.
@@ -118,8 +128,11 @@ class Engine:
         spec = self.spec if spec is None else spec
         prompt, stop = check_request(prompt, sampling, max_tokens, stop, spec, self.cache.max_len,
                                      self.model.config.vocab_size)
+        check_top_logprobs(logprobs)
         generator = sampling.generator()
-        slot = self.cache.allocate()
+        # a drafter that reads the target's hidden states needs them at every prompt position: a cold start
+        reuse = not any(d.hidden_layers for d in self._pool.first(spec))
+        slot, cached = self.prefix.take_slot(prompt, self._running, reuse)
         try:
             drafters = self._pool.acquire(spec)
         except BaseException:
@@ -131,7 +144,9 @@ class Engine:
         stop = StopStrings(self.model.tokenizer, tuple(stop), skip_special) if stop else None
         req = Request(prompt, sampling, max_tokens, stop, spec, slot, drafters, generator, policy,
                       skip_special=skip_special, stats=SpecStats(method=spec.method),
-                      hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})))
+                      hidden_layers=tuple(sorted({i for d in drafters for i in d.hidden_layers})),
+                      prefilled=cached, cached_tokens=cached, want_logprobs=logprobs)
+        self._running[slot] = req
         try:
             policy.reset()
             for d in drafters:
@@ -208,7 +223,8 @@ class Engine:
     def finish(self, req: Request) -> None:
         """Free the request's cache slot, let its drafters learn from its output and give them back."""
         if req.slot >= 0:
-            self.cache.release(req.slot)
+            self._running.pop(req.slot, None)
+            self.prefix.release(req)  # its rows stay for later requests when the prefix cache is on
             req.slot = -1
             context = len(req.prompt) + len(req.output) // 2  # the mean context of its decode steps
             self.clock.settle(req.stats, req.decode_s, max(len(req.output) - 1 + req.ended_on_eos, 0), context,
@@ -246,13 +262,16 @@ class Engine:
                                                                                              req.skip_special)
         return GenerationResult(req.output, text, req.finish_reason or "length", len(req.prompt), req.stats,
                                 req.prefill_s, req.decode_s, req.ended_on_eos, req.sources,
-                                ("target", *(d.name for d in req.drafters)))
+                                ("target", *(d.name for d in req.drafters)), req.cached_tokens,
+                                req.logprobs if req.want_logprobs is not None else None)
 
     # -- internals ---------------------------------------------------------------------------
     def _plan_prefill(self, req: Request, chunk: int | None) -> _Plan:
         end = len(req.prompt) if chunk is None else min(len(req.prompt), req.prefilled + chunk)
         tokens = req.prompt[req.prefilled : end]
-        return _Plan(req, Segment(torch.tensor(tokens), req.slot, exact=False, last_only=True), tokens)
+        # prefix cache "exact": decode's numerics, so that a row's bits depend on the tokens before it alone
+        segment = Segment(torch.tensor(tokens), req.slot, exact=self.prefix.exact_prefill, last_only=True)
+        return _Plan(req, segment, tokens)
 
     def _plan_step(self, req: Request, cap: int) -> _Plan:
         t0 = time.perf_counter()
@@ -322,7 +341,14 @@ class Engine:
         return None, Draft()
 
     def _verify(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyResult:
-        # logits: (1 + len(draft), V); typical acceptance only runs on chains (SpecConfig checks)
+        # logits: (1 + len(draft), V)
+        result = self._verify_rows(req, logits, draft)
+        if req.want_logprobs is not None:  # from the rows just verified; _emit keeps those it emits
+            req.pending_logprobs = token_logprobs(logits, result, req.want_logprobs)
+        return result
+
+    def _verify_rows(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyResult:
+        # typical acceptance only runs on chains (SpecConfig checks)
         if req.sampling.greedy:
             return verify_tree_greedy(logits, draft.tree)
         check_logits("the target's logits", logits)  # as the greedy path checks them, before they are processed
@@ -361,6 +387,8 @@ class Engine:
             if len(req.prompt) + len(req.output) >= self.cache.max_len:  # prompt + answer fill the context, as
                 req.finished, req.finish_reason = True, "length"  # vLLM's max_model_len counts them
                 break
+        if req.want_logprobs is not None:  # tokens was the last verify's: the first len(new) are emitted
+            req.logprobs += req.pending_logprobs[: len(new)]
         return new
 
 

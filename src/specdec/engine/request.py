@@ -13,6 +13,7 @@ import torch
 from specdec.drafters.base import Drafter
 from specdec.engine.config import SpecConfig
 from specdec.engine.draft_length import DraftLengthPolicy
+from specdec.engine.logprobs import TokenLogprob
 from specdec.engine.stats import SpecStats
 from specdec.engine.stop import StopStrings
 from specdec.sampling import SamplingParams
@@ -40,6 +41,10 @@ class Request:
     skip_special: bool = True  # the answer's text leaves special tokens out (Engine.skip_special by default)
     stats: SpecStats = field(default_factory=SpecStats)
     hidden_layers: tuple[int, ...] = ()  # target layers some drafter reads (MTP, EAGLE-3); () = none
+    cached_tokens: int = 0  # leading prompt tokens whose rows the prefix cache gave it (engine/prefix_cache.py)
+    want_logprobs: int | None = None  # None: no logprobs; n: each emitted token's, and its row's n most likely
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # logprobs[i]: output[i]'s (engine/logprobs.py)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # the last verify's, a token it chose each
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
@@ -56,6 +61,8 @@ class GenerationResult:
     ended_on_eos: bool = False  # an EOS token ended the answer; token_ids leave it out
     sources: list[int] = field(default_factory=list)  # sources[i]: where token_ids[i] came from, an index of
     source_names: tuple[str, ...] = ("target",)  # these: "target", then the request's drafters in order
+    cached_tokens: int = 0  # leading prompt tokens the prefix cache gave (not prefilled)
+    logprobs: list[TokenLogprob] | None = None  # logprobs[i]: token_ids[i]'s, when the request asked for them
 
     @property
     def completion_tokens(self) -> int:
