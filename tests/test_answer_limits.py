@@ -74,3 +74,23 @@ def test_threads_is_set_before_the_model_loads_and_every_command_takes_it(capsys
         assert parser.parse_args([*command, "-t", "3"]).threads == 3
         assert parser.parse_args([*command, "--threads", "3"]).threads == 3
     assert parser.parse_args(["chat"]).max_tokens == -1 and parser.parse_args(["generate", "hi"]).max_tokens == 128
+
+
+@pytest.mark.parametrize("flags, expected", [([], 200), (["-n", "64"], 64)])
+def test_serve_answers_a_request_without_max_tokens_to_the_end_as_llama_server(capsys, monkeypatch, model, flags,
+                                                                                expected):
+    """The page and any client that names no max_tokens got 256 tokens at most; now the room the context leaves
+    (make_job caps the default by it), as llama-server's -n -1 and vLLM's chat endpoint do."""
+    seen = {}
+
+    class Served(Exception):
+        pass
+
+    def create_app(engine, name, **settings):
+        seen.update(settings)
+        raise Served  # stop before uvicorn runs
+
+    monkeypatch.setattr("specdec.cli.serve.create_app", create_app)
+    with pytest.raises(Served):
+        main(["serve", *model, "--port", "0", "-c", "200", *flags])
+    assert seen["default_max_tokens"] == expected

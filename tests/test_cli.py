@@ -37,7 +37,8 @@ def run_chat(capsys, monkeypatch, lines: list[str], argv) -> tuple[int, str, str
     (["generate", ""], "the prompt is empty: give it as an argument, with --file or on stdin"),  # said after loading
     (["generate", "--file", "/nonexistent/prompt.txt"], "cannot read the prompt file /nonexistent/prompt.txt: No such"),
     (["generate", "--file", "a-file", "hi"], "give the prompt as an argument or with --file, not both"),
-    (["serve", "--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    (["serve", "--max-tokens", "0"], "--max-tokens must be at least 1, or -1 (until the model ends the answer or "
+     "the context is full), got 0"),
     (["generate", "--temp", "1", "--seed", str(10**24), "hi"], "seed must be an integer in [-2**63, 2**64)"),
     (["generate", "--temp", "inf", "hi"], "temperature must be a finite number >= 0, got inf"),
     (["generate", "--speculative-config", '{"method": "ngram", "draft_p_min": "abc"}', "hi"],

@@ -15,8 +15,9 @@ import sys
 
 import uvicorn
 
-from specdec.cli.options import add_model_args, add_spec_args, add_threads_args, build_engine
-from specdec.server.app import DEFAULT_MAX_TOKENS, create_app
+from specdec.cli.options import (UNLIMITED, add_model_args, add_spec_args, add_threads_args, build_engine,
+                                 check_max_tokens, token_limit)
+from specdec.server.app import create_app
 from specdec.server.scheduler import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 
 
@@ -30,8 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY") or None,
                    help="require 'Authorization: Bearer KEY' on /v1 (default: $SPECDEC_API_KEY, else none)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
-                   help=f"completion length when a request names none (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--max-tokens", "-n", type=int, default=UNLIMITED,
+                   help="most tokens of a completion whose request names no max_tokens; -1 (the default, as "
+                        "llama-server's -n): until the model ends it or the context is full")
     p.add_argument("--max-batch", "--parallel", "-np", type=int, default=DEFAULT_MAX_BATCH,
                    help="sequences generated together, one target forward per step (continuous batching; "
                         f"llama.cpp's -np); each gets a --ctx-size context (default {DEFAULT_MAX_BATCH})")
@@ -51,8 +53,7 @@ def add_parser(sub) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
-    if args.max_tokens < 1:
-        raise ValueError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    check_max_tokens(args.max_tokens)
     if not 1 <= args.max_batch <= 256:
         raise ValueError(f"--max-batch must be between 1 and 256, got {args.max_batch}")
     if args.max_queue < 0:
@@ -67,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sock = listen(args.host, args.port)  # a busy port or a bad host: said now, not after the model loads
     engine, _server_sampling = build_engine(args)  # the same target + drafters `generate` would run (and checks)
     name = args.served_model_name or args.model
-    app = create_app(engine, name, api_key=args.api_key, default_max_tokens=args.max_tokens,
+    app = create_app(engine, name, api_key=args.api_key, default_max_tokens=token_limit(args.max_tokens, engine),
                      max_batch=args.max_batch, max_queue=args.max_queue, request_timeout=args.request_timeout,
                      prefill_chunk=args.prefill_chunk)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
