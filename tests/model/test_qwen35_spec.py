@@ -18,6 +18,7 @@ from helpers.drafts import Biased, likely_bias, random_mtp_head
 from helpers.qwen35 import FIXTURE, mtp_reference
 from helpers.spec import spec_for_model
 from helpers.tree_law import exact_law
+from specdec.cli.inspect import inspect_model
 from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.hidden import HiddenStateDrafter
 from specdec.drafters.mtp import load_mtp_head
@@ -123,6 +124,8 @@ def test_draft_mtp_lights_up_by_itself_and_drafts(path, fmt):
     assert model.config.mtp_layers_declared == 1
     spec, _ = spec_for_model(model)
     assert "draft-mtp" in [d.kind for d in spec.drafters]
+    report = inspect_model(str(path))
+    assert report["runnable"] and report["mtp"]["weights_present"] and "draft-mtp" in report["auto"]["types"]
     engine = Engine(model, SpecConfig(drafters=("draft-mtp",)), max_len=128)
     r = engine.generate(PROMPTS[0], SamplingParams(), max_tokens=12)
     assert r.stats.drafted > 0 and r.token_ids == plain(model, PROMPTS[0], 12)
