@@ -142,6 +142,16 @@ def test_the_page_streams_an_answer_and_colours_each_token_by_its_source(browser
     assert "speculation was off for this request" in driver.find_element("id", "verdict").text
 
 
+def test_the_page_cuts_runs_by_code_points(browser, tiny_server):
+    # the server counts a run's characters in code points; a JS string's length counts UTF-16 units
+    browser.get(tiny_server.base_url + "/")
+    runs = browser.execute_script(
+        "const d = document.createElement('div');"
+        "appendPieces(d, 'a\\u{1F916}b\\u00e9', [['target', 1], ['suffix', 2], ['target', 1]]);"
+        "return Array.from(d.querySelectorAll('.tok')).map(s => [s.dataset.source, s.textContent]);")
+    assert runs == [["target", "a"], ["suffix", "\U0001F916b"], ["target", "\u00e9"]]
+
+
 def test_a_blank_limit_asks_the_server_s_default_and_the_mark_follows_finish_reason(browser, tiny_server, tiny_reference):
     driver = browser
     driver.get(tiny_server.base_url + "/")
