@@ -313,3 +313,18 @@ def test_the_command_table_fails_loudly_on_a_command_no_module_adds(monkeypatch)
     monkeypatch.setitem(cli.COMMANDS, "tune", cli.pull)
     with pytest.raises(RuntimeError, match="cli.COMMANDS lists tune, which no module added"):
         cli.build_parser()
+
+
+def test_generate_gives_the_verdict_in_json_and_on_stderr(capsys, tiny_hf_dir):
+    base = ["generate", "--model", str(tiny_hf_dir), "--weights", "fp32", "-c", "128", "-n", "24", "--spec-type",
+            "ngram-simple", "--chat", "hello"]
+    rc, out, _ = run(capsys, base + ["--json"])
+    spec = json.loads(out)["spec"]
+    verdict = spec["verdict"]
+    assert rc == 0 and verdict["decode_s"] > 0 and verdict["rollback_s"] == spec["rollback_s"]
+    if verdict["plain_estimate_s"] is not None:  # the tokens after the first, priced by one plain step each
+        assert verdict["speedup"] == pytest.approx(verdict["plain_estimate_s"] / verdict["decode_s"])
+        assert verdict["plain_step_s"] == pytest.approx(verdict["plain_estimate_s"] / 23)
+    assert (verdict["reason"] is None) == verdict["pays"]
+    rc, _, err = run(capsys, base)
+    assert rc == 0 and "; verdict: " in err  # engaged or not (the tiny model's chat answer gives ngrams nothing)

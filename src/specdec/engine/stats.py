@@ -145,7 +145,7 @@ class SpecStats:
         if not self.configured:
             return "speculation: off"
         if not self.engaged:
-            return f"speculation: {self.method} configured but NOT ENGAGED (drafted 0 tokens)"
+            return f"speculation: {self.method} configured but NOT ENGAGED (drafted 0 tokens); {self.verdict().line()}"
         pos = " ".join(f"{r:.2f}" for r in self.per_position_acceptance)
         lossy = " LOSSY (typical acceptance)" if self.lossy else ""
         return (f"speculation: {self.method}{lossy} drafted {self.drafted} accepted {self.accepted} "
