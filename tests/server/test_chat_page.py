@@ -152,7 +152,8 @@ def test_the_page_cuts_runs_by_code_points(browser, tiny_server):
     assert runs == [["target", "a"], ["suffix", "\U0001F916b"], ["target", "\u00e9"]]
 
 
-def test_a_blank_limit_asks_the_server_s_default_and_the_mark_follows_finish_reason(browser, tiny_server, tiny_reference):
+def test_a_blank_limit_asks_the_server_s_default_and_the_mark_follows_finish_reason(browser, tiny_server,
+                                                                                    tiny_reference):
     driver = browser
     driver.get(tiny_server.base_url + "/")
     driver.find_element("id", "api-key").send_keys(tiny_server.api_key)
