@@ -7,13 +7,15 @@
                          tokenizer's pre-tokenizer is named "default" and GLM's vocabulary is read as a plain BPE
                          one (the converter wants GLM's own special tokens): the text is not what is tested.
 
-FIXTURE (tests/model/data/moe-tiny) holds each family's f16 conversion (<family>.gguf), made by
+FIXTURE (tests/model/data/moe-tiny) holds each family's f16 conversion (<family>.gguf; glm4_moe_mtp.gguf: the
+GLM-4.5 with its nextn layer, mtp_folder), made by
 tests/model/data/moe-tiny/make_fixture.py, so the fast suite reads llama.cpp's files on any machine; the folder
 it was converted from is written again by transformers_folder (same seed, same weights: fixture_folder).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -81,7 +83,7 @@ def transformers_folder(folder, family: str, seed: int = 0, **sizes) -> Path:
 
 def fixture_folder(folder, family: str) -> Path:
     """The folder FIXTURE/<family>.gguf was converted from (transformers' classes, seed 0), written again."""
-    return transformers_folder(folder, family, seed=0)
+    return mtp_folder(folder, seed=0) if family == "glm4_moe_mtp" else transformers_folder(folder, family, seed=0)
 
 
 def reference(folder):
@@ -122,3 +124,35 @@ def convert_to_gguf(folder, out, outtype: str = "f16", tree: Path | None = None)
     if done.returncode != 0:
         raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")
     return Path(out)
+
+
+def mtp_folder(folder, seed: int = 0, n_routed_experts: int = 4, **sizes) -> Path:
+    """A tiny GLM-4.5 with one nextn (MTP) layer under GLM's names, model.layers.2.*: its block is the third
+    decoder layer transformers' own Glm4MoeForCausalLM builds (attention, the mixture, its shared expert and
+    selection bias), beside it enorm, hnorm, eh_proj, shared_head.norm and GLM's copies of the embedding and
+    head (shared_head.head, embed_tokens). config.json says 2 layers and num_nextn_predict_layers 1, as GLM's
+    files do; transformers 5.24 drops the nextn layer on load (from_pretrained(..., num_hidden_layers=3) keeps
+    its block as layer 2: the reference block). 4 experts: its f16 conversion stays under 200 KB."""
+    from safetensors.torch import load_file, save_file
+
+    folder = transformers_folder(folder, "glm4_moe", seed, num_hidden_layers=3, n_routed_experts=n_routed_experts,
+                                 **sizes)
+    weights = load_file(str(folder / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed + 1)
+    H = COMMON["hidden_size"]
+
+    def f16(t):
+        return t.half().float()
+
+    p = "model.layers.2."
+    weights.update({p + "enorm.weight": f16(1 + 0.1 * torch.randn(H, generator=g)),
+                    p + "hnorm.weight": f16(1 + 0.1 * torch.randn(H, generator=g)),
+                    p + "eh_proj.weight": f16(0.15 * torch.randn(H, 2 * H, generator=g)),
+                    p + "shared_head.norm.weight": f16(1 + 0.1 * torch.randn(H, generator=g)),
+                    p + "shared_head.head.weight": weights["lm_head.weight"].clone(),
+                    p + "embed_tokens.weight": weights["model.embed_tokens.weight"].clone()})
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(num_hidden_layers=2, num_nextn_predict_layers=1)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+    return folder

@@ -17,7 +17,9 @@ Weights are read in the layouts real checkpoints use (tensor names as in the fil
 
 The block must be a dense layer of the target's family (llama / qwen2 / qwen3 / gemma3; Qwen3.5's: the
 gated-attention layer of model/gated_attention.py, whose later steps are fed the normed output in either
-layout, as vLLM and llama.cpp run it): MoE or MLA blocks are not something this runtime runs. An MTP head trained by `specdec train mtp` is
+layout, as vLLM and llama.cpp run it), or, for a mixture-of-experts target (GLM-4.5's nextn layer), that layer
+with its MLP a mixture (model/moe.py, float32, the target's MoEConfig); MLA blocks are not something this
+runtime runs. An MTP head trained by `specdec train mtp` is
 saved in the deepseek layout in a folder (config.json + model.safetensors) and found
 beside the model (`<model path>.mtp/`) or among the heads shipped with specdec.
 """
@@ -43,6 +45,7 @@ from specdec.model.files import read_json_object, replaced, safetensors_names, w
 from specdec.model.gated_attention import GatedDecoderLayer
 from specdec.model.layers import DecoderLayer, RMSNorm, rms_norm
 from specdec.model.load import checkpoint_digest
+from specdec.model.moe import build_moe
 
 HEADS_DIR = Path(__file__).resolve().parent.parent / "heads"
 BLOCK_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
@@ -155,9 +158,14 @@ class MTPHead(HiddenHead):
         return logits, (normed if self.layout.feeds_normed else out), k, v
 
     # -- weights -----------------------------------------------------------------------------
-    def load_from(self, get, layout: MTPLayout) -> None:
-        """Copy tensors from a checkpoint (get(name) -> tensor) in `layout` into the modules."""
+    def load_from(self, get, layout: MTPLayout, source=None) -> None:
+        """Copy tensors from a checkpoint (get(name) -> tensor) in `layout` into the modules; source (names()):
+        the checkpoint, where a block's MLP may be a mixture (its router, mlp.gate.weight, present)."""
+        names = set(source.names()) if source is not None else set()
         for mod, prefix, (en, hn, eh, norm) in zip(self.mods, layout.prefixes, layout.stems):
+            mixture = getattr(self.config, "moe", None) is not None and prefix + "mlp.gate.weight" in names
+            if mixture:  # no dense MLP: its weights would only take memory
+                mod.block.mlp = nn.Module()
             try:
                 state = {"enorm.weight": get(en), "hnorm.weight": get(hn), "eh_proj.weight": get(eh),
                          "norm.weight": get(norm), "input_layernorm.weight": get(prefix + "input_layernorm.weight")}
@@ -165,7 +173,7 @@ class MTPHead(HiddenHead):
                 raise MTPError(f"MTP module {prefix!r} lacks tensor {exc.args[0]}: it is not a whole MTP head") \
                     from None
             for key in BLOCK_KEYS + OPTIONAL_BLOCK_KEYS:
-                if key == "input_layernorm.weight":
+                if key == "input_layernorm.weight" or mixture and key.startswith("mlp."):
                     continue
                 try:
                     state["block." + key] = get(prefix + key)
@@ -181,6 +189,20 @@ class MTPHead(HiddenHead):
             missing = [m for m in missing if not m.endswith(("bias", "q_norm.weight", "k_norm.weight"))]
             if missing or unexpected:
                 raise MTPError(f"MTP module {prefix!r}: missing {missing}, unexpected {unexpected}")
+            if mixture:  # decoder_layer runs block.moe in place of the dense MLP
+                mod.block.moe = build_moe(source, self.config, prefix, "fp32", mod.block.mlp_norm.detach(),
+                                          _shape_checked(get))
+
+
+def _shape_checked(get):
+    """get(name) -> get(name, shape): float32, its shape checked (build_moe's getter)."""
+    def checked(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        t = get(name).float()
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise MTPError(f"MTP tensor {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+        return t
+
+    return checked
 
     def deepseek_tensors(self) -> dict[str, torch.Tensor]:
         """This head's weights under DeepSeek-V3 names (model.layers.{N+k}.*), as save_mtp_head writes."""
@@ -316,7 +338,7 @@ def load_mtp_head(model, max_len: int = 4096, folder=None) -> tuple[MTPHead, str
         layout = replace(layout, feeds_normed=True)
     tr = model.transformer
     head = MTPHead(c, len(layout.prefixes), tr.embed, tr.lm_head, tr.norm, layout, max_positions=max_len + 64)
-    head.load_from(checkpoint_getter(source), layout)
+    head.load_from(checkpoint_getter(source), layout, source)
     return head.eval(), where
 
 
