@@ -136,6 +136,16 @@ def test_a_bad_setting_is_refused_before_the_model_loads(settings, message):
     assert message in str(exc.value) and MISSING not in str(exc.value)
 
 
+def test_prompts_and_settings_as_other_libraries_pass_them(llm):
+    """numpy / torch ids (vLLM takes them), stop=None and top_k=-1 (vLLM's and OpenAI's "none")."""
+    import numpy as np
+
+    ids = llm.tokenizer.encode("the cat")
+    want = llm.generate(ids, max_tokens=6).token_ids
+    assert llm.generate(np.array(ids), max_tokens=6, stop=None, top_k=-1).token_ids == want
+    assert [c.token_ids for c in llm.generate(torch.tensor([ids, ids]), max_tokens=6)] == [want, want]
+
+
 def test_speculative_config_is_vllms_object_as_a_dict(tiny_hf_dir, llm):
     ngram = specdec.LLM(str(tiny_hf_dir), weights="fp32", ctx_size=128, progress=False,
                         speculative_config={"method": "ngram", "num_speculative_tokens": 3})

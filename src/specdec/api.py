@@ -133,7 +133,7 @@ class LLM:
     # -- the calls ---------------------------------------------------------------------------------
     def generate(self, prompt, max_tokens: int | None = GENERATE_MAX_TOKENS, *, temperature: float = 0.0,
                  top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-                 stop: str | Sequence[str] = ()) -> Completion | list[Completion]:
+                 stop: str | Sequence[str] | None = ()) -> Completion | list[Completion]:
         """prompt: a text, a list of token ids, or a list of those (a batch: a list of Completions back, in
         order, each the answer it would get alone). max_tokens: None or -1, until the model ends the answer
         or the context is full. temperature 0 (the default) is greedy; seed fixes a sampled answer."""
@@ -145,19 +145,20 @@ class LLM:
 
     def chat(self, messages, max_tokens: int | None = None, *, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-             stop: str | Sequence[str] = ()) -> Completion | list[Completion]:
+             stop: str | Sequence[str] | None = ()) -> Completion | list[Completion]:
         """messages: [{"role": "user", "content": "..."}, ...] laid out by the model's chat template (as
         `specdec generate --chat`), or a list of such conversations (a batch). The answer runs until the
         model ends its turn or the context is full, unless max_tokens says otherwise."""
         batch = isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple))
         sampling = _sampling(temperature, top_k, top_p, min_p, seed)
-        jobs = [self._job(self._conversation(m), sampling, max_tokens, stop) for m in (messages if batch else [messages])]
+        conversations = messages if batch else [messages]
+        jobs = [self._job(self._conversation(m), sampling, max_tokens, stop) for m in conversations]
         results = self._run(jobs)
         return results if batch else results[0]
 
     def stream(self, prompt, max_tokens: int | None = GENERATE_MAX_TOKENS, *, temperature: float = 0.0,
                top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-               stop: str | Sequence[str] = ()) -> Stream:
+               stop: str | Sequence[str] | None = ()) -> Stream:
         """generate's answer to one prompt as a Stream of text deltas (checked now, run as it is read)."""
         prompts, batch = self._prompts(prompt)
         if batch:
@@ -167,7 +168,7 @@ class LLM:
 
     def stream_chat(self, messages, max_tokens: int | None = None, *, temperature: float = 0.0, top_k: int = 0,
                     top_p: float = 1.0, min_p: float = 0.0, seed: int | None = None,
-                    stop: str | Sequence[str] = ()) -> Stream:
+                    stop: str | Sequence[str] | None = ()) -> Stream:
         """chat's answer to one conversation as a Stream of text deltas."""
         job = self._job(self._conversation(messages), _sampling(temperature, top_k, top_p, min_p, seed), max_tokens,
                         stop)
@@ -175,7 +176,10 @@ class LLM:
 
     # -- prompts -----------------------------------------------------------------------------------
     def _prompts(self, prompt) -> tuple[list, bool]:
-        """([text or ids, ...], whether a list of prompts was given)."""
+        """([text or ids, ...], whether a list of prompts was given). A numpy array or torch tensor of ids is
+        one prompt (1-D) or a batch of equal-length prompts (2-D)."""
+        if hasattr(prompt, "tolist") and getattr(prompt, "ndim", 0) in (1, 2):
+            prompt = prompt.tolist()
         if isinstance(prompt, str) or _is_ids(prompt):
             return [prompt], False
         if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(p, str) or _is_ids(p) for p in prompt):
@@ -214,6 +218,7 @@ class LLM:
         else:
             raise ValueError(f"max_tokens must be a whole number of at least 1, or None (or -1: until the model "
                              f"ends the answer or the context is full), got {max_tokens!r}")
+        stop = () if stop is None else stop
         if not (isinstance(stop, str) or (isinstance(stop, (list, tuple)) and all(isinstance(s, str) for s in stop))):
             raise ValueError(f"stop must be a string or a list of strings, got {_short(stop)}")
         prompt, stops = check_request(prompt, sampling, limit, stop, self.engine.spec, self.context,
@@ -268,6 +273,7 @@ class LLM:
 
 
 def _sampling(temperature, top_k, top_p, min_p, seed) -> SamplingParams:
+    top_k = 0 if is_whole(top_k) and top_k == -1 else top_k  # vLLM's "off" as well as 0
     return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
 
 
