@@ -197,3 +197,23 @@ def test_sampled_output_follows_the_target_law(monkeypatch):
     with pytest.MonkeyPatch.context() as patch:
         reference = exact_law(patch, Engine(model, max_len=64), prompt, max_tokens=4, **SAMPLING).tokens
     assert law_gap(law.tokens, reference) < 1e-6
+
+
+def test_a_hybrid_draft_model_drafts_past_its_ring_and_rolls_back(monkeypatch):
+    """draft-simple with a hybrid draft model (the GGUF Q8_0 of the target: near it, not equal) drafting 10
+    tokens a step, more than the 8 states its ring holds: a rollback past them prefills the draft again."""
+    from specdec.cache.recurrent import HybridCache
+
+    seen = []
+    restorable = HybridCache.restorable
+    monkeypatch.setattr(HybridCache, "restorable",
+                        lambda self, slot, length: seen.append(restorable(self, slot, length)) or seen[-1])
+    model = load(HF)
+    for prompt in PROMPTS:
+        answer = plain(model, prompt, 30)
+        engine = Engine(model, SpecConfig(drafters=("draft-simple",), draft_model=str(Q8), draft_n_max=10),
+                        max_len=128)
+        r = engine.generate(prompt, SamplingParams(), max_tokens=30)
+        assert r.token_ids == answer
+        assert 0 < r.stats.accepted < r.stats.drafted
+    assert False in seen and True in seen  # both: rolled back within the ring, and prefilled again past it
