@@ -7,6 +7,7 @@ import pytest
 
 from specdec.drafters import registry
 from specdec.drafters.base import Draft
+from specdec.drafters.grammar import GrammarDrafter
 from specdec.drafters.ngram import NgramSimple
 from specdec.drafters.ngram_cache import NgramCache
 from specdec.drafters.ngram_map import NgramMapK, NgramMapK4V
@@ -33,11 +34,12 @@ def create(kind, **options):
 
 
 def test_every_drafter_kind_is_registered_under_its_llama_cpp_name():
-    assert set(registry.kinds()) == set(MODEL_FREE) | {"draft-simple", "draft-mtp", "draft-eagle3", "draft-dflash",
-                                                       "draft-dspark"}
+    # the grammar drafter drafts what a request's grammar forces (tests/lossless/test_grammar_matrix.py)
+    assert set(registry.kinds()) == set(MODEL_FREE) | {"grammar", "draft-simple", "draft-mtp", "draft-eagle3",
+                                                       "draft-dflash", "draft-dspark"}
     assert registry.kinds() == sorted(registry.kinds())
-    assert registry.model_free_kinds() == sorted(MODEL_FREE)
-    for name, cls in MODEL_FREE.items():
+    assert registry.model_free_kinds() == sorted([*MODEL_FREE, "grammar"])
+    for name, cls in {**MODEL_FREE, "grammar": GrammarDrafter}.items():
         drafter = create(name)
         assert type(drafter) is cls and drafter.name == name and drafter.hidden_layers == ()
     assert {e.kind for e in registry.entries() if e.trees} == {"draft-mtp", "draft-eagle3"}

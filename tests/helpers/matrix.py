@@ -11,6 +11,7 @@ ROWS = {
     "ngram-mod": "ngram-mod",
     "ngram-cache": "ngram-cache",
     "suffix": "suffix",
+    "grammar": "grammar",  # drafts what a request's grammar forces: its rows carry a grammar
     "draft-simple": "draft-simple",
     "draft-simple-cross": "draft-simple",  # cross_tokenizer=True: a draft model with another tokenizer
     "draft-mtp-chain": "draft-mtp",

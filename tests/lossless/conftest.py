@@ -5,7 +5,8 @@ Real drafters for smollm2: the model-free kinds; the MTP and EAGLE-3 heads shipp
 and trees); draft-simple with a random model sharing its tokenizer (rejected) and with the target as its
 own draft (accepted); a tiny random model with a byte-level tokenizer as a cross-tokenizer draft; random
 DFlash / DSpark folders (no trained ones exist for smollm2: they draft and are rejected, which is what
-exercises verification).
+exercises verification); the grammar drafter with suffix, under a grammar that forces the first half of
+each plain answer and allows any text after it (so plain's answer is the answer under the grammar too).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import pytest
 import torch
 
 from helpers.drafts import random_sharing_tokenizer, save_random_block_drafter
+from helpers.grammars import forcing_prefix
 from helpers.matrix import OPTIONS
 from helpers.models import real_model
 from helpers.prompts import EDIT_PROMPT
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.registry import DrafterSpec
 from specdec.engine.config import SpecConfig
+from specdec.engine.constrain import compile_for
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
 
@@ -43,6 +46,11 @@ class Variant:
     what: str
     spec: SpecConfig
     factory: Callable | None = None
+    grammar: Callable | None = None  # (model, plain answer's ids) -> the request's grammar; None: no grammar
+
+    def sampling(self, model, answer: list[int]) -> SamplingParams:
+        """Greedy, with the row's grammar for a request whose plain greedy answer is `answer`."""
+        return SamplingParams(grammar=None if self.grammar is None else self.grammar(model, answer))
 
     def engine(self, model, max_sequences: int = 1) -> Engine:
         engine = Engine(model, max_len=MAX_LEN, max_sequences=max_sequences)
@@ -88,6 +96,11 @@ def _self_draft(engine: Engine):
     return build
 
 
+def _half_forced(model, answer: list[int]):
+    text = model.tokenizer.decode(answer)
+    return compile_for(model, "gbnf", forcing_prefix(text, len(text) // 2))
+
+
 @pytest.fixture(scope="session")
 def real_variants(gguf_smollm, tiny_hf_dir, tmp_path_factory):
     """row -> [Variant]: how each row of the matrix drafts for the real target."""
@@ -112,6 +125,8 @@ def real_variants(gguf_smollm, tiny_hf_dir, tmp_path_factory):
         "draft-simple-cross": [Variant("a tiny random draft with a byte-level tokenizer", SpecConfig(
             drafters=("draft-simple",), draft_model=str(tiny_hf_dir), cross_tokenizer=True, draft_n_max=3))],
         **heads,
+        "grammar": [Variant("the grammar forcing half of each answer, then suffix", SpecConfig(
+            drafters=("grammar", "suffix"), draft_n_max=4), grammar=_half_forced)],
         **{f"draft-{layout}": [Variant(f"a random {layout} folder", SpecConfig(
             drafters=(f"draft-{layout}",), draft_model=str(path), draft_n_max=3))] for layout, path in blocks.items()},
     }

@@ -42,7 +42,8 @@ def test_batched_requests_give_their_solo_answers(row, gguf_smollm, plain_answer
         for step in range(200):
             for name, n, joins in BATCH:
                 if joins == step:
-                    reqs[name] = engine.admit(plain_answers[name][0], SamplingParams(), n, spec=variant.spec)
+                    ids, plain = plain_answers[name]
+                    reqs[name] = engine.admit(ids, variant.sampling(gguf_smollm, plain[:n]), n, spec=variant.spec)
             if len(reqs) == len(BATCH) and all(r.finished for r in reqs.values()):
                 break
             engine.step_batch(list(reqs.values()))

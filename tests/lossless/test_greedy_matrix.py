@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from helpers.matrix import RANDOM_ON_REAL, ROWS
-from specdec.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -23,9 +22,11 @@ def test_greedy_output_is_plain_greedy_output(row, gguf_smollm, plain_answers, r
         engine = variant.engine(gguf_smollm)
         for name in GREEDY_PROMPTS:
             ids, plain = plain_answers[name]
-            out = engine.generate(ids, SamplingParams(), max_tokens=len(plain), spec=variant.spec)
+            out = engine.generate(ids, variant.sampling(gguf_smollm, plain), max_tokens=len(plain), spec=variant.spec)
             assert out.token_ids == plain, f"{row} ({variant.what}) changed the answer to the {name} prompt"
             drafted += out.stats.drafted
+            if variant.grammar is not None:  # the grammar drafter drafted the forced half, and it was kept
+                assert out.stats.by_drafter["grammar"].accepted > 0, f"{row}: no forced draft was accepted"
             accepted += out.stats.accepted
     assert drafted > 0, f"{row} never drafted: this test would prove nothing"
     assert accepted < drafted, f"{row}: no draft was rejected, so rejection was not verified"

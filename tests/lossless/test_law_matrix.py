@@ -12,6 +12,9 @@ emits is compared with plain decoding's, enumerated the same way. The drafts:
     MTP, EAGLE-3 heads   random, chains and 2-wide trees; DFlash, DSpark blocks: random
                          (a random head's logits get a bias towards the tokens the target can emit here:
                          alone they would never be accepted)
+    grammar              under GRAMMAR_ROW (a letter then "=!" forced, or another token): its law is plain
+                         sampling's under the same grammar (the constrained law, tests/lossless/
+                         test_grammar_matrix.py), its forced drafts accepted on the letter's branches
 
 Each case asserts the expected number of accepted drafts is strictly between 0 and its most (so both the
 accept and the reject branch have probability), and a tree that a later sibling is kept with positive
@@ -37,6 +40,7 @@ from specdec.drafters.block.drafter import BlockDrafter
 from specdec.drafters.hidden import HiddenStateDrafter
 from specdec.drafters.registry import DrafterSpec
 from specdec.engine.config import SpecConfig
+from specdec.engine.constrain import compile_for
 from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
 
@@ -46,6 +50,9 @@ SAMPLING = dict(temperature=1.0, top_k=2)
 TOLERANCE = 1e-6  # float32 rounding is ~1e-8; the bugs these tests catch move the law by 1e-3 or more
 SHORT = [9, 10, 11, 12, 13]
 MAX_LEN = 64
+# the grammar row's: after SHORT the masked target samples a letter (then "=!" is forced: two drafts) or
+# <unused109> (then nothing is), so the expected accepted count is strictly between 0 and its most
+GRAMMAR_ROW = 'root ::= ([a-z] "=!" | "<unused109>") [^5=(]*'
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Case:
     prompt: list[int]
     max_tokens: int
     factory: Callable | None = None  # () -> a new drafter; None: the registry builds it
+    grammar: object = None  # the requests' compiled grammar (sampling.grammar.Grammar); None: none
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +96,8 @@ def cases(tiny_model, tmp_path_factory):
     loop = looping_prompt(tiny_model)
     out = {row: Case(SpecConfig(drafters=(DrafterSpec.of(row, **OPTIONS.get(row, {})),), draft_n_max=3), loop, 4)
            for row in MODEL_FREE}
+    out["grammar"] = Case(SpecConfig(drafters=("grammar",), draft_n_max=3), SHORT, 4,
+                          grammar=compile_for(tiny_model, "gbnf", GRAMMAR_ROW))
     out["draft-simple"] = Case(SpecConfig(drafters=("draft-simple",), draft_model=str(perturbed), draft_n_max=2), SHORT, 4)
     cat = tiny_model.tokenizer.encode("the cat sat on the mat")
     out["draft-simple-cross"] = Case(SpecConfig(drafters=("draft-simple",), draft_model=str(permuted),
@@ -105,15 +115,15 @@ def cases(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain_law(tiny_model):
-    """(prompt, max_tokens) -> the exact law of plain sampling, enumerated once."""
+    """(prompt, max_tokens, grammar) -> the exact law of plain sampling, enumerated once."""
     laws = {}
 
-    def get(prompt: list[int], max_tokens: int):
-        key = (tuple(prompt), max_tokens)
+    def get(prompt: list[int], max_tokens: int, grammar=None):
+        key = (tuple(prompt), max_tokens, grammar)
         if key not in laws:
             with pytest.MonkeyPatch.context() as patch:
                 laws[key] = exact_law(patch, Engine(tiny_model, max_len=MAX_LEN), prompt, max_tokens=max_tokens,
-                                      **SAMPLING).tokens
+                                      grammar=grammar, **SAMPLING).tokens
         return laws[key]
 
     return get
@@ -125,10 +135,11 @@ def test_sampled_output_follows_the_target_law(row, tiny_model, cases, plain_law
     engine = Engine(tiny_model, max_len=MAX_LEN)
     if case.factory is not None:
         engine.drafter_factory = lambda drafter_spec, spec: case.factory()
-    law = exact_law(monkeypatch, engine, case.prompt, spec=case.spec, max_tokens=case.max_tokens, **SAMPLING)
+    law = exact_law(monkeypatch, engine, case.prompt, spec=case.spec, max_tokens=case.max_tokens, grammar=case.grammar,
+                    **SAMPLING)
     most = case.max_tokens - 2  # the first token comes from the prefill, and each step emits one of its own
     assert 0 < law.accepted < most, f"{row}: E[accepted] = {law.accepted}: a branch of verification never ran"
     if case.spec.tree_topk > 1:
         assert law.later_sibling > 0, f"{row}: no later sibling is ever kept: the tree verified like a chain"
-    gap = law_gap(law.tokens, plain_law(case.prompt, case.max_tokens))
+    gap = law_gap(law.tokens, plain_law(case.prompt, case.max_tokens, case.grammar))
     assert gap < TOLERANCE, f"{row}: the law of the output is {gap:.2e} off the target's"

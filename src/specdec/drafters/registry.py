@@ -27,6 +27,7 @@ from specdec.drafters.base import DEFAULT_DRAFT_LENGTH, Drafter
 from specdec.drafters.block.drafter import make_block_drafter
 from specdec.drafters.draft_model import CrossTokenizerDrafter, DraftModelDrafter, check_compatible
 from specdec.drafters.eagle3 import make_eagle3_drafter
+from specdec.drafters.grammar import GrammarDrafter
 from specdec.drafters.mtp import make_mtp_drafter
 from specdec.drafters.ngram import NgramSimple
 from specdec.drafters.ngram_cache import NgramCache
@@ -111,6 +112,7 @@ class Entry:
     llama_cpp: str | None = None  # llama.cpp's --spec-type name (None: llama.cpp has no such kind)
     llama_cpp_size_m: str | None = None  # llama.cpp's flag for this n-gram kind's draft length
     llama_cpp_options: tuple[tuple[str, str], ...] = ()  # (option, the llama.cpp flag that sets the same thing)
+    first: bool = False  # tried before every other kind (the grammar's forced tokens: free, and the target's own)
 
     @property
     def runnable(self) -> bool:
@@ -296,6 +298,8 @@ for _entry in (
           summary="context, earlier outputs and a static corpus (llama.cpp's three tiers)", llama_cpp="ngram-cache"),
     Entry("suffix", _model_free(SuffixDrafter), vllm="suffix", sglang="NGRAM",
           summary="suffix trees over this request and earlier outputs", auto=True),
+    Entry("grammar", _model_free(GrammarDrafter), first=True,
+          summary="what the request's grammar forces next (JSON keys and punctuation, a tool call's skeleton)"),
     Entry("draft-simple", _draft_model, model=True, vllm="draft_model", sglang="STANDALONE",
           summary="a smaller model with the same tokenizer", draft_model=True, noun="a draft model",
           llama_cpp="draft-simple"),

@@ -78,7 +78,8 @@ def candidates(target: TargetFacts, draft_model: DrafterFacts | None = None, run
     """The configurations `specdec tune` measures for auto: each model-free kind alone, and the model drafter
     auto may use alone and behind each of the registry's `auto` model-free kinds."""
     kind, _, _ = model_drafter(target, draft_model, runnable)
-    out = [(k,) for k in registry.model_free_kinds() if registry.entry(k).runnable]
+    # not the grammar drafter: it drafts only for a request with a grammar, which adds it itself (engine/constrain.py)
+    out = [(k,) for k in registry.model_free_kinds() if registry.entry(k).runnable and not registry.entry(k).first]
     if kind is not None:
         out += [(kind,)] + [(k, kind) for k in registry.with_flag("auto")]
     return out

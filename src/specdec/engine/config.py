@@ -25,8 +25,8 @@ class SpecConfig:
     """Frozen speculative settings for an engine or one request.
 
     drafters: the drafters to try each step; plain kind names are accepted and turned into
-        DrafterSpecs. They are kept in the order the engine tries them: model-free kinds first
-        (in the order given), the one model drafter last, when they found nothing. () = none.
+        DrafterSpecs. They are kept in the order the engine tries them: the grammar drafter first, then
+        model-free kinds (in the order given), the one model drafter last, when they found nothing. () = none.
     draft_n_max: most tokens drafted per step (llama.cpp --spec-draft-n-max, default 3).
     draft_n_min: drafts shorter than this are not verified (0 = any length); a sampled draft of a model
         drafter is verified whatever its length (Engine._propose says why).
@@ -74,8 +74,9 @@ class SpecConfig:
         models = [e.kind for e in entries if e.model]
         if len(models) > 1:
             raise ValueError(f"only one model drafter at a time; got {', '.join(models)}")
-        # n-gram kinds first, the model drafter when they found nothing (stable otherwise)
-        specs = tuple(sorted(specs, key=lambda s: registry.entry(s.kind).model))
+        # the grammar's forced tokens first, then the n-gram kinds, the model drafter when they found nothing
+        # (stable otherwise)
+        specs = tuple(sorted(specs, key=lambda s: (not registry.entry(s.kind).first, registry.entry(s.kind).model)))
         object.__setattr__(self, "drafters", specs)
         if not 1 <= self.draft_n_max <= MAX_DRAFT_LENGTH:
             raise ValueError(f"draft length (--spec-draft-n-max, num_speculative_tokens) must be between 1 and "

@@ -35,6 +35,7 @@ from specdec.drafters import registry
 from specdec.drafters.base import Draft, Drafter
 from specdec.drafters.registry import BuildContext, DrafterSpec
 from specdec.engine.config import SpecConfig
+from specdec.engine.constrain import Constraint, with_grammar_drafter
 from specdec.engine.cost import measure_forward_cost, widest_forward
 from specdec.engine.draft_length import DraftLengthPolicy
 from specdec.engine.draft_models import DraftModels
@@ -78,6 +79,7 @@ class Engine:
         # an answer's text leaves special tokens out (<|im_start|>, <end_of_turn>; their ids stay in token_ids),
         # as vLLM's skip_special_tokens and llama-server do by default; stop strings are looked for in that text
         self.skip_special = True
+        self.grammar_drafts = True  # a request with a grammar drafts what it forces first (the grammar drafter)
         self.drafter_factory = drafter_factory or self.build_drafter
         self._pool = DrafterPool(lambda s: [self.drafter_factory(d, s) for d in s.drafters], MAX_CACHED_CONFIGS)
         self.draft_models = DraftModels(model)  # draft-simple's models, loaded once per engine
@@ -129,6 +131,8 @@ class Engine:
         prompt, stop = check_request(prompt, sampling, max_tokens, stop, spec, self.cache.max_len,
                                      self.model.config.vocab_size)
         check_top_logprobs(logprobs)
+        if sampling.grammar is not None and self.grammar_drafts:
+            spec = with_grammar_drafter(spec)
         generator = sampling.generator()
         # a drafter that reads the target's hidden states needs them at every prompt position: a cold start
         reuse = not any(d.hidden_layers for d in self._pool.first(spec))
@@ -149,6 +153,8 @@ class Engine:
         self._running[slot] = req
         try:
             policy.reset()
+            if sampling.grammar is not None:
+                req.constraint = Constraint(sampling.grammar, req.stats)
             for d in drafters:
                 d.begin(prompt, sampling, req.generator)
         except BaseException:
@@ -332,6 +338,8 @@ class Engine:
         context = req.prompt + req.output
         for d in req.drafters:
             draft = d.propose(context, k)
+            if req.constraint is not None:  # the nodes the grammar forbids are cut before the draft counts
+                draft = req.constraint.cut(draft)
             depth = draft.depth  # a tree's positions, not its nodes, meet n_min
             if depth == 0 or (depth < req.spec.draft_n_min and draft.draft_probs is None):
                 continue
@@ -341,9 +349,13 @@ class Engine:
         return None, Draft()
 
     def _verify(self, req: Request, logits: torch.Tensor, draft: Draft) -> VerifyResult:
-        # logits: (1 + len(draft), V)
+        # logits: (1 + len(draft), V); with a grammar, each row masked as plain decoding masks its position
+        if req.constraint is not None:
+            logits = req.constraint.mask(logits, draft)
         result = self._verify_rows(req, logits, draft)
-        if req.want_logprobs is not None:  # from the rows just verified; _emit keeps those it emits
+        if req.constraint is not None:
+            req.constraint.advance(result.tokens, self.eos)  # the grammar's state moves over what is emitted
+        if req.want_logprobs is not None:  # from the rows just verified (masked); _emit keeps those it emits
             req.pending_logprobs = token_logprobs(logits, result, req.want_logprobs)
         return result
 

@@ -12,6 +12,7 @@ import torch
 
 from specdec.drafters.base import Drafter
 from specdec.engine.config import SpecConfig
+from specdec.engine.constrain import Constraint
 from specdec.engine.draft_length import DraftLengthPolicy
 from specdec.engine.logprobs import TokenLogprob
 from specdec.engine.stats import SpecStats
@@ -45,6 +46,7 @@ class Request:
     want_logprobs: int | None = None  # None: no logprobs; n: each emitted token's, and its row's n most likely
     logprobs: list[TokenLogprob] = field(default_factory=list)  # logprobs[i]: output[i]'s (engine/logprobs.py)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # the last verify's, a token it chose each
+    constraint: Constraint | None = None  # its grammar's state (engine/constrain.py); None: unconstrained
     prefill_s: float = 0.0
     decode_s: float = 0.0
 

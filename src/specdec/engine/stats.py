@@ -31,6 +31,7 @@ class SpecStats:
     verify_s: float = 0.0  # the target's forward and the accept rule, in every decode step
     rollback_s: float = 0.0  # dropping rejected rows and telling the drafters what was kept
     lossy: bool = False  # True when any step used relaxed (typical) acceptance
+    grammar_cut: int = 0  # drafted tokens the request's grammar forbade, cut before verification (subtrees too)
     by_drafter: dict[str, DrafterCounts] = field(default_factory=dict)
     # what the verdict reads (engine/verdict.py; the step clock fills them, engine/step_clock.py)
     paused_steps: int = 0  # decode steps that drafted nothing because the adaptive policy paused drafting
@@ -79,6 +80,7 @@ class SpecStats:
                      "plain_steps_s", "decode_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.lossy |= other.lossy
+        self.grammar_cut += other.grammar_cut
         for i in range(len(other.drafted_at)):
             if i >= len(self.drafted_at):
                 self.drafted_at.append(0)
@@ -132,6 +134,7 @@ class SpecStats:
             "draft_s": self.draft_s,
             "verify_s": self.verify_s,
             "rollback_s": self.rollback_s,
+            "grammar_cut": self.grammar_cut,
             "by_drafter": {k: vars(v) for k, v in self.by_drafter.items()},
             "verdict": self.verdict().to_dict(),
         }

@@ -50,6 +50,9 @@ def check_request(prompt: Sequence[int], sampling: SamplingParams, max_tokens: i
         raise ValueError(f"stop strings must be non-empty strings, got {list(stop)!r}")
     if len(prompt) + 1 > max_len:
         raise ValueError(f"the prompt has {len(prompt)} tokens; the context holds {max_len}")
+    if sampling.grammar is not None and sampling.grammar.vocabulary.size != vocab_size:
+        raise ValueError(f"the grammar was compiled for a vocabulary of {sampling.grammar.vocabulary.size} tokens; "
+                         f"this model has {vocab_size} (compile it with engine.constrain.compile_for(model, ...))")
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})")

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec.sampling.grammar import Grammar
+
 
 def is_whole(value) -> bool:
     """An integer (numpy's too), not a bool: what every count, length and seed must be."""
@@ -24,6 +26,7 @@ class SamplingParams:
 
     temperature == 0 means greedy (argmax); no probabilities are involved then.
     top_k == 0, top_p == 1.0 and min_p == 0.0 each mean "off".
+    grammar: the tokens may only spell what it allows (sampling/grammar.py); None: no constraint.
     """
 
     temperature: float = 0.0
@@ -31,6 +34,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    grammar: Grammar | None = None
 
     def __post_init__(self) -> None:
         for name in ("temperature", "top_p", "min_p"):
@@ -55,6 +59,9 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:  # what torch.Generator.manual_seed takes
             raise ValueError(f"seed must be an integer in [-2**63, 2**64), got {self.seed}")
+        if self.grammar is not None and not isinstance(self.grammar, Grammar):
+            raise ValueError(f"grammar must be a compiled Grammar (sampling.grammar.compile_grammar), got "
+                             f"{type(self.grammar).__name__}")
 
     @property
     def greedy(self) -> bool:
