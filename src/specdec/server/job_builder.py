@@ -15,6 +15,7 @@ from specdec.sampling import SamplingParams
 from specdec.server.jobs import Job
 from specdec.server.overrides import resolve_spec
 from specdec.server.schemas import APIError, GenerationRequest, answer_changing
+from specdec.server.structured import request_grammar
 
 
 def check_model(name: str | None, served: str) -> None:
@@ -74,8 +75,7 @@ def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_tok
         if getattr(body, name):
             raise APIError(400, f"{name} is not supported by this server (send 0)", param=name, code="unsupported")
     unsupported = {"logit_bias": bool(body.logit_bias), "tools": bool(body.tools),
-                   "tool_choice": body.tool_choice not in (None, "none", "auto"),
-                   "response_format": body.response_format not in (None, {"type": "text"})}
+                   "tool_choice": body.tool_choice not in (None, "none", "auto")}
     for name, used in unsupported.items():
         if used:
             raise APIError(400, f"{name} is not supported by this server; send the request without it", param=name,
@@ -103,9 +103,10 @@ def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_tok
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(s == "" for s in stop):
         raise APIError(400, "stop strings must not be empty", param="stop", code="invalid_value")
+    grammar = request_grammar(engine.model, body)  # response_format, llama.cpp's grammar / json_schema
     try:
         sampling = SamplingParams(temperature=body.temperature, top_k=max(body.top_k, 0), top_p=body.top_p,
-                                  min_p=body.min_p, seed=body.seed)
+                                  min_p=body.min_p, seed=body.seed, grammar=grammar)
     except ValueError as exc:
         raise APIError(400, str(exc), code="invalid_value") from None
     spec = resolve_spec(engine.spec, body.speculative)

@@ -5,8 +5,8 @@ field's default, as in OpenAI's API) and unknown fields are ignored, as OpenAI c
 fields this server has no use for (user, metadata, ...). Fields we cannot honour with a non-default value (n > 1,
 penalties, logprobs) are rejected by the handlers, not silently dropped; so are the
 extensions of vLLM, SGLang and llama.cpp's servers that change the answer (ANSWER_CHANGING,
-e.g. guided_json, grammar, ignore_eos, continue_final_message), and assistant messages that
-carry tool_calls.
+e.g. guided_json, ignore_eos, continue_final_message), and assistant messages that carry tool_calls.
+response_format and llama.cpp's grammar / json_schema constrain the answer (server/structured.py).
 
 Extras OpenAI clients ignore:
     request  "speculative": {"enabled": false} or {"method": "ngram", "num_speculative_tokens": 5}
@@ -59,7 +59,7 @@ ANSWER_CHANGING: dict[str, tuple] = {
     "spaces_between_special_tokens": (True,),
     # constrained decoding
     "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (), "structured_outputs": (),
-    "grammar": ("",), "json_schema": (), "regex": (), "ebnf": (), "functions": ([],),
+    "regex": (), "ebnf": (), "functions": ([],),
     "function_call": ("none", "auto"),
     # chat templating
     "continue_final_message": (False,), "add_generation_prompt": (True,), "chat_template": (),
@@ -148,7 +148,7 @@ class GenerationRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
-    response_format: dict | None = None
+    response_format: dict | None = None  # {"type": "json_object"} or json_schema: server/structured.py
 
 
 class CompletionRequest(GenerationRequest):
