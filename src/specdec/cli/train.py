@@ -34,19 +34,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("kind", choices=["mtp", "eagle3", "dflash", "dspark"])
     p.add_argument("--model", "-m", default="smollm2-135m", help="target: model name, GGUF file or HF folder")
     p.add_argument("--name", default=None, help="the target's registry name recorded in the head (default --model)")
-    p.add_argument("--out", default=None, help="output folder (mtp default: <model path>.mtp beside the model)")
-    p.add_argument("--prompts", default=None, help="prompts file, one per line (default: built-in prompts)")
+    p.add_argument("--out", default=None, help="output folder (mtp default: <model path>.mtp beside the model; "
+                   "the others: $SPECDEC_HOME/train/<model file>/<kind>)")
+    p.add_argument("--prompts", default=None, help="prompts file, one per line or JSON Lines of {\"text\"} (python -m "
+                   "specdec.train.recipe build writes the recipe's; default: built-in prompts)")
     p.add_argument("--data", nargs="*", default=None, help="plain-text corpus files (default: stdlib docstrings)")
     p.add_argument("--sequences", default=None,
                    help="train on these token sequences (.npz from an earlier run) instead of generating")
     p.add_argument("--generate", type=int, default=512, help="sequences the target generates from prompts")
     p.add_argument("--gen-tokens", type=int, default=192, help="tokens generated per prompt")
+    p.add_argument("--gen-engine", choices=["specdec", "dense"], default=None,
+                   help="what writes the answers: specdec's engine on the model as it runs at inference (default on "
+                        "a CPU), or the float training copy (default on a GPU)")
+    p.add_argument("--gen-slots", type=int, default=16, help="sequences the engine generates at once (default 16)")
     p.add_argument("--corpus-seqs", type=int, default=256, help="corpus chunks added")
     p.add_argument("--seq-len", type=int, default=384)
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (0: build the training sequences only)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--ttt", type=int, default=3, help="training-time-test steps (head fed its own outputs)")
+    p.add_argument("--ttt", type=int, default=None,
+                   help="training-time-test steps (head fed its own outputs; default 7 for eagle3 as SpecForge, 3 for mtp)")
     p.add_argument("--draft-vocab", type=int, default=6144, help="EAGLE-3 draft vocabulary size")
     p.add_argument("--val", type=int, default=32,
                    help="validation sequences (continuations of prompts held out of training)")
@@ -72,7 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # the least each count may be (flags left at None keep their meaning: "the default")
 # (seq_len: sequences of fewer than 8-9 tokens are dropped as too short to teach anything)
-_LEAST = {"generate": 0, "gen_tokens": 1, "corpus_seqs": 0, "seq_len": 9, "steps": 0, "batch": 1, "ttt": 1,
+_LEAST = {"generate": 0, "gen_tokens": 1, "gen_slots": 1, "corpus_seqs": 0, "seq_len": 9, "steps": 0, "batch": 1,
+          "ttt": 1,
           "draft_vocab": 1, "val": 0, "block_size": 2, "draft_layers": 1, "anchors": 1, "markov_rank": 0,
           "save_every": 1, "threads": 1}
 

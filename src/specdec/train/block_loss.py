@@ -113,6 +113,11 @@ class BlockLoss(torch.nn.Module):
 
     def measure(self, tokens: torch.Tensor, valid: torch.Tensor) -> tuple[list[float], list[int]]:
         """Validation (matches, counts) per draft position, on anchors drawn with a fixed seed."""
+        return self.evaluate(tokens, valid)[1:]
+
+    def evaluate(self, tokens: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, list[float], list[int]]:
+        """Validation (loss, matches, counts per draft position) on anchors drawn with a fixed seed (the
+        training draws are left where they are)."""
         anchors, keep = sample_anchors(valid, self.anchors, torch.Generator().manual_seed(1234))
-        return block_loss(self.head, self.target, tokens, valid, anchors, keep, **self.weights)[1:]
+        return block_loss(self.head, self.target, tokens, valid, anchors, keep, **self.weights)
 

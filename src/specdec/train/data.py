@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import random
 import sys
 import zipfile
@@ -75,12 +76,32 @@ def _read_text(path, what: str, errors: str = "strict") -> str:
 
 
 def read_prompts(path: str | None) -> list[str]:
+    """--prompts: one prompt a line, or JSON Lines of {"text": ...} objects (train/recipe.py's file, whose
+    {"_meta": ...} line is skipped); each distinct prompt once, in the file's order."""
     if path is None:
         return builtin_prompts()
-    prompts = [line.strip() for line in _read_text(path, "--prompts").splitlines() if line.strip()]
+    lines = [line.strip() for line in _read_text(path, "--prompts").splitlines() if line.strip()]
+    jsonl = str(path).endswith(".jsonl") or (lines[:1] != [] and lines[0].startswith('{"'))
+    prompts = [_json_prompt(line, path, n) for n, line in enumerate(lines, 1)] if jsonl else lines
+    prompts = list(dict.fromkeys(p for p in prompts if p))  # a prompt twice could sit on both sides of --val
     if not prompts:
-        raise ValueError(f"{path}: no prompts (one a line; the file is empty or blank)")
+        raise ValueError(f"{path}: no prompts (one a line, or JSON Lines with a \"text\" field; the file is empty "
+                         "or blank)")
     return prompts
+
+
+def _json_prompt(line: str, path, n: int) -> str | None:
+    """One JSON Lines prompt: its "text"; None for the {"_meta": ...} line."""
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--prompts {path} line {n}: not JSON ({exc.msg}); a JSON Lines file has one object a "
+                         "line") from None
+    if isinstance(obj, dict) and "_meta" in obj:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("text"), str):
+        raise ValueError(f"--prompts {path} line {n}: an object with a \"text\" string is wanted")
+    return obj["text"].strip()
 
 
 def read_corpus(paths: list[str] | None) -> list[str]:
@@ -116,14 +137,18 @@ def chat_prompt_ids(tokenizer, prompt: str, keep: int | None = None) -> list[int
 
 def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], num_generated: int, gen_tokens: int,
                     seq_len: int, num_corpus: int, seed: int, batch: int = 512, temperature: float = 0.7,
-                    progress=None, held_out: int = 0) -> list[list[int]]:
+                    progress=None, held_out: int = 0, done: list[list[int]] = (), on_chunk=None) -> list[list[int]]:
     """Token sequences (each <= seq_len): target-generated continuations, then corpus chunks.
 
     The first `held_out` sequences continue prompts no other sequence uses, so that a validation
-    set taken from the front measures text the head has not seen the prompt of."""
+    set taken from the front measures text the head has not seen the prompt of. `target` writes the
+    continuations: a DenseTarget or an EngineGenerator (train/engine_gen.py), `batch` prompts a call.
+    done: the generated sequences of an interrupted call with the same arguments (whole batches, as
+    on_chunk(sequences so far) was given them after each batch): generation goes on after them, each batch
+    sampling with a generator seeded by (seed, its first index), so the result is an uninterrupted call's."""
+    torch = __import__("torch")
     rng = random.Random(seed)
-    gen = __import__("torch").Generator().manual_seed(seed)
-    order = list(prompts)
+    order = list(dict.fromkeys(prompts))  # distinct: a prompt given twice is on one side of the split only
     rng.shuffle(order)
     # the held-out sequences continue at most half of the prompts, the training ones the others: held_out
     # prompts of 20 left one prompt to every training sequence, and the held-out ones took training prompts too
@@ -133,13 +158,21 @@ def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], nu
     chosen = [(held or rest)[i % len(held or rest)] for i in range(n_val)]
     chosen += [rest[i % len(rest)] for i in range(num_generated - n_val)]
     eos = set(tokenizer.eos_ids)
-    seqs: list[list[int]] = []
-    for i in range(0, len(chosen), batch):
+    if len(done) % batch and len(done) < len(chosen) or len(done) > len(chosen):
+        raise ValueError(f"{len(done)} sequences already generated is not a whole number of batches of {batch} "
+                         f"out of {len(chosen)}: they were made with other settings")
+    seqs: list[list[int]] = [list(s) for s in done]
+    if progress is not None and seqs:
+        progress(len(seqs))
+    for i in range(len(seqs), len(chosen), batch):
         ids = [chat_prompt_ids(tokenizer, p, seq_len // 2)[-(seq_len // 2):] for p in chosen[i : i + batch]]
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + i) % 2**63)
         for s in target.generate(ids, gen_tokens, temperature, eos, gen):
             seqs.append(s[:seq_len])
         if progress is not None:
             progress(len(ids))
+        if on_chunk is not None:
+            on_chunk(seqs)
     seqs += corpus_chunks(tokenizer, corpus, num_corpus, seq_len, rng)
     return seqs
 

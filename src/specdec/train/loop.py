@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from specdec.model.files import replaced
+from specdec.train.curves import write_curves
 from specdec.train.resume import read_state
 from specdec.train.ttt import TTTLoss, ttt_loss
 
@@ -58,12 +59,17 @@ class Trainer:
         params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.loss = loss if loss is not None else TTTLoss(head, kind, target, ttt, draft_ids)
-        self.measure = getattr(self.loss, "measure", None) or (
-            lambda tokens, valid: ttt_loss(head, kind, target, tokens, valid, ttt, draft_ids)[1:])
+        # validation: (loss, matches, counts) per draft position; a block drafter's on anchors of a fixed seed
+        self.evaluate = getattr(self.loss, "evaluate", None) or (
+            lambda tokens, valid: ttt_loss(head, kind, target, tokens, valid, ttt, draft_ids))
         if world > 1:  # data parallel under torchrun: DDP averages the gradients of all ranks
             self.loss = DistributedDataParallel(self.loss, broadcast_buffers=False)
         self.step = 0
         self._data = None  # {"rng", "order", "pos"}: where run() is in the shuffled data (saved in state.pt)
+        # one entry per validation (curves.json): step, epoch, train_loss (mean since the last entry), val_loss,
+        # val_acc, accept_len, tokens (trained so far); saved in state.pt, so a resumed run's curves go on
+        self.history: list[dict] = []
+        self._loss_sum, self._loss_n, self.tokens = 0.0, 0, 0
 
     def lr_at(self, step: int) -> float:
         warm = max(1, min(100, self.steps // 10))
@@ -98,6 +104,8 @@ class Trainer:
         # the data order and the loss's random draws where they were, so that a resumed run takes the batches and
         # anchors the run would have taken (each sequence once per epoch)
         self._data = state.get("data")
+        self.history = list(state.get("history", []))
+        self._loss_sum, self._loss_n, self.tokens = state.get("running", (0.0, 0, 0))
         rng = state.get("loss_rng")
         if rng is not None and self._loss_generator() is not None:
             self._loss_generator().set_state(rng)
@@ -119,6 +127,7 @@ class Trainer:
         self.save(self.head, self.out)
         with replaced(self.state_path()) as tmp:
             extra = {"data": self._data} if self._data is not None else {}
+            extra.update(history=self.history, running=(self._loss_sum, self._loss_n, self.tokens))
             if self._loss_generator() is not None:
                 extra["loss_rng"] = self._loss_generator().get_state()
             torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "step": self.step,
@@ -134,15 +143,32 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, seqs: list[list[int]], device) -> list[float]:
+        """Per draft position, the rate the held-out sequences agree with the target at (conditional on the
+        positions before); self.val_loss: their mean loss per batch."""
         self.head.eval()
-        m_tot, c_tot = None, None
+        m_tot, c_tot, losses = None, None, []
         for i in range(0, len(seqs), self.batch):
             tokens, valid = pad_batch(seqs[i : i + self.batch], device)
-            m, c = self.measure(tokens, valid)
+            loss, m, c = self.evaluate(tokens, valid)
+            losses.append(float(loss))
             m_tot = m if m_tot is None else [a + b for a, b in zip(m_tot, m)]
             c_tot = c if c_tot is None else [a + b for a, b in zip(c_tot, c)]
         self.head.train()
+        self.val_loss = sum(losses) / len(losses) if losses else None
         return [a / max(b, 1) for a, b in zip(m_tot or [], c_tot or [])]
+
+    def record(self, val: list[list[int]], device, epoch: float) -> list[float]:
+        """Validate, add the entry to the history, rewrite DIR/curves.json and .png (rank 0); the accuracies."""
+        accs = self.validate(val, device)
+        self.history.append({"step": self.step, "epoch": round(epoch, 4),
+                             "train_loss": round(self._loss_sum / self._loss_n, 5) if self._loss_n else None,
+                             "val_loss": round(self.val_loss, 5) if self.val_loss is not None else None,
+                             "val_acc": [round(a, 4) for a in accs],
+                             "accept_len": round(mean_accept_length(accs), 4), "tokens": self.tokens})
+        self._loss_sum, self._loss_n = 0.0, 0
+        if self.rank == 0:
+            write_curves(self.out, self.history, f"{self.kind} head")
+        return accs
 
     def run(self, train: list[list[int]], val: list[list[int]], device, seed: int = 0,
             max_seconds: float | None = None) -> list[float]:
@@ -162,8 +188,11 @@ class Trainer:
             pos = (self.step * self.batch) % max(len(train), 1)
         use_amp = str(device).startswith("cuda")
         start, t_start, t_first = self.step, time.perf_counter(), time.perf_counter()
+        tokens_start = self.tokens
         while self.step < self.steps:
-            if pos + self.batch > len(order):
+            if pos + self.batch > len(order):  # an epoch ends: validated (once a step), reshuffled
+                if val and self.step > 0 and (not self.history or self.history[-1]["step"] != self.step):
+                    accs = self.record(val, device, self.step * self.batch / max(len(train), 1))
                 order = torch.randperm(len(train), generator=g).tolist()
                 pos = 0
             seqs = [train[i] for i in order[pos : pos + self.batch]]
@@ -179,6 +208,9 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
             self.opt.step()
             self.step += 1
+            self._loss_sum += loss.item()
+            self._loss_n += 1
+            self.tokens += int(valid.sum()) * self.world  # (ranks train batches of alike size)
             bar.update(1)
             if self.step == start + 20:  # time steps after the warm-up (allocator, kernel choice, the other jobs)
                 t_first = time.perf_counter()
@@ -194,10 +226,11 @@ class Trainer:
             post = {"loss": f"{loss.item():.3f}"}
             if self.step % self.save_every == 0 or self.step == self.steps:  # on every rank (checkpoint's check)
                 if val:
-                    accs = self.validate(val, device)
+                    accs = self.record(val, device, self.step * self.batch / max(len(train), 1))
                     post["val_acc"] = "/".join(f"{a:.2f}" for a in accs)
                     post["accept_len"] = f"{mean_accept_length(accs):.2f}"
                 self.checkpoint()
             bar.set_postfix(post)
         bar.close()
+        self.tokens_per_s = (self.tokens - tokens_start) / max(time.perf_counter() - t_start, 1e-9)
         return accs

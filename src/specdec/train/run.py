@@ -6,6 +6,8 @@ before the target loads and before any text is generated.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -17,13 +19,14 @@ from specdec.cli.options import out_dir
 from specdec.drafters.block.io import save_block_drafter
 from specdec.drafters.eagle3 import save_eagle3_head
 from specdec.drafters.mtp import save_mtp_head
-from specdec.model.catalogue import resolve
+from specdec.model.catalogue import resolve, specdec_home
 from specdec.model.checkpoint_facts import sidecar_path
 from specdec.model.device import pick_device
 from specdec.model.files import replaced
-from specdec.model.load import open_checkpoint
+from specdec.model.load import checkpoint_digest, load_model, open_checkpoint
 from specdec.train.block_loss import BlockLoss
 from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
+from specdec.train.engine_gen import EngineGenerator
 from specdec.train.heads import (block_settings, build_block_model, build_eagle3_head, build_mtp_head,
                                  frequent_tokens, target_info)
 from specdec.train.loop import Trainer
@@ -32,12 +35,15 @@ from specdec.train.summary import write_summary
 from specdec.train.target import DenseTarget
 
 MIN_SEQUENCE_TOKENS = 8  # a shorter training sequence (generated or read) is too short to teach anything
+DEFAULT_TTT = {"eagle3": 7, "mtp": 3}  # EAGLE-3: SpecForge's 7 training-time-test steps
 
 
 def run_training(args, rank: int, world: int, dist_device) -> int:
     """Train args.kind's head for args.model into args.out as process `rank` of `world` (torchrun; dist_device:
     its GPU, else None)."""
     device = _pick_device(args, dist_device)
+    if getattr(args, "ttt", None) is None:
+        args.ttt = DEFAULT_TTT.get(args.kind, 3)
     path = resolve(args.model)
     _default_out(args, path)
     check_out(Path(args.out), args.resume, data_only=args.steps == 0)
@@ -84,7 +90,7 @@ def run_training(args, rank: int, world: int, dist_device) -> int:
     resumed = None  # the state's tensors are the head's and the optimizer's now
     start = trainer.step
     accs = trainer.run(train, val, device, args.seed, args.max_minutes * 60 if args.max_minutes else None)
-    write_summary(args, out, trainer.step, start, accs, len(seqs), t0, device, rank, log)
+    write_summary(args, out, trainer.step, start, accs, len(seqs), t0, device, rank, log, trainer)
     return 0
 
 
@@ -99,11 +105,11 @@ def _pick_device(args, dist_device) -> str:
 
 
 def _default_out(args, path) -> None:
-    """An MTP head goes beside the model by default (where auto finds it); the other kinds need --out."""
+    """An MTP head goes beside the model by default (where auto finds it); the other kinds into
+    $SPECDEC_HOME/train/<model file's name>/<kind>, where `--resume` finds them again."""
     if args.out is None:
-        if args.kind != "mtp":
-            raise ValueError(f"specdec train {args.kind} needs --out DIR")
-        args.out = str(sidecar_path(path))
+        args.out = str(sidecar_path(path) if args.kind == "mtp" else specdec_home() / "train" / Path(path).name /
+                       args.kind)
         out_dir(args.out)  # a file there, or a folder that cannot be written: said now, not after generating
 
 
@@ -151,17 +157,61 @@ def _generate_sequences(args, target, tokenizer, prompts, corpus, seq_len: int, 
     if args.steps > 0 and 0 < args.generate <= args.val:
         log(f"data: all {args.generate} generated sequences are held out for validation (--val {args.val}): "
             "the head trains on the corpus alone, not on text the target wrote (raise --generate)")
+    writer = _writer(args, target, seq_len, log)
+    batch = args.gen_slots * 8 if isinstance(writer, EngineGenerator) else 512
+    # what generation has written so far, kept after each batch, so that a --resume of a run stopped while
+    # generating goes on from there (the key: everything the text depends on; another key starts afresh)
+    partial = data_file.with_name(f"data.rank{rank}.partial.npz")
+    key = hashlib.sha256(json.dumps([prompts, corpus, n_gen, args.gen_tokens, seq_len, args.corpus_seqs, args.seed,
+                                     args.val, rank, world, type(writer).__name__, batch, checkpoint_digest(
+                                         resolve(args.model))]).encode()).hexdigest()
+    done = _partial_data(partial, key, target.config.vocab_size, log) if args.resume else []
+    out.mkdir(parents=True, exist_ok=True)
+
+    def keep(so_far):
+        with replaced(partial) as tmp:
+            save_sequences(so_far, tmp)
+        partial.with_suffix(".json").write_text(json.dumps({"key": key, "sequences": len(so_far)}) + "\n")
+
     bar = tqdm(total=n_gen, desc="generate", unit="seq", file=sys.stderr, disable=rank != 0)
-    seqs = build_sequences(target, tokenizer, prompts, corpus, n_gen, args.gen_tokens, seq_len,
+    seqs = build_sequences(writer, tokenizer, prompts, corpus, n_gen, args.gen_tokens, seq_len,
                            args.corpus_seqs // world, args.seed + rank, progress=bar.update,
-                           held_out=args.val if rank == 0 else 0)
+                           held_out=args.val if rank == 0 else 0, batch=batch, done=done, on_chunk=keep)
     bar.close()
     seqs = [s for s in seqs if len(s) >= MIN_SEQUENCE_TOKENS]
-    out.mkdir(parents=True, exist_ok=True)
     with replaced(data_file) as tmp:
         save_sequences(seqs, tmp)
-    log(f"data: {len(seqs)} sequences, {sum(map(len, seqs))} tokens ({time.perf_counter() - t0:.0f}s)")
+    partial.unlink(missing_ok=True)
+    partial.with_suffix(".json").unlink(missing_ok=True)
+    speed = f", generated at {writer.tokens_per_second():.1f} tokens/s" if isinstance(writer, EngineGenerator) else ""
+    log(f"data: {len(seqs)} sequences, {sum(map(len, seqs))} tokens ({time.perf_counter() - t0:.0f}s{speed})")
     return seqs
+
+
+def _partial_data(partial: Path, key: str, vocab: int, log) -> list[list[int]]:
+    """The sequences an interrupted generation kept in `partial` under `key`; [] for none or another key."""
+    try:
+        saved = json.loads(partial.with_suffix(".json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(saved, dict) or saved.get("key") != key or not partial.is_file():
+        log(f"data: {partial} was generated with other settings: generating afresh")
+        return []
+    done = load_sequences(partial, vocab)
+    log(f"data: going on after the {len(done)} sequences generated before ({partial})")
+    return done
+
+
+def _writer(args, target, seq_len: int, log):
+    """What writes the answers: specdec's engine on the model as it runs at inference (--gen-engine specdec,
+    the default on a CPU: a GGUF file's own blocks, --gen-slots sequences a step), or the float training
+    copy of the target (--gen-engine dense, the default on a GPU, where it runs as big padded batches)."""
+    how = getattr(args, "gen_engine", None) or ("dense" if str(target.device).startswith("cuda") else "specdec")
+    if how == "dense":
+        return target
+    model = load_model(str(resolve(args.model)), progress=False)
+    log(f"generating with specdec's engine ({model.info.weights_dtype}, {args.gen_slots} sequences a step)")
+    return EngineGenerator(model, args.gen_slots, seq_len // 2 + args.gen_tokens + 8)
 
 
 def _new_head(args, target, seqs, info: dict, device, rank: int, world: int, layer_ids, mask):

@@ -12,7 +12,7 @@ from specdec.train.loop import mean_accept_length
 
 
 def write_summary(args, out: Path, step: int, start: int, accs: list[float], sequences: int, t0: float, device,
-                  rank: int, log) -> None:
+                  rank: int, log, trainer=None) -> None:
     """Rank 0 writes the summary of a run that trained from step `start` to `step` (t0: its perf_counter start)."""
     if rank == 0 and step == start and (out / "train_summary.json").is_file():
         log(f"nothing trained: the head is at step {start} already (--steps {args.steps}); "
@@ -22,6 +22,8 @@ def write_summary(args, out: Path, step: int, start: int, accs: list[float], seq
                    "val_top1_per_step": [round(a, 4) for a in accs],
                    "val_mean_accept_length": round(mean_accept_length(accs), 3) if accs else None,
                    "seconds": round(time.perf_counter() - t0, 1), "device": device,
+                   "train_tokens_per_s": round(getattr(trainer, "tokens_per_s", 0.0), 1),
+                   "curves": "curves.json" if (out / "curves.json").is_file() else None,
                    "command": "specdec train " + shlex.join(command_args(args))}
         (out / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         log(json.dumps(summary))
