@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
+from specdec.cli.grammar_args import add_grammar_args, grammar_from_args
 from specdec.cli.options import (UNLIMITED, add_model_args, add_sampling_args, add_spec_args, add_threads_args,
                                  build_engine, check_max_tokens, token_limit)
 from specdec.completion import cut_by
@@ -38,6 +40,7 @@ def cmd_generate(args) -> int:
         raise ValueError("the prompt is empty: give it as an argument, with --file or on stdin")
     check_max_tokens(args.max_tokens)
     engine, sampling = build_engine(args)
+    sampling = replace(sampling, grammar=grammar_from_args(args, engine.model))  # --json-schema, --grammar
     max_tokens = token_limit(args.max_tokens, engine)
     tok = engine.model.tokenizer
     if args.chat:
@@ -188,6 +191,7 @@ def add_parser(sub) -> None:
     add_threads_args(p)
     add_spec_args(p)
     add_sampling_args(p)
+    add_grammar_args(p)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object with text, ids, model, timing, spec")
     p.add_argument("--compact", action="store_true", help="with --json: one line")
