@@ -17,6 +17,7 @@ import uvicorn
 
 from specdec.cli.options import (UNLIMITED, add_model_args, add_spec_args, add_threads_args, build_engine,
                                  check_max_tokens, token_limit)
+from specdec.engine.prefix_cache import PREFIX_CACHE_MODES, PrefixCache
 from specdec.server.app import create_app
 from specdec.server.scheduler import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 
@@ -45,6 +46,11 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
                    help=f"prompt tokens a sequence prefills per step, so running streams keep flowing "
                         f"(default {DEFAULT_PREFILL_CHUNK})")
+    p.add_argument("--prefix-cache", choices=PREFIX_CACHE_MODES, default=None,
+                   help="reuse the KV rows earlier requests left for a prompt that starts the same (a system "
+                        "prompt, a conversation so far): on (default, where the model allows), exact (a warm "
+                        "answer is bitwise the cold one; prompts prefill at decode's numerics, slower), off "
+                        "(docs/server.md)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     # build_engine also reads the sampling flags of `generate`; a server takes sampling per request
     p.set_defaults(func=cmd_serve, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=None)
@@ -67,6 +73,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                          "to serve without one")
     sock = listen(args.host, args.port)  # a busy port or a bad host: said now, not after the model loads
     engine, _server_sampling = build_engine(args)  # the same target + drafters `generate` would run (and checks)
+    prefix = args.prefix_cache or ("on" if engine.cache.holds_prefixes else "off")  # a recurrent model: off
+    engine.prefix = PrefixCache(prefix, engine.cache)  # before any request: the slots hold nothing yet
     name = args.served_model_name or args.model
     app = create_app(engine, name, api_key=args.api_key, default_max_tokens=token_limit(args.max_tokens, engine),
                      max_batch=args.max_batch, max_queue=args.max_queue, request_timeout=args.request_timeout,
@@ -76,7 +84,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
     port = sock.getsockname()[1]  # --port 0: the one the system chose
     print(f"specdec: serving {name} on http://{args.host}:{port}/v1 (speculation: {engine.spec.method}; "
-          f"up to {args.max_batch} sequences per step, {args.max_queue} more may wait)", file=sys.stderr)
+          f"up to {args.max_batch} sequences per step, {args.max_queue} more may wait; prefix cache {prefix})",
+          file=sys.stderr)
     config = uvicorn.Config(app, host=args.host, port=port, log_level=args.log_level,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
     GracefulServer(config, app.state.worker).run(sockets=[sock])

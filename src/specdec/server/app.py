@@ -45,6 +45,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import HTMLResponse, Response
 
 from specdec.engine.engine import Engine
+from specdec.server import logprobs
 from specdec.server.errors import install_error_handlers
 from specdec.server.job_builder import chat_prompt, check_model, completion_prompt, make_job
 from specdec.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -116,8 +117,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
     # -- generation routes ---------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        if body.logprobs is not None:
-            raise APIError(400, "logprobs are not supported by this server", param="logprobs", code="unsupported")
+        want_logprobs = logprobs.completion_request(body.logprobs, body.stream)
         if body.echo:
             raise APIError(400, "echo is not supported by this server", param="echo", code="unsupported")
         if body.best_of not in (None, 1):
@@ -130,13 +130,12 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
         ids = await run_in_threadpool(completion_prompt, tok, body.prompt, engine.model.config.vocab_size,
                                       engine.cache.max_len)
         job = make_job(engine, body, ids, body.max_tokens, "completions", "prompt", default_max_tokens)
+        job.logprobs = want_logprobs
         return await answer(worker, job, body, request, model_name, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        if body.logprobs or body.top_logprobs is not None:
-            param = "logprobs" if body.logprobs else "top_logprobs"
-            raise APIError(400, f"{param} are not supported by this server", param=param, code="unsupported")
+        want_logprobs = logprobs.chat_request(body.logprobs, body.top_logprobs, body.stream)
         check_model(body.model, model_name)
         if body.max_tokens is not None and body.max_completion_tokens is not None \
                 and body.max_tokens != body.max_completion_tokens:
@@ -157,6 +156,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
         ids = await run_in_threadpool(chat_prompt, tok, messages, engine.cache.max_len)
         job = make_job(engine, body, ids, max_tokens, "chat.completions", "messages", default_max_tokens,
                        "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
+        job.logprobs = want_logprobs
         return await answer(worker, job, body, request, model_name, chat=True)
 
     return app

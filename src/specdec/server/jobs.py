@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from specdec.engine.config import SpecConfig
+from specdec.engine.logprobs import TokenLogprob
 from specdec.engine.stats import SpecStats
 from specdec.model.errors import SpecdecError
 from specdec.sampling import SamplingParams
@@ -40,6 +41,8 @@ class Done:
     completion_tokens: int
     stats: SpecStats
     sources: dict | None = None  # as Delta's, for `text`
+    cached_tokens: int = 0  # leading prompt tokens the prefix cache gave (usage.prompt_tokens_details)
+    logprobs: list[TokenLogprob] | None = None  # each answer token's, when the job asked (Job.logprobs)
 
 
 class StepFailed(SpecdecError):
@@ -68,6 +71,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     skip_special: bool = True  # the answer's text leaves special tokens out (skip_special_tokens)
     sources: bool = False  # a stream that asked where each token came from (stream_options.include_sources)
+    logprobs: int | None = None  # None: none asked; n: each token's logprob and its n most likely (not streamed)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)

@@ -30,6 +30,8 @@ class ServerMetrics:
         self.errors = Counter("specdec_request_errors", "Requests answered with an error object, by HTTP status "
                               "and error code", ["status", "code"], registry=r)
         self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prefix_hits = Counter("specdec_prefix_cache_hit_tokens", "Prompt tokens whose KV rows the prefix "
+                                   "cache gave (not prefilled)", registry=r)
         self.completion_tokens = Counter("specdec_completion_tokens", "Tokens generated", registry=r)
         self.drafted = Counter("specdec_spec_drafted_tokens", "Drafted tokens sent to verification", registry=r)
         self.accepted = Counter("specdec_spec_accepted_tokens", "Drafted tokens kept", registry=r)

@@ -21,6 +21,7 @@ from fastapi import Request
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
+from specdec.server import logprobs
 from specdec.server.errors import as_api_error
 from specdec.server.jobs import Delta, Done, Failed, Job
 from specdec.server.metrics import ServerMetrics
@@ -52,7 +53,16 @@ async def _next_event(job: Job, request: Request):
 
 def _usage(done: Done) -> dict:
     return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+
+
+def _logprobs(job: Job, done: Done, tokenizer, chat: bool) -> dict | None:
+    if job.logprobs is None or done.logprobs is None:
+        return None
+    if chat:
+        return logprobs.chat_object(done.logprobs, tokenizer)
+    return logprobs.completion_object(done.logprobs, tokenizer, job.logprobs)
 
 
 async def answer(worker: Scheduler, job: Job, body: GenerationRequest, request: Request, model_name: str,
@@ -91,11 +101,13 @@ async def answer(worker: Scheduler, job: Job, body: GenerationRequest, request: 
     finally:
         if not streaming:
             job.cancel()  # a no-op when the job is done; stops it when this handler ends early
+    tokenizer = worker.engine.model.tokenizer
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": event.text}, "logprobs": None,
-                  "finish_reason": event.finish_reason}
+        choice = {"index": 0, "message": {"role": "assistant", "content": event.text},
+                  "logprobs": _logprobs(job, event, tokenizer, chat), "finish_reason": event.finish_reason}
     else:
-        choice = {"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}
+        choice = {"index": 0, "text": event.text, "logprobs": _logprobs(job, event, tokenizer, chat),
+                  "finish_reason": event.finish_reason}
     return {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": model_name, "choices": [choice], "usage": _usage(event), "spec": event.stats.to_dict()}
 

@@ -215,11 +215,13 @@ class Scheduler:
             return
         self.metrics.queue_wait.observe(time.perf_counter() - job.arrived)
         try:
-            req = self.engine.admit(job.prompt, job.sampling, job.max_tokens, job.stop, job.spec, job.skip_special)
+            req = self.engine.admit(job.prompt, job.sampling, job.max_tokens, job.stop, job.spec, job.skip_special,
+                                    job.logprobs)
         except Exception as exc:
             self.metrics.record_generation(job.endpoint, "error", len(job.prompt), 0, None)
             job.put(Failed(exc))
             return
+        self.metrics.prefix_hits.inc(req.cached_tokens)
         stream = TextStream(self.engine.model.tokenizer, job.stop, job.skip_special, track_tokens=job.sources)
         self._running.append(_Running(job, req, stream))
 
@@ -317,7 +319,8 @@ class Scheduler:
         self._recent_latency = 0.8 * self._recent_latency + 0.2 * (now - job.arrived)
         m.record_generation(job.endpoint, reason, result.prompt_tokens, n, result.stats)
         piece = r.text.finish(result.text, req.output) if job.stream else result.text
-        job.put(Done(piece, reason, result.prompt_tokens, n, result.stats, _sources(r) if piece else None))
+        job.put(Done(piece, reason, result.prompt_tokens, n, result.stats, _sources(r) if piece else None,
+                     cached_tokens=result.cached_tokens, logprobs=result.logprobs))
 
     def _shutdown(self) -> None:
         with self._cv:

@@ -3,7 +3,7 @@
 Fields are strict (a string where an integer belongs is a 400, never coerced; null is the
 field's default, as in OpenAI's API) and unknown fields are ignored, as OpenAI clients send
 fields this server has no use for (user, metadata, ...). Fields we cannot honour with a non-default value (n > 1,
-penalties, logprobs) are rejected by the handlers, not silently dropped; so are the
+penalties, streamed logprobs) are rejected by the handlers, not silently dropped; so are the
 extensions of vLLM, SGLang and llama.cpp's servers that change the answer (ANSWER_CHANGING,
 e.g. guided_json, ignore_eos, continue_final_message), and assistant messages that carry tool_calls.
 response_format and llama.cpp's grammar / json_schema constrain the answer (server/structured.py).
@@ -153,7 +153,7 @@ class GenerationRequest(BaseModel):
 
 class CompletionRequest(GenerationRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
-    logprobs: int | None = None
+    logprobs: int | None = None  # n: each token's logprob and its n most likely (server/logprobs.py)
     echo: bool = False
     best_of: int | None = None  # refused unless 1, as n
     suffix: str | None = None  # refused unless empty
@@ -195,4 +195,4 @@ class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool = False
-    top_logprobs: int | None = None  # refused, as logprobs
+    top_logprobs: int | None = None  # with logprobs: true (server/logprobs.py)
