@@ -5,9 +5,9 @@ token's source, the live numbers and the verdict; then the switch that turns spe
 of each answer is saved as a test artifact: under $SPECDEC_TEST_ARTIFACTS when set (CI uploads that folder),
 else pytest's tmp dir (the path is printed either way).
 
-Where chromium cannot be installed the test skips and says so; under CI=true that skip fails (it is not
-in tests/conftest.py MACHINE_SKIPS): CI's machines run scripts/setup.sh as root, so there a missing
-browser is a missing install step, not a property of the machine.
+Where chromium cannot be installed (no apt-get: not Debian) the test skips and says so, a machine skip
+(tests/conftest.py MACHINE_SKIPS). Where apt-get is there but chromium is not, the skip says to run
+scripts/setup.sh, and under CI=true it fails: there a missing browser is a missing install step.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ N = 40
 def _missing() -> str | None:
     for path in (CHROMIUM, CHROMEDRIVER):
         if not (os.path.exists(path) or shutil.which(os.path.basename(path))):
-            return (f"chromium cannot be installed here: {path} is missing (scripts/setup.sh installs Debian's "
-                    "chromium and chromium-driver with apt-get, as root or with sudo)")
+            if shutil.which("apt-get") is None:
+                return f"this machine has no apt-get, so Debian's chromium cannot be installed: {path} is missing"
+            return (f"{path} is missing: run scripts/setup.sh (as root or with sudo) to install Debian's chromium "
+                    "and chromium-driver")
     try:
         import selenium  # noqa: F401  (a test dependency: pyproject's [test] extra)
     except ImportError:
@@ -165,3 +167,17 @@ def test_a_blank_limit_asks_the_server_s_default_and_the_mark_follows_finish_rea
     assert "".join(text for _, text in page_answer(driver)) == expected.text
     cut = driver.execute_script("return document.querySelectorAll('.msg.assistant .cut').length;")
     assert cut == (1 if expected.finish_reason == "length" else 0)
+
+
+def test_a_missing_browser_is_a_machine_skip_only_where_apt_get_cannot_install_it(monkeypatch, tmp_path):
+    import sys
+
+    module = sys.modules[__name__]
+    monkeypatch.setattr(module, "CHROMIUM", str(tmp_path / "chromium"))  # not there
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "chromium" else real_which(name))
+    with_apt = _missing()
+    monkeypatch.setattr(shutil, "which", lambda name: None if name in ("chromium", "apt-get") else real_which(name))
+    without_apt = _missing()
+    assert without_apt.startswith("this machine has no apt-get")  # tests/conftest.py MACHINE_SKIPS: a machine skip
+    assert with_apt.startswith(str(tmp_path / "chromium")) and "scripts/setup.sh" in with_apt  # a missing step
