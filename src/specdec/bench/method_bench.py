@@ -27,9 +27,13 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
           temperatures=(0.0,), max_tokens: int = 64, repeats: int = 3, draft_n_max: int = DEFAULT_DRAFT_LENGTH,
           draft_lengths=None, ctx_size: int | None = None, warmup: bool = True, seed: int = 0, per_category=None,
           fresh_drafters: bool = True, peers=(), peer_urls=(), peer_model=None, hf_dtype: str = "bf16",
-          progress: bool = True, out_dir=None, url_client=None, api_key: str | None = None) -> dict:
+          progress: bool = True, out_dir=None, url_client=None, api_key: str | None = None, grammar=None) -> dict:
     """Run the whole bench on a loaded target Model; writes the report files when out_dir is given.
-    ctx_size: as --ctx-size (None: not given)."""
+    ctx_size: as --ctx-size (None: not given). grammar: a Grammar compiled for the model (engine.constrain.
+    compile_for) that every specdec request follows, plain and speculative; peers would not, so none is run."""
+    if grammar is not None and (peers or peer_urls):
+        raise ValueError("a grammar constrains specdec's requests only; the peers would answer unconstrained "
+                         "(drop --peers / --peer-url, or the grammar)")
     prompts = load_prompts(prompts_spec, per_category)
     if out_dir is not None:
         check_bench_joins(out_dir, artifact(model))
@@ -56,9 +60,10 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
         "drafter_state": "fresh per run" if fresh_drafters else "kept across runs (drafters learn from earlier ones)",
         "prompt_set": prompts_meta(prompts_spec), "peers": [p.label for p in peer_objs],
         "hf_dtype": hf_dtype if peers else None,
+        "grammar": None if grammar is None else {"kind": grammar.kind, "text": grammar.text},
     }
     results = run_bench(engine, prompts, method_list, list(temperatures), max_tokens, repeats, warmup, peer_objs,
-                        seed, progress, settings)
+                        seed, progress, settings, grammar=grammar)
     results["runtime"] = runtime_info(with_transformers=bool(peers))
     draft_info = None
     if draft_model is not None and any(m.spec.draft_model for m in method_list):

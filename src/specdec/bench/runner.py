@@ -120,8 +120,9 @@ class _Config:
 
 def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_tokens: int = 128,
               repeats: int = 3, warmup: bool = True, peers=(), seed: int = 0, progress: bool = True,
-              settings: dict | None = None, auto_tolerance: float = 0.02) -> dict:
-    """Measure every method (and peer) on every prompt; returns the results.json dict."""
+              settings: dict | None = None, auto_tolerance: float = 0.02, grammar=None) -> dict:
+    """Measure every method (and peer) on every prompt; returns the results.json dict. grammar: a compiled
+    sampling.grammar.Grammar every specdec request follows (the baseline's too), or None."""
     configs = [_Config(m.label, "specdec", m) for m in methods]
     if not configs or configs[0].label != BASELINE:
         raise ValueError("the first method must be the baseline 'none'")
@@ -142,7 +143,7 @@ def run_bench(engine, prompts, methods: list[Method], temperatures=(0.0,), max_t
     texts = {p.id: tok.decode(ids[1:] if tok.add_bos and ids[:1] == [tok.bos_id] else ids) for p, ids in rendered}
 
     def run_one(cfg: _Config, prompt, ids, temperature, n, run_seed) -> RunOutput:
-        sampling = SamplingParams(temperature=temperature, seed=run_seed)
+        sampling = SamplingParams(temperature=temperature, seed=run_seed, grammar=grammar)
         if cfg.kind == "specdec":
             return run_specdec(engine, cfg.method, ids, sampling, n)
         return cfg.peer.generate(ids, texts[prompt.id], temperature, n, run_seed)

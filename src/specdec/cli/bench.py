@@ -30,6 +30,8 @@ from specdec.bench.prompts import load_prompts
 from specdec.bench.provenance import artifact_of, client_runtime
 from specdec.bench.report import load_table, write_load
 from specdec.bench.results_file import check_load_joins
+from specdec.cli.grammar_args import FLAGS as GRAMMAR_FLAGS
+from specdec.cli.grammar_args import add_grammar_args, grammar_from_args
 from specdec.cli.options import add_model_args, add_threads_args, out_dir
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
 from specdec.engine.config import MAX_DRAFT_LENGTH
@@ -146,6 +148,10 @@ def cmd_load(args) -> int:
 
 def cmd_bench(args) -> int:
     check_threads(args.threads)
+    grammar_flags = ["--" + n.replace("_", "-") for n in GRAMMAR_FLAGS if getattr(args, n) is not None]
+    if grammar_flags and (args.concurrency is not None or args.peers or args.peer_url):
+        raise ValueError(f"{grammar_flags[0]} constrains the method bench's specdec requests only, not the "
+                         "server-load mode nor the peers")
     if args.concurrency is not None:  # "" too: it names no level (an error), not "no load test"
         return cmd_load(args)
     # check the settings before spending a minute loading the model
@@ -194,7 +200,8 @@ def cmd_bench(args) -> int:
         model, args.prompts, args.methods, args.draft_model, temperatures(args.temperature), args.max_tokens,
         args.repeats, args.spec_draft_n_max, _ints(args.draft_lengths) if args.draft_lengths else None,
         args.ctx_size, not args.no_warmup, args.seed, args.per_category, not args.keep_drafter_memory, peers,
-        args.peer_url, args.peer_model, args.hf_dtype, not args.no_progress, args.out, api_key=args.api_key)
+        args.peer_url, args.peer_model, args.hf_dtype, not args.no_progress, args.out, api_key=args.api_key,
+        grammar=grammar_from_args(args, model))
     a = results.get("auto")
     if a:
         print(f"auto chose {'+'.join(a['types']) or 'none'}; no slower than plain in every category: "
@@ -223,6 +230,7 @@ def add_parser(sub) -> None:
                         "or a .jsonl file")
     p.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
     p.add_argument("--temperature", "--temp", default="0", help="comma list, e.g. 0,0.7 (0 = greedy)")
+    add_grammar_args(p)  # every specdec request of the method bench follows it (plain and speculative)
     p.add_argument("--max-tokens", "-n", type=int, default=128)
     p.add_argument("--repeats", "-r", type=int, default=3, help="rounds per prompt; medians are taken over them")
     p.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_DRAFT_LENGTH,
