@@ -30,8 +30,8 @@ fi
 echo "--- $(date -u +%FT%TZ) start" >> "$out/train.log"
 nohup nice -n 19 "$py" -m specdec.cli train "$kind" --model "$model" --name "$model" --prompts "$prompts" \
     --out "$out" --resume --generate "${GENERATE:-2048}" --gen-tokens "${GEN_TOKENS:-256}" --seq-len 384 \
-    --corpus-seqs "${CORPUS_SEQS:-256}" --val "${VAL:-64}" --steps "${STEPS:-4000}" --batch "${BATCH:-8}" \
-    --lr 5e-4 --draft-vocab 4096 --save-every "${SAVE_EVERY:-50}" --threads "${THREADS:-1}" --device cpu \
+    --corpus-seqs "${CORPUS_SEQS:-256}" --val "${VAL:-64}" --steps "${STEPS:-1000}" --batch "${BATCH:-4}" \
+    --lr 5e-4 --draft-vocab 4096 --save-every "${SAVE_EVERY:-25}" --threads "${THREADS:-1}" --device cpu \
     >> "$out/train.log" 2>&1 < /dev/null &
 echo $! > "$out/pid"
 echo "started (pid $!); log: $out/train.log"
