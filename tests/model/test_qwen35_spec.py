@@ -18,6 +18,7 @@ from helpers.drafts import Biased, likely_bias, random_mtp_head
 from helpers.qwen35 import FIXTURE, mtp_reference
 from helpers.spec import spec_for_model
 from helpers.tree_law import exact_law
+from specdec.bench.memory import KV_VALUE_BYTES
 from specdec.cli.inspect import inspect_model
 from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.hidden import HiddenStateDrafter
@@ -126,6 +127,11 @@ def test_draft_mtp_lights_up_by_itself_and_drafts(path, fmt):
     assert "draft-mtp" in [d.kind for d in spec.drafters]
     report = inspect_model(str(path))
     assert report["runnable"] and report["mtp"]["weights_present"] and "draft-mtp" in report["auto"]["types"]
+    # memory: keys and values in the one full-attention layer; 8 + 1 states of the 3 linear layers a sequence
+    memory, cache = report["memory"], model.transformer.new_cache(64)
+    assert memory["kv_bytes_per_1k_tokens"] == 1024 * 2 * 1 * 16 * KV_VALUE_BYTES[memory["kv_cache"]]
+    assert memory["recurrent_bytes_per_sequence"] == (cache.history + 1) * cache.state_bytes() == 9 * 3 * 4 * (
+        3 * 64 + 4 * 8 * 8)
     engine = Engine(model, SpecConfig(drafters=("draft-mtp",)), max_len=128)
     r = engine.generate(PROMPTS[0], SamplingParams(), max_tokens=12)
     assert r.stats.drafted > 0 and r.token_ids == plain(model, PROMPTS[0], 12)

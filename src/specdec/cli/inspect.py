@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from specdec.bench.memory import default_kv_cache, estimate_weight_bytes, gguf_tensor_bytes, kv_bytes_per_token
+from specdec.cache.recurrent import HISTORY
 from specdec.drafters import registry
 from specdec.drafters.describe import describe_drafter
 from specdec.drafters.mtp import shipped_head_for
@@ -81,6 +82,8 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
             "kv_cache": default_kv_cache(target_weights),
             "kv_bytes_per_1k_tokens": kv_bytes_per_token(c, default_kv_cache(target_weights)) * 1024,
         }
+        if c.linear_attention is not None:  # a hybrid keeps the states of a sequence's last lengths (rollback)
+            report["memory"]["recurrent_bytes_per_sequence"] = (HISTORY + 1) * c.recurrent_state_bytes()
 
     drafter = None
     if draft is not None:
@@ -192,6 +195,9 @@ def format_report(r: dict) -> str:
         lines.append(f"memory        weights: {w}; loaded as {m['weights_format']}")
         lines.append(f"              KV cache: {_mb(m['kv_bytes_per_1k_tokens'])} per 1k tokens ({m['kv_cache']}, "
                      "the CPU default)")
+        if "recurrent_bytes_per_sequence" in m:
+            lines.append(f"              recurrent state: {_mb(m['recurrent_bytes_per_sequence'])} per sequence (the "
+                         f"states of its last {HISTORY} lengths, for rollback)")
         if "drafter_bytes" in m:
             lines.append(f"              drafter: {_mb(m['drafter_bytes'])} weights ({m['drafter_weights_format']}) + "
                          f"{_mb(m['drafter_kv_bytes_per_1k_tokens'])} KV per 1k tokens")

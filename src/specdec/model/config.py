@@ -155,7 +155,14 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
-        return 2 * self.num_layers * self.kv_size * bytes_per_value
+        """Keys and values of one position, in the full-attention layers (a hybrid's linear layers keep none)."""
+        full = self.num_layers - (len(self.linear_attention.layers) if self.linear_attention is not None else 0)
+        return 2 * full * self.kv_size * bytes_per_value
+
+    def recurrent_state_bytes(self) -> int:
+        """One float32 state of every linear-attention layer (convolution window and delta-rule state); 0 if none."""
+        la = self.linear_attention
+        return 0 if la is None else 4 * len(la.layers) * ((la.conv_kernel - 1) * la.conv_dim + la.state_numel)
 
 
 def linear_rope_factors(head_dim: int, factor: float) -> tuple[float, ...]:
