@@ -187,3 +187,34 @@ def test_the_clock_prices_own_steps_then_recent_ones_near_the_context_then_the_f
     assert stats.plain_steps == OWN_MIN and stats.drafted_step_s == pytest.approx(0.050)
     clock.settle(stats, 0.2, 50, 100)
     assert stats.plain_estimate_s == pytest.approx(0.4) and stats.decode_s == 0.2
+
+
+def test_the_forward_is_measured_only_when_no_plain_step_prices_a_request():
+    calls = []
+
+    def measure():
+        calls.append(1)
+        return [0.0, 0.004]
+
+    clock = StepClock()
+    stats = SpecStats(method="suffix")
+    clock.settle(stats, 0.1, 0, 100, measure)  # nothing decoded: nothing to price
+    clock.settle(SpecStats(method="none"), 0.1, 10, 100, measure)  # plain: its own steps or nothing
+    assert not calls and stats.plain_estimate_s is None
+    clock.settle(stats, 0.1, 10, 100, measure)
+    assert calls == [1] and stats.plain_estimate_s == pytest.approx(0.04) and stats.estimate_from == "forward_cost"
+    clock.step(SpecStats(), 0, 0.006, 0.0, 100, alone=True)
+    clock.settle(stats, 0.1, 10, 100, measure)
+    assert calls == [1] and stats.estimate_from == "recent_plain_steps"  # a measured plain step beats the forward
+
+
+def test_a_request_that_drafted_at_every_step_is_priced_by_the_measured_forward(tiny_model, plain):
+    ids = plain.token_ids
+    stop = tiny_model.tokenizer.decode(ids[:3])  # found once the third token is out: in the first, drafted, step
+    engine = Engine(tiny_model, SpecConfig(drafters=("suffix",)), max_len=64,
+                    drafter_factory=lambda d, spec: Scripted("right", ids, lambda done: True, 3))
+    out = engine.generate(PROMPT, SamplingParams(), max_tokens=N, stop=[stop])
+    assert out.finish_reason == "stop" and out.stats.decode_steps == out.stats.steps == 1
+    assert out.stats.plain_steps == 0 and out.stats.estimate_from == "forward_cost"
+    assert out.stats.plain_estimate_s == pytest.approx(out.stats.decode_tokens * engine.forward_cost(1)[1])
+    assert out.stats.verdict().reason != "unmeasured"

@@ -234,7 +234,7 @@ class Engine:
             req.slot = -1
             context = len(req.prompt) + len(req.output) // 2  # the mean context of its decode steps
             self.clock.settle(req.stats, req.decode_s, max(len(req.output) - 1 + req.ended_on_eos, 0), context,
-                              self._forward_cost)
+                              lambda: self.forward_cost(1))  # measured only where nothing else prices a step
             try:
                 for d in req.drafters:
                     d.end(req.output)

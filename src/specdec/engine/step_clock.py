@@ -11,13 +11,14 @@ shared by every sequence in it.
 
     clock = StepClock()
     clock.step(req.stats, drafted=0, seconds=0.006, draft_s=0.0001, context=300, alone=True)   # each decode step
-    clock.settle(req.stats, decode_s, decode_tokens, context, forward_cost=None)                 # at the end
+    clock.settle(req.stats, decode_s, decode_tokens, context, measure=lambda: engine.forward_cost(1))  # at the end
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 
 from specdec.engine.stats import SpecStats
 
@@ -62,13 +63,17 @@ class StepClock:
         return None
 
     def settle(self, stats: SpecStats, decode_s: float, decode_tokens: int, context: int,
-               forward_cost: list[float] | None = None) -> None:
+               measure: Callable[[], list[float]] | None = None) -> None:
         """Write a finished request's decode time and its plain estimate into `stats`: decode_tokens
         (the tokens after the first, an EOS that ended it included: one plain step each) times a plain
-        step at `context` (its mean context while decoding)."""
+        step at `context` (its mean context while decoding). measure() -> the forward cost (cost.py's):
+        called only for a speculative request that decoded and that no plain step prices (every step of it
+        drafted, on an engine that saw no plain step yet: an answer a stop string or EOS ended early)."""
         stats.decode_s = decode_s
         stats.decode_tokens = decode_tokens
-        priced = self.plain_step(stats, context, forward_cost)
+        priced = self.plain_step(stats, context, None)
+        if priced is None and measure is not None and decode_tokens > 0 and stats.configured:
+            priced = self.plain_step(stats, context, measure())
         if priced is None:
             stats.plain_estimate_s, stats.estimate_from = None, None
         else:
