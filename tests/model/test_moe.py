@@ -17,7 +17,8 @@ import torch
 
 from helpers.distribution import law_gap
 from helpers.drafts import looping_prompt
-from helpers.moe import FAMILIES, FIXTURE, fixture_folder, reference, transformers_folder
+from helpers.moe import (FAMILIES, FIXTURE, NO_TREE, convert_to_gguf, fixture_folder, llama_cpp_tree, reference,
+                         transformers_folder)
 from helpers.tree_law import exact_law
 from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.registry import DrafterSpec
@@ -146,6 +147,23 @@ def test_the_gguf_format_tracks_transformers_on_llama_cpps_file(family, pair):
     assert (theirs.max(-1).values - picked).max() < 0.02, "a prefill argmax that is no near tie differs"
     ours, theirs_greedy = greedy_pair(model, ref)
     assert ours == theirs_greedy
+
+
+@pytest.mark.parametrize("name", [*FAMILIES, "glm4_moe_mtp"])
+def test_llama_cpps_converter_writes_what_the_fixture_holds(name, tmp_path):
+    """The committed file is what this llama.cpp's converter writes today from the folder transformers writes
+    again (tensor names, shapes, bytes, metadata keys)."""
+    from gguf import GGUFReader
+
+    tree = llama_cpp_tree()
+    if tree is None:
+        pytest.skip(f"{NO_TREE} (set LLAMA_CPP_DIR to its source tree, or LLAMA_CPP_BIN to its build/bin)")
+    fresh = GGUFReader(convert_to_gguf(fixture_folder(tmp_path / "hf", name), tmp_path / "f16.gguf", tree=tree))
+    kept = GGUFReader(FIXTURE / f"{name}.gguf")
+    assert [(t.name, t.shape.tolist()) for t in fresh.tensors] == [(t.name, t.shape.tolist()) for t in kept.tensors]
+    assert all((a.data == b.data).all() for a, b in zip(fresh.tensors, kept.tensors))
+    skip = ("general.", "tokenizer.ggml.")
+    assert {k for k in fresh.fields if not k.startswith(skip)} == {k for k in kept.fields if not k.startswith(skip)}
 
 
 # -- routing is row-invariant -------------------------------------------------------------------------------
