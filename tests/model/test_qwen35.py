@@ -104,6 +104,7 @@ def test_the_value_head_order_is_what_made_the_gguf_agree():
     assert (logits(model) - reference_logits(HF)).abs().max() > 1e-2
 
 
+@pytest.mark.slow  # ~20 s: llama.cpp's converter on the fixture folder
 def test_llama_cpp_converter_writes_what_the_fixture_holds(tmp_path):
     """The fixture's GGUF is what this llama.cpp's converter writes today (names, shapes, metadata)."""
     tree = llama_cpp_tree()
