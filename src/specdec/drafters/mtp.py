@@ -194,16 +194,6 @@ class MTPHead(HiddenHead):
                                           _shape_checked(get))
 
 
-def _shape_checked(get):
-    """get(name) -> get(name, shape): float32, its shape checked (build_moe's getter)."""
-    def checked(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        t = get(name).float()
-        if shape is not None and tuple(t.shape) != tuple(shape):
-            raise MTPError(f"MTP tensor {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
-        return t
-
-    return checked
-
     def deepseek_tensors(self) -> dict[str, torch.Tensor]:
         """This head's weights under DeepSeek-V3 names (model.layers.{N+k}.*), as save_mtp_head writes."""
         out = {}
@@ -217,6 +207,17 @@ def _shape_checked(get):
                     name = "shared_head.norm.weight"
                 out[p + name] = t.detach().float().contiguous()
         return out
+
+
+def _shape_checked(get):
+    """get(name) -> get(name, shape): float32, its shape checked (build_moe's getter)."""
+    def checked(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        t = get(name).float()
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise MTPError(f"MTP tensor {name} has shape {tuple(t.shape)}, expected {tuple(shape)}")
+        return t
+
+    return checked
 
 
 def checkpoint_getter(source):
