@@ -107,8 +107,8 @@ CASES = [
     ("tools", "/v1/chat/completions",
      {"messages": CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, 400,
      "unsupported", "tools"),
-    ("tool_choice required", "/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}, 400,
-     "unsupported", "tool_choice"),
+    ("tool_choice without tools", "/v1/chat/completions", {"messages": CHAT, "tool_choice": "required"}, 400,
+     "invalid_value", "tool_choice"),
     ("unknown response format", "/v1/chat/completions", {"messages": CHAT, "response_format": {"type": "yaml"}},
      400, "invalid_value", "response_format"),
     ("unsatisfiable schema", "/v1/chat/completions", {"messages": CHAT, "response_format": {

@@ -60,8 +60,10 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render messages with the model's own Jinja template (sandboxed)."""
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """Render messages with the model's own Jinja template (sandboxed); tools: OpenAI's function tools, which
+        a template that knows them writes into the prompt (None: the template's own answer without tools)."""
         if not self.chat_template:
             raise ValueError("this model has no chat template; use a plain prompt instead of --chat")
         env = template_environment()
@@ -70,7 +72,7 @@ class Tokenizer:
         try:
             template = env.from_string(self.chat_template)
             return template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos,
-                                   eos_token=eos)
+                                   eos_token=eos, **({"tools": tools} if tools else {}))
         except ValueError:  # the template's own raise_exception: its message says what is wrong
             raise
         except Exception as exc:  # the template is the model's code: any failure of it (a syntax error,

@@ -48,6 +48,8 @@ from specdec.engine.engine import Engine
 from specdec.server import logprobs
 from specdec.server.errors import install_error_handlers
 from specdec.server.job_builder import chat_prompt, check_model, completion_prompt, make_job
+from specdec.server.tools import OPEN as OPEN_CALL
+from specdec.server.tools import check_tools, template_messages
 from specdec.server.metrics import CONTENT_TYPE, ServerMetrics
 from specdec.server.middleware import APIKeyMiddleware, BodyLimit
 from specdec.server.responses import answer
@@ -142,18 +144,21 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
             raise APIError(400, "max_tokens and max_completion_tokens differ; send one of them",
                            param="max_completion_tokens", code="invalid_value")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        check_tools(body.tools, body.tool_choice, tok.chat_template, body.stream)
         for i, m in enumerate(body.messages):
-            if m.tool_calls or m.function_call:
-                field = "tool_calls" if m.tool_calls else "function_call"
-                raise APIError(400, f"messages[{i}] carries {field}, which this server cannot put in the prompt "
-                               "(it serves no tools)", param=f"messages.{i}.{field}", code="unsupported")
+            if m.function_call or (m.tool_calls and OPEN_CALL not in (tok.chat_template or "")):
+                field = "function_call" if m.function_call else "tool_calls"
+                raise APIError(400, f"messages[{i}] carries {field}, which this server cannot put in this model's "
+                               "prompt (use tool_calls, with a model whose template writes them)",
+                               param=f"messages.{i}.{field}", code="unsupported")
             if m.prefix or m.partial:
                 field = "prefix" if m.prefix else "partial"
                 raise APIError(400, f"messages[{i}] asks for its text to be continued ({field}: true), which this "
                                "server does not do: its chat template closes every message",
                                param=f"messages.{i}.{field}", code="unsupported")
-        messages = [m.as_template_dict() for m in body.messages]
-        ids = await run_in_threadpool(chat_prompt, tok, messages, engine.cache.max_len)
+        messages = template_messages(body.messages)  # assistant tool_calls and tool results too (server/tools.py)
+        tools = body.tools if body.tool_choice != "none" else None
+        ids = await run_in_threadpool(chat_prompt, tok, messages, engine.cache.max_len, tools)
         job = make_job(engine, body, ids, max_tokens, "chat.completions", "messages", default_max_tokens,
                        "max_tokens" if body.max_completion_tokens is None else "max_completion_tokens")
         job.logprobs = want_logprobs

@@ -38,9 +38,9 @@ def completion_prompt(tok, prompt, vocab_size: int, context: int) -> list[int]:
     return list(prompt)
 
 
-def chat_prompt(tok, messages: list[dict], context: int) -> list[int]:
+def chat_prompt(tok, messages: list[dict], context: int, tools: list[dict] | None = None) -> list[int]:
     try:
-        text = tok.apply_chat_template(messages)
+        text = tok.apply_chat_template(messages, tools=tools)
     except ValueError as exc:  # any failure of the template (model/tokenizer.py)
         raise APIError(400, f"the chat template rejected these messages: {exc}", param="messages",
                        code="invalid_value") from None
@@ -74,8 +74,9 @@ def make_job(engine: Engine, body: GenerationRequest, prompt: list[int], max_tok
     for name in ("frequency_penalty", "presence_penalty"):
         if getattr(body, name):
             raise APIError(400, f"{name} is not supported by this server (send 0)", param=name, code="unsupported")
-    unsupported = {"logit_bias": bool(body.logit_bias), "tools": bool(body.tools),
-                   "tool_choice": body.tool_choice not in (None, "none", "auto")}
+    chat = endpoint == "chat.completions"  # tools are the chat endpoint's (server/tools.py)
+    unsupported = {"logit_bias": bool(body.logit_bias), "tools": bool(body.tools) and not chat,
+                   "tool_choice": body.tool_choice not in (None, "none", "auto") and not chat}
     for name, used in unsupported.items():
         if used:
             raise APIError(400, f"{name} is not supported by this server; send the request without it", param=name,

@@ -25,6 +25,7 @@ from specdec.server import logprobs
 from specdec.server.errors import as_api_error
 from specdec.server.jobs import Delta, Done, Failed, Job
 from specdec.server.metrics import ServerMetrics
+from specdec.server.tools import parse_calls
 from specdec.server.scheduler import QueueFull, Scheduler, ServerStopping
 from specdec.server.schemas import APIError, GenerationRequest
 
@@ -105,6 +106,11 @@ async def answer(worker: Scheduler, job: Job, body: GenerationRequest, request: 
     if chat:
         choice = {"index": 0, "message": {"role": "assistant", "content": event.text},
                   "logprobs": _logprobs(job, event, tokenizer, chat), "finish_reason": event.finish_reason}
+        if body.tools and body.tool_choice != "none":  # the answer's <tool_call> blocks as OpenAI's tool_calls
+            content, calls = parse_calls(event.text)
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+                choice["finish_reason"] = "tool_calls" if event.finish_reason == "stop" else event.finish_reason
     else:
         choice = {"index": 0, "text": event.text, "logprobs": _logprobs(job, event, tokenizer, chat),
                   "finish_reason": event.finish_reason}

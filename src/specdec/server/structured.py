@@ -20,6 +20,7 @@ import json
 from specdec.engine.constrain import compile_for
 from specdec.sampling.grammar import Grammar
 from specdec.server.schemas import APIError, GenerationRequest
+from specdec.server.tools import call_grammar
 
 FORMATS = ("text", "json_object", "json_schema")
 
@@ -31,6 +32,7 @@ def request_grammar(model, body: GenerationRequest) -> Grammar | None:
         ("response_format", _response_format(body.response_format)),
         ("json_schema", _schema_field(extra.get("json_schema"))),
         ("grammar", _grammar_field(extra.get("grammar"))),
+        ("tool_choice", _tool_call(body)),  # "required" or a named function: one call, its arguments' schema
     ) if kind is not None]
     if not asked:
         return None
@@ -43,6 +45,11 @@ def request_grammar(model, body: GenerationRequest) -> Grammar | None:
         return compile_for(model, kind, text)
     except ValueError as exc:  # a schema no value satisfies, a grammar that does not parse (one sentence)
         raise APIError(400, f"{name}: {exc}", param=name, code="invalid_value") from None
+
+
+def _tool_call(body) -> tuple[str | None, str | None]:
+    call = call_grammar(body.tools, body.tool_choice)
+    return (None, None) if call is None else ("gbnf", call)  # a Lark grammar: the gbnf kind reads Lark too
 
 
 def _response_format(value) -> tuple[str | None, str | None]:
