@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from server.conftest import _serve
-from specdec.server.tools import call_grammar, parse_calls
+from specdec.server.tools import CallStream, call_grammar, parse_calls
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -31,6 +31,19 @@ def test_calls_are_parsed_back_and_other_text_kept():
     assert call_grammar([WEATHER], "auto") is None and call_grammar([WEATHER], "none") is None
     named = call_grammar([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}})
     assert "get_time" in named and "get_weather" not in named
+
+
+def test_a_stream_sends_the_text_before_a_call_and_the_call_at_the_end():
+    stream = CallStream()
+    sent = [stream.feed(piece) for piece in ("Sure <", "tool", '_call>\n{"name": "get_time", ', '"arguments": {}}',
+                                              "\n</tool_call>")]
+    assert sent == ["Sure ", "", "", "", ""]
+    assert stream.finish() == ("", [{"id": "call_0", "type": "function",
+                                     "function": {"name": "get_time", "arguments": "{}"}}])
+    stream = CallStream()
+    assert stream.feed("a <") == "a " and stream.feed("b") == "<b" and stream.finish() == ("", [])
+    stream = CallStream()
+    assert stream.feed("x <tool") == "x " and stream.finish() == ("<tool", [])  # held, then given back
 
 
 @pytest.mark.parametrize("body, param, message", [
@@ -80,3 +93,12 @@ def test_a_two_turn_tool_round_trip(qwen_server):
     answer = second.choices[0]
     assert answer.finish_reason in ("stop", "length") and not answer.message.tool_calls
     assert "18" in answer.message.content  # the tool's result reached the prompt
+    # streamed: the same call, as tool_calls deltas, and finish_reason tool_calls
+    chunks = list(client.chat.completions.create(model="qwen", messages=messages[:1], tools=[WEATHER, TIME],
+                                                 tool_choice="required", temperature=0, max_tokens=40, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    streamed = [t for d in deltas for t in (d.tool_calls or [])]
+    assert [(t.function.name, t.function.arguments) for t in streamed] == [(call.function.name,
+                                                                            call.function.arguments)]
+    assert "".join(d.content or "" for d in deltas) == ""
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -144,7 +144,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
             raise APIError(400, "max_tokens and max_completion_tokens differ; send one of them",
                            param="max_completion_tokens", code="invalid_value")
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        check_tools(body.tools, body.tool_choice, tok.chat_template, body.stream)
+        check_tools(body.tools, body.tool_choice, tok.chat_template)
         for i, m in enumerate(body.messages):
             if m.function_call or (m.tool_calls and OPEN_CALL not in (tok.chat_template or "")):
                 field = "function_call" if m.function_call else "tool_calls"

@@ -25,7 +25,7 @@ from specdec.server import logprobs
 from specdec.server.errors import as_api_error
 from specdec.server.jobs import Delta, Done, Failed, Job
 from specdec.server.metrics import ServerMetrics
-from specdec.server.tools import parse_calls
+from specdec.server.tools import CallStream, parse_calls
 from specdec.server.scheduler import QueueFull, Scheduler, ServerStopping
 from specdec.server.schemas import APIError, GenerationRequest
 
@@ -89,7 +89,8 @@ async def answer(worker: Scheduler, job: Job, body: GenerationRequest, request: 
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             streaming = True
             return StreamingResponse(
-                _sse(job, event, rid, created, model_name, chat, include_usage, request.app.state.metrics),
+                _sse(job, event, rid, created, model_name, chat, include_usage, request.app.state.metrics,
+                     chat and bool(body.tools) and body.tool_choice != "none"),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 background=BackgroundTask(job.cancel))  # also when the stream never started
@@ -119,15 +120,20 @@ async def answer(worker: Scheduler, job: Job, body: GenerationRequest, request: 
 
 
 async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: bool, include_usage: bool,
-               metrics: ServerMetrics):
-    """OpenAI's SSE stream: `data: {chunk}` lines, then `data: [DONE]`. The job is cancelled if this stops early."""
+               metrics: ServerMetrics, tools: bool = False):
+    """OpenAI's SSE stream: `data: {chunk}` lines, then `data: [DONE]`. The job is cancelled if this stops early.
+    tools: the answer's <tool_call> blocks go out as tool_calls deltas at its end (server/tools.py)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
+    calls = CallStream() if tools else None
 
-    def chunk(text: str | None, finish_reason: str | None = None, role: bool = False, **extra) -> str:
+    def chunk(text: str | None, finish_reason: str | None = None, role: bool = False, tool_calls=None,
+              **extra) -> str:
         if chat:
             delta = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_calls is not None:
+                delta["tool_calls"] = tool_calls
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
@@ -140,10 +146,21 @@ async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: b
         event = first
         while True:
             if isinstance(event, (Delta, Done)) and event.text:
-                yield chunk(event.text, **({"specdec": event.sources} if event.sources else {}))
+                if calls is None:
+                    yield chunk(event.text, **({"specdec": event.sources} if event.sources else {}))
+                elif text := calls.feed(event.text):  # a tool call's text is held for the end
+                    yield chunk(text)
             if isinstance(event, Done):
                 spec = event.stats.to_dict()
-                yield chunk(None, event.finish_reason, spec=spec)
+                finish = event.finish_reason
+                if calls is not None:
+                    rest, found = calls.finish()
+                    if rest:
+                        yield chunk(rest)
+                    for i, call in enumerate(found):
+                        yield chunk(None, tool_calls=[{"index": i, **call}])
+                    finish = "tool_calls" if found and finish == "stop" else finish
+                yield chunk(None, finish, spec=spec)
                 if include_usage:  # OpenAI's usage-only chunk, the one place a stream carries usage
                     yield _data({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [],
                                  "usage": _usage(event), "spec": spec})

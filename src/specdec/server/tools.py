@@ -9,7 +9,8 @@
 tool_choice "none" renders no tools and leaves the answer free; "auto" renders them and the model decides
 (its calls are parsed back); "required" and {"type": "function", "function": {"name": ...}} constrain the
 answer to one call of the allowed functions, its arguments following the function's parameters schema.
-Streaming with tools is refused (the calls are parsed from the whole answer).
+Streamed, the text before the first <tool_call> goes out as it comes (CallStream holds back only what could
+be the start of one), and the calls go out as tool_calls deltas when the answer ends.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def check_tools(tools, tool_choice, chat_template: str | None, stream: bool) -> None:
-    """400 for malformed tools, a tool_choice naming no given function, a template without tool calls, a stream."""
+def check_tools(tools, tool_choice, chat_template: str | None) -> None:
+    """400 for malformed tools, a tool_choice naming no given function, a template without tool calls."""
     if tool_choice not in (None, "none", "auto", "required") and not (
             isinstance(tool_choice, dict) and tool_choice.get("type") == "function"
             and isinstance((tool_choice.get("function") or {}).get("name"), str)):
@@ -48,9 +49,6 @@ def check_tools(tools, tool_choice, chat_template: str | None, stream: bool) -> 
     if tool_choice != "none" and (not chat_template or OPEN not in chat_template):
         raise APIError(400, "this model's chat template writes no <tool_call> blocks, so the server cannot "
                        "render tools for it or read its calls back", param="tools", code="unsupported")
-    if stream and tool_choice != "none":
-        raise APIError(400, "tools are answered whole, not streamed: send stream false", param="stream",
-                       code="unsupported")
 
 
 def names(tools) -> list[str]:
@@ -109,3 +107,29 @@ def parse_calls(text: str) -> tuple[str | None, list[dict]]:
     kept.append(text[last:])
     content = "".join(kept).strip()
     return content or None, calls
+
+
+class CallStream:
+    """A streamed answer split into the text to send now and the calls to send at the end.
+
+    feed(delta) -> the text that can go out now (none of a <tool_call> block, nor a tail that may start one);
+    finish() -> (the rest of the text outside calls, the calls as parse_calls gives them)."""
+
+    def __init__(self):
+        self.sent = 0  # characters of self.text already given out
+        self.text = ""
+
+    def feed(self, delta: str) -> str:
+        self.text += delta
+        start = self.text.find(OPEN, self.sent)
+        if start < 0:  # hold back the longest tail that is a prefix of OPEN
+            start = len(self.text) - next((k for k in range(min(len(OPEN) - 1, len(self.text)), 0, -1)
+                                           if self.text.endswith(OPEN[:k])), 0)
+        out, self.sent = self.text[self.sent:start], max(self.sent, start)
+        return out
+
+    def finish(self) -> tuple[str, list[dict]]:
+        content, calls = parse_calls(self.text[self.sent:])
+        if not calls:  # no call after all: the held text is the answer's
+            return self.text[self.sent:], []
+        return content or "", calls
