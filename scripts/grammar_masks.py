@@ -36,7 +36,8 @@ def xgrammar_us(tokens, vocab_size: int, eos, ids) -> str:
     except ImportError:
         return "not installed"
     info = xgr.TokenizerInfo(list(tokens), vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=eos)
-    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(info).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False))
+    compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(SCHEMA), any_whitespace=False)
+    matcher = xgr.GrammarMatcher(compiled)
     bitmask, times = xgr.allocate_token_bitmask(1, vocab_size), []
     for t in ids:
         start = time.perf_counter()

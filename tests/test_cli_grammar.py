@@ -33,7 +33,8 @@ def test_generate_follows_a_json_schema_and_a_grammar_file(capsys, tmp_path, tin
     answer = json.loads(out)
     assert rc == 0 and json.loads(answer["text"])["tag"] in ("red", "blue")
     grammar = compile_for(tiny_model, "json_schema", json.dumps(SCHEMA))
-    plain = Engine(tiny_model, max_len=128).generate(tiny_model.tokenizer.encode("hello"), SamplingParams(grammar=grammar), 32)
+    plain = Engine(tiny_model, max_len=128).generate(tiny_model.tokenizer.encode("hello"),
+                                                     SamplingParams(grammar=grammar), 32)
     assert answer["text"] == plain.text
     assert answer["spec"]["by_drafter"]["grammar"]["accepted"] > 0
     (tmp_path / "g.gbnf").write_text('root ::= ("yes" | "no") "!"\n')

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 import specdec.cli  # noqa: F401 (first: specdec.bench.method_bench and specdec.cli import each other)
@@ -39,10 +40,23 @@ def test_every_run_follows_the_grammar_and_speculation_matches_plain(tiny_model,
     assert row["greedy_identical"]["identical"] == row["greedy_identical"]["compared"] > 0
 
 
-def test_a_grammar_with_peers_is_refused(tiny_model, short_prompts):
+def test_a_url_peer_gets_the_grammar_and_hugging_face_peers_are_refused(tiny_model, short_prompts):
     from specdec.bench.method_bench import bench
 
-    grammar = compile_for(tiny_model, "gbnf", 'root ::= "a"')
-    with pytest.raises(ValueError, match="a grammar constrains specdec's requests only"):
-        bench(tiny_model, str(short_prompts), "none", peer_urls=["http://localhost:9999"], grammar=grammar,
-              progress=False, warmup=False, ctx_size=256)
+    seen = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, json={"choices": [{"text": "a"}], "usage": {"completion_tokens": 1}})
+
+    client = httpx.Client(transport=httpx.MockTransport(handle))
+    for kind, text, field in (("gbnf", 'root ::= "a"', {"grammar": 'root ::= "a"'}),
+                              ("json_schema", json.dumps(SCHEMA), {"json_schema": SCHEMA})):
+        seen.clear()
+        bench(tiny_model, str(short_prompts), "none", max_tokens=4, repeats=1, warmup=False, ctx_size=256,
+              peer_urls=["http://localhost:9999"], url_client=client, progress=False,
+              grammar=compile_for(tiny_model, kind, text))
+        assert seen and all(body.items() >= field.items() for body in seen)  # llama-server's own fields
+    with pytest.raises(ValueError, match="the Hugging Face peers .--peers. would answer unconstrained"):
+        bench(tiny_model, str(short_prompts), "none", peers=["hf-plain"], progress=False, warmup=False,
+              ctx_size=256, grammar=compile_for(tiny_model, "json_object", ""))

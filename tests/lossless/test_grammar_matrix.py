@@ -109,7 +109,8 @@ def engine_for(model, row: Row, grammar_drafts: bool) -> Engine:
 @pytest.fixture(scope="module")
 def draft_folders(tmp_path_factory):
     folder = tmp_path_factory.mktemp("grammar-drafts")
-    return {"perturbed": perturbed_hf_model(folder / "perturbed"), "permuted": permuted_vocab_model(folder / "permuted")}
+    return {"perturbed": perturbed_hf_model(folder / "perturbed"),
+            "permuted": permuted_vocab_model(folder / "permuted")}
 
 
 # -- greedy ---------------------------------------------------------------------------------------------

@@ -30,10 +30,11 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
           progress: bool = True, out_dir=None, url_client=None, api_key: str | None = None, grammar=None) -> dict:
     """Run the whole bench on a loaded target Model; writes the report files when out_dir is given.
     ctx_size: as --ctx-size (None: not given). grammar: a Grammar compiled for the model (engine.constrain.
-    compile_for) that every specdec request follows, plain and speculative; peers would not, so none is run."""
-    if grammar is not None and (peers or peer_urls):
-        raise ValueError("a grammar constrains specdec's requests only; the peers would answer unconstrained "
-                         "(drop --peers / --peer-url, or the grammar)")
+    compile_for) that every specdec request follows, plain and speculative, and every --peer-url server (in
+    llama-server's json_schema / grammar fields); the Hugging Face peers cannot, so they are refused with one."""
+    if grammar is not None and peers:
+        raise ValueError("a grammar constrains specdec's and the --peer-url servers' requests; the Hugging Face "
+                         "peers (--peers) would answer unconstrained: drop them or the grammar")
     prompts = load_prompts(prompts_spec, per_category)
     if out_dir is not None:
         check_bench_joins(out_dir, artifact(model))
@@ -54,6 +55,8 @@ def bench(model, prompts_spec: str = "quick", methods: str = DEFAULT_METHODS, dr
             peer_objs.append(HFPeer(name, hf, model.tokenizer.eos_ids, draft_n_max))
     for url in peer_urls:
         peer_objs.append(URLPeer(url, peer_model, client=url_client, api_key=api_key))
+        if grammar is not None:
+            peer_objs[-1].constrain(grammar)
     settings = {
         "methods": methods, "draft_n_max": draft_n_max, "draft_lengths": list(draft_lengths or []),
         "ctx_size": engine.cache.max_len, "weights": model.info.weights_dtype,  # the context used

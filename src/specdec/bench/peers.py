@@ -15,6 +15,7 @@ peers are "engaged: unknown". An endpoint's draft counters are read when it repo
 from __future__ import annotations
 
 import importlib
+import json
 import time
 from pathlib import Path
 
@@ -208,6 +209,16 @@ class URLPeer:
         self.client = client or httpx.Client(timeout=timeout)
         self.label = label or f"url:{httpx.URL(base).host}:{httpx.URL(base).port or ''}".rstrip(":")
         self.baseline = "none"
+        self.constraint: dict = {}  # llama-server's json_schema or grammar field, sent with every prompt
+
+    def constrain(self, grammar) -> None:
+        """Send every prompt under `grammar` (a sampling.grammar.Grammar) in llama-server's own fields, which
+        specdec serve reads too: json_schema (a JSON object for json_object) or grammar (GBNF)."""
+        if grammar.kind == "gbnf":
+            self.constraint = {"grammar": grammar.text}
+        else:
+            self.constraint = {"json_schema": {"type": "object"} if grammar.kind == "json_object"
+                               else json.loads(grammar.text)}
 
     def describe(self) -> dict:
         return {"method": "server default", "types": [], "draft_n_max": None, "draft_model": None,
@@ -216,7 +227,8 @@ class URLPeer:
                 "memory": None, "auto_reasons": []}
 
     def generate(self, prompt_ids, prompt_text, temperature, max_tokens, seed) -> RunOutput:
-        body = {"prompt": prompt_text, "max_tokens": max_tokens, "temperature": temperature, "stream": False}
+        body = {"prompt": prompt_text, "max_tokens": max_tokens, "temperature": temperature, "stream": False,
+                **self.constraint}
         if self.model:
             body["model"] = self.model
         if seed is not None:

@@ -149,9 +149,9 @@ def cmd_load(args) -> int:
 def cmd_bench(args) -> int:
     check_threads(args.threads)
     grammar_flags = ["--" + n.replace("_", "-") for n in GRAMMAR_FLAGS if getattr(args, n) is not None]
-    if grammar_flags and (args.concurrency is not None or args.peers or args.peer_url):
-        raise ValueError(f"{grammar_flags[0]} constrains the method bench's specdec requests only, not the "
-                         "server-load mode nor the peers")
+    if grammar_flags and (args.concurrency is not None or args.peers):
+        raise ValueError(f"{grammar_flags[0]} constrains the method bench's specdec and --peer-url requests, not "
+                         "the server-load mode nor the Hugging Face --peers")
     if args.concurrency is not None:  # "" too: it names no level (an error), not "no load test"
         return cmd_load(args)
     # check the settings before spending a minute loading the model

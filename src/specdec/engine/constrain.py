@@ -44,7 +44,8 @@ def grammar_vocabulary(model) -> GrammarVocabulary:
     tok, rows = model.tokenizer, model.config.vocab_size
     built = _vocabularies.setdefault(tok, {})
     if rows not in built:
-        built[rows] = GrammarVocabulary(token_bytes(tok, rows), tok.eos_ids, lambda text: tok.encode(text, add_bos=False))
+        built[rows] = GrammarVocabulary(token_bytes(tok, rows), tok.eos_ids,
+                                        lambda text: tok.encode(text, add_bos=False))
     return built[rows]
 
 
