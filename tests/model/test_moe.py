@@ -113,6 +113,16 @@ def test_group_limited_choice_follows_transformers(tmp_path):
     assert_logits_agree(specdec_logits(model), reference_logits(reference(folder)))
 
 
+def test_qwens_dense_layers_follow_transformers(tmp_path):
+    """mlp_only_layers and decoder_sparse_step 2 (llama.cpp's qwen3moe has no dense layers, so only the folder is
+    read): layers 0 and 2 dense by the step, layer 3 by the list, layer 1 a mixture."""
+    folder = transformers_folder(tmp_path / "qwen", "qwen3_moe", seed=4, num_hidden_layers=4, decoder_sparse_step=2,
+                                 mlp_only_layers=[3])
+    model = load(folder, "fp32")
+    assert model.config.moe.layers == (1,)
+    assert_logits_agree(specdec_logits(model), reference_logits(reference(folder)))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_llama_cpps_conversion_gives_transformers_logits(family, pair):
     """llama.cpp's f16 file holds the folder's float16-valued weights exactly: its fp32 format is transformers'
