@@ -156,13 +156,19 @@ class MoE:
         n, H = h.shape
         ids, weights = self.route(h, exact)
         k = ids.shape[1]
-        parts = torch.empty(n, k, H)  # weight * expert output, by (row, rank in id order)
-        for e in torch.unique(ids).tolist():
-            rows, ranks = (ids == e).nonzero(as_tuple=True)
-            parts[rows, ranks] = self.expert(e, h[rows], exact) * weights[rows, ranks, None]
-        out = parts[:, 0]
-        for j in range(1, k):
-            out = out + parts[:, j]
+        if n == 1:  # a decode step: the same products and adds as below, without the bookkeeping (~1/4 of a step)
+            out = None
+            for j, e in enumerate(ids[0].tolist()):
+                part = self.expert(e, h, exact) * weights[:, j, None]
+                out = part if out is None else out + part
+        else:
+            parts = torch.empty(n, k, H)  # weight * expert output, by (row, rank in id order)
+            for e in torch.unique(ids).tolist():
+                rows, ranks = (ids == e).nonzero(as_tuple=True)
+                parts[rows, ranks] = self.expert(e, h[rows], exact) * weights[rows, ranks, None]
+            out = parts[:, 0]
+            for j in range(1, k):
+                out = out + parts[:, j]
         if self.shared is not None:
             gate_up, down = self.shared
             g, u = gate_up(h, exact).chunk(2, dim=-1)
