@@ -149,19 +149,23 @@ def test_eagle3_drafter_is_recognised(tmp_path, tiny_hf_dir, tiny_model, monkeyp
     assert next(m for m in r["methods"] if m["method"] == "draft-eagle3")["runs"]
     assert r["auto"]["types"] == ["suffix", "draft-eagle3"]
     # a head trained for another model (other hidden size) is named as such
-    other = make_hf_model(tmp_path / "eagle-other", hidden=32, heads=2, kv_heads=1,
+    other = make_hf_model(tmp_path / "eagle-other", layers=1, hidden=32, heads=2, kv_heads=1,
                           extra_config={"architectures": ["LlamaForCausalLMEagle3"]})
     r = inspect_model(str(tiny_hf_dir), draft=str(other))
     assert not r["drafter"]["compatible"] and "expects target hidden size 32" in r["drafter"]["reason"]
     assert "draft-eagle3" not in r["auto"]["types"]
 
 
+def _edit_layer(file, **keys):
+    """Set keys of the decoder layer a speculators-format head's config.json describes (transformer_layer_config)."""
+    raw = json.loads(file.read_text())
+    raw["transformer_layer_config"].update(keys)
+    file.write_text(json.dumps(raw))
+
 
 @pytest.mark.parametrize("damage, reason", [
     (lambda f: (f / "model.safetensors").write_bytes(b"\0" * 100), "not a readable safetensors file"),
-    (lambda f: (f / "config.json").write_text(json.dumps({**json.loads((f / "config.json").read_text()),
-                                                          "intermediate_size": 96})),
-     "tensors of the wrong shape"),
+    (lambda f: _edit_layer(f / "config.json", intermediate_size=96), "tensors of the wrong shape"),
 ])
 def test_inspect_refuses_the_eagle3_heads_the_loader_refuses(tmp_path, tiny_hf_dir, tiny_model, damage, reason):
     """inspect said 'compatible' (and auto chose the head) for folders the loader then refused."""

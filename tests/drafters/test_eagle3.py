@@ -17,12 +17,14 @@ from helpers.tiny import EAGLE3_DRAFT_IDS as DRAFT_IDS
 from helpers.tiny import random_eagle3_head as random_head
 from specdec.drafters.eagle3 import (Eagle3Config, Eagle3Error, Eagle3Head, default_taps, load_eagle3_head,
                                      make_eagle3_drafter, save_eagle3_head)
+from specdec.drafters.eagle_formats import EAGLE
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 
 @pytest.fixture
 def head_dir(tiny_model, tmp_path):
-    return save_eagle3_head(random_head(tiny_model), tmp_path / "eagle3")
+    """In the flat layout, whose config.json keys the edits below change (the speculators one: test_published)."""
+    return save_eagle3_head(random_head(tiny_model), tmp_path / "eagle3", layout=EAGLE)
 
 
 def test_taps_default_to_eagle3s_layers_unless_the_config_names_them():
@@ -90,7 +92,7 @@ def _edit(folder, config=None, drop=(), tensors=None):
      r"expects target hidden size 32; the target .* has 64: it belongs to another model"),
     (lambda f: _edit(f, {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 9]}}),
      r"taps layers \(0, 1, 9\), beyond the target's 2 layers"),
-    (lambda f: (f / "model.safetensors").unlink(), r"no .safetensors weights \(pickled .bin files are never loaded"),
+    (lambda f: (f / "model.safetensors").unlink(), r"no weights \(\*.safetensors, or EAGLE's pytorch_model.bin\)"),
     (lambda f: _edit(f, drop=("d2t",)), r"has a reduced vocabulary but no d2t tensor"),
     (lambda f: _edit(f, drop=("fc.weight",)), r"missing tensors \['fc.weight'\], unexpected \[\]"),
     (lambda f: _edit(f, tensors={"d2t": torch.full((len(DRAFT_IDS),), 600)}),

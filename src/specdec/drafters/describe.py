@@ -18,6 +18,7 @@ from specdec.drafters import registry
 from specdec.drafters.block.config import BlockConfig, DFlashError, fit_problem
 from specdec.drafters.draft_model import MAX_VOCAB_PADDING, DraftCompatibilityError, check_compatible
 from specdec.drafters.eagle3 import Eagle3Error, check_eagle3_folder
+from specdec.drafters.eagle_formats import is_eagle_folder
 from specdec.drafters.mtp import mtp_head_mismatch
 from specdec.model.catalogue import resolve
 from specdec.model.checkpoint_facts import raw_checkpoint
@@ -48,15 +49,20 @@ def head_kind(path) -> str | None:
         raw = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return _kind_from_config(raw) if isinstance(raw, dict) else None
+    return _kind_from_config(raw, Path(path)) if isinstance(raw, dict) else None
 
 
-def _kind_from_config(raw: dict) -> str | None:
+def _kind_from_config(raw: dict, path: Path | None = None) -> str | None:
+    """The head kind config.json names; for a folder, also an EAGLE head published under a plain architecture
+    (SafeAILab's LlamaForCausalLM heads: eagle_formats.is_eagle_folder)."""
     written = raw.get("specdec")
     if isinstance(written, dict) and written.get("kind") == "mtp":  # `specdec train mtp --out`
         return registry.kind_of_head("mtp")
     text = " ".join([str(raw.get("model_type", ""))] + [str(a) for a in raw.get("architectures") or []]).lower()
-    return registry.head_kind_of(text)
+    kind = registry.head_kind_of(text)
+    if kind is None and path is not None and is_eagle_folder(raw, path):
+        kind = registry.kind_of_head("eagle3")
+    return kind
 
 
 def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str | None = None,

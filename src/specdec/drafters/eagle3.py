@@ -11,14 +11,20 @@ i = output of decoder layer i - 1), which is what EAGLE-3 and vLLM capture: the 
 decoder layers 2, N/2 and N-3. A config key eagle_config.eagle_aux_hidden_state_layer_ids
 overrides them (as vLLM reads it).
 
-Checkpoint format, as EAGLE-3 heads are published (SafeAILab/EAGLE, SpecForge, vLLM):
-config.json with architectures ["LlamaForCausalLMEagle3"], hidden_size, num_attention_heads,
-num_key_value_heads, intermediate_size, rms_norm_eps, rope_theta, vocab_size (target) and
-draft_vocab_size; model.safetensors with fc.weight, midlayer.{self_attn,mlp}.*,
-midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight, norm.weight,
-lm_head.weight, d2t (int64, draft_vocab_size), t2d (bool, vocab_size), and optionally
-embed_tokens.weight (else the target's embedding is used). `layers.0.` is accepted for
-`midlayer.`.
+Published heads switch a few steps of that formula (drafters/eagle_formats.py reads which):
+    fc_norm               each tap normed before the concatenation (SpecForge's and speculators' EAGLE-3.1)
+    norm_before_fc        one norm over the concatenated taps (speculators; its `input_norm`)
+    norm_before_residual  the midlayer's residual stream is RMSNorm_h(g), not g (speculators)
+    qwen3 layer           per-head q/k norms in the midlayer (a speculators transformer_layer_config of qwen3)
+    feed_normed           the state fed back is norm(x), the one lm_head reads (speculators' norm_output)
+    final_norm false      lm_head reads x itself (SpecForge's norm_output: false)
+
+Checkpoint layouts (config.json and tensor names of speculators, SpecForge, SafeAILab EAGLE and specdec's
+own, safetensors or EAGLE's pytorch_model.bin): drafters/eagle_formats.py. Tensors, under Eagle3Head's
+names: fc.weight, midlayer.{self_attn,mlp}.*, midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}
+.weight, norm.weight, lm_head.weight, d2t (int64, draft_vocab_size), t2d (bool, vocab_size), optionally
+embed_tokens.weight (else the target's embedding is used), fc_norm.{i}.weight, input_norm.weight.
+`specdec train eagle3` writes the speculators format (save_eagle3_head).
 """
 
 from __future__ import annotations
@@ -28,23 +34,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
+from specdec.drafters.eagle_formats import (SPECULATORS, Eagle3Error, eagle12_error, flat_config, is_eagle12,
+                                            read_shapes, read_tensors, speculators_config, speculators_name,
+                                            weight_files)
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
 from specdec.drafters.mtp import shipped_head
 from specdec.model.config import rope_scaling_of, rope_theta_of, size_problem
-from specdec.model.errors import ModelFileError, SpecdecError
-from specdec.model.files import read_json_object, replaced, safetensors_header, write_text
+from specdec.model.errors import ModelFileError
+from specdec.model.files import read_json_object, replaced, write_text
 from specdec.model.hf_loader import rope_scaling_factors
 from specdec.model.layers import DecoderLayer, RMSNorm
 from specdec.sampling.params import is_whole
 
-
-class Eagle3Error(SpecdecError):
-    pass
+__all__ = ["Eagle3Config", "Eagle3Error", "Eagle3Head", "check_eagle3_folder", "default_taps", "load_eagle3_head",
+           "make_eagle3_drafter", "save_eagle3_head"]
 
 
 def default_taps(num_layers: int) -> tuple[int, int, int]:
@@ -70,10 +77,20 @@ class Eagle3Config:
     # config.json's rope_scaling as (key, value) pairs (hashable, as a frozen config should be); plain, linear or
     # llama3 (check_eagle3_folder checks it)
     rope_scaling: tuple[tuple[str, object], ...] | None = None
+    # the published variants of the formula (module docstring); the defaults are EAGLE-3's own
+    fc_norm: bool = False
+    input_norm: bool = False  # norm_before_fc
+    norm_before_residual: bool = False
+    qk_norm: bool = False
+    feed_normed: bool = False
+    final_norm: bool = True
     extra: dict = field(default_factory=dict, compare=False)
 
     @staticmethod
-    def from_json(raw: dict, target_layers: int) -> "Eagle3Config":
+    def from_json(raw: dict, target_layers: int, where="EAGLE-3 head") -> "Eagle3Config":
+        """The head a config.json describes, in any published layout (eagle_formats.flat_config)."""
+        raw = flat_config(raw, where)
+        _refuse_unknown(raw, where)
         H = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
         taps = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
@@ -93,12 +110,20 @@ class Eagle3Config:
             target_hidden_size=target_hidden,
             taps=tuple(int(t) for t in taps) if taps else default_taps(target_layers),
             rope_scaling=tuple(sorted(scaling.items())) if scaling else None,
+            fc_norm=bool(raw.get("fc_norm")), input_norm=bool(raw.get("norm_before_fc")),
+            norm_before_residual=bool(raw.get("norm_before_residual")), qk_norm=raw.get("model_type") == "qwen3",
+            feed_normed=bool(raw.get("feed_normed")), final_norm=raw.get("final_norm", True) is not False,
         )
 
     def rope_factors(self, where="EAGLE-3 head") -> tuple[float, ...] | None:
         return rope_scaling_factors(where, dict(self.rope_scaling or ()), self.head_dim, self.rope_theta)
 
     def to_json(self) -> dict:
+        """config.json in the flat layout SpecForge and SGLang read (save_eagle3_head writes speculators'); a
+        ValueError for a variant only the speculators layout says."""
+        only = [k for k in ("norm_before_residual", "input_norm", "qk_norm", "feed_normed") if getattr(self, k)]
+        if only:
+            raise ValueError(f"the flat EAGLE-3 config.json cannot say {', '.join(only)}: save the speculators layout")
         return {
             "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_act": "silu",
             "hidden_size": self.hidden_size, "num_attention_heads": self.num_heads,
@@ -109,6 +134,7 @@ class Eagle3Config:
             "torch_dtype": "bfloat16", "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(self.taps)},
             **({"target_hidden_size": self.target_hidden_size} if self.target_hidden_size else {}),
             **({"rope_scaling": dict(self.rope_scaling)} if self.rope_scaling else {}),
+            **({"fc_norm": True} if self.fc_norm else {}), **({"norm_output": False} if not self.final_norm else {}),
         }
 
 
@@ -124,7 +150,12 @@ class Eagle3Head(HiddenHead):
         self.fc = nn.Linear(len(cfg.taps) * (cfg.target_hidden_size or H), H, bias=False)
         # its input_layernorm norms the token embedding, hidden_norm the feature: the attention reads both (2H)
         self.midlayer = DecoderLayer(H, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size,
-                                     cfg.rms_norm_eps, attn_in=2 * H)
+                                     cfg.rms_norm_eps, attn_in=2 * H, qk_norm=cfg.qk_norm)
+        width = cfg.target_hidden_size or H  # of each tap
+        if cfg.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(width, cfg.rms_norm_eps) for _ in cfg.taps)
+        if cfg.input_norm:
+            self.input_norm = RMSNorm(len(cfg.taps) * width, cfg.rms_norm_eps)
         self.midlayer.hidden_norm = RMSNorm(H, cfg.rms_norm_eps)
         self.norm = RMSNorm(H, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
@@ -147,17 +178,27 @@ class Eagle3Head(HiddenHead):
         return self.midlayer
 
     def feature(self, hidden: dict[int, torch.Tensor]) -> torch.Tensor:
-        taps = torch.cat([hidden[i].float() for i in self.cfg.taps], dim=-1)  # (..., n, 3H)
+        taps = [hidden[i].float() for i in self.cfg.taps]  # (..., n, H) each
+        if self.cfg.fc_norm:
+            taps = [norm(t.to(norm.weight.dtype)) for norm, t in zip(self.fc_norm, taps)]
+        taps = torch.cat(taps, dim=-1)  # (..., n, 3H)
+        if self.cfg.input_norm:
+            taps = self.input_norm(taps.to(self.input_norm.weight.dtype))
         return self.fc(taps.to(self.fc.weight.dtype))
 
     def draft_logits(self, feats, tokens, positions, past_k, past_v, mask, last_only=False):
-        """-> (draft-vocab logits (B, T, Vd), or (B, 1, Vd) of the last row if last_only; pre-norm output
-        (B, T, H), k, v)."""
+        """-> (draft-vocab logits (B, T, Vd), or (B, 1, Vd) of the last row if last_only; the state fed back
+        (B, T, H): x before the final norm, or after it where feed_normed; k, v)."""
         e = self.embed[tokens].to(feats.dtype)  # (B, T, H)
-        m = self.midlayer
-        attn_in = torch.cat([m.input_layernorm(e), m.hidden_norm(feats)], dim=-1)  # (B, T, 2H)
-        out, k, v = self.run_layer(m, attn_in, feats, positions, past_k, past_v, mask)
-        return self.lm_head(self.norm(out[:, -1:] if last_only else out)), out, k, v
+        m, c = self.midlayer, self.cfg
+        g = m.hidden_norm(feats)
+        attn_in = torch.cat([m.input_layernorm(e), g], dim=-1)  # (B, T, 2H)
+        out, k, v = self.run_layer(m, attn_in, g if c.norm_before_residual else feats, positions, past_k, past_v,
+                                   mask)
+        if c.feed_normed:
+            out = self.norm(out)
+        rows = out[:, -1:] if last_only else out
+        return self.lm_head(rows if c.feed_normed or not c.final_norm else self.norm(rows)), out, k, v
 
     def step(self, module, feats, tokens, positions, past_k, past_v, mask, last_only=False):
         logits_d, out, k, v = self.draft_logits(feats, tokens, positions, past_k, past_v, mask, last_only)
@@ -169,22 +210,14 @@ class Eagle3Head(HiddenHead):
 
 # -- files -------------------------------------------------------------------------------------
 def load_eagle3_head(path, target) -> Eagle3Head:
-    """An Eagle3Head from a folder (config.json + *.safetensors) for a loaded target Model."""
+    """An Eagle3Head from a folder in any published layout (eagle_formats) for a loaded target Model."""
     c = target.config
-    path = Path(path)
     cfg, files = check_eagle3_folder(path, c, target.info.name)
-    tensors = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="pt") as fh:
-                for name in fh.keys():
-                    tensors[_own_name(name)] = fh.get_tensor(name)
-        except Exception as exc:  # safetensors' own error type: data cut short after a whole header
-            raise Eagle3Error(f"{f}: not a readable safetensors file ({exc})") from None
+    tensors = read_tensors(files)
     embed = tensors.pop("embed_tokens.weight", None)
     head = Eagle3Head(Eagle3Config(**{**cfg.__dict__, "vocab_size": c.vocab_size}),
                       embed if embed is not None else target.transformer.embed)
-    state = {k: (v if k in ("d2t", "t2d") else v.float()) for k, v in tensors.items()}
+    state = {k: (v if k in ("d2t", "t2d") else v.float()) for k, v in tensors.items() if k in head.state_dict()}
     if "d2t" not in state:  # the full vocabulary (check_eagle3_folder refuses a reduced one without d2t)
         state["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.int64)
     state["d2t"] = state["d2t"].long()
@@ -199,23 +232,30 @@ def load_eagle3_head(path, target) -> Eagle3Head:
     return head.eval()
 
 
-def _own_name(name: str) -> str:
-    """A checkpoint's tensor name as Eagle3Head names it (`layers.0.` is `midlayer.`; no `model.` prefix)."""
-    return name.replace("layers.0.", "midlayer.").removeprefix("model.")
+# tensors a published head may carry that the head does not read: speculators' training copies of the target's
+_UNREAD = ("verifier_norm.weight", "verifier_lm_head.weight")
 
 
 def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Config, list[Path]]:
     """(its config, its weight files) where the folder holds an EAGLE-3 head this target can run, else an
-    Eagle3Error saying why. Reads config.json, the safetensors headers and d2t only, so that `specdec inspect`
-    and auto refuse exactly what the loader refuses, without building the head."""
+    Eagle3Error saying why. Reads config.json, the tensors' names and shapes, and d2t only, so that `specdec
+    inspect` and auto refuse exactly what the loader refuses, without building the head."""
     path, c = Path(path), target_config
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise Eagle3Error(f"{path}: not an EAGLE-3 head folder (no config.json)")
     try:
-        cfg = Eagle3Config.from_json(read_json_object(cfg_file), c.num_layers)
+        raw = read_json_object(cfg_file)
     except ModelFileError as exc:
         raise Eagle3Error(str(exc)) from None
+    files = weight_files(path)
+    if not files:
+        raise Eagle3Error(f"{path}: no weights (*.safetensors, or EAGLE's pytorch_model.bin)")
+    shapes = read_shapes(files)
+    if is_eagle12(raw, shapes):
+        raise eagle12_error(path)
+    try:
+        cfg = Eagle3Config.from_json(raw, c.num_layers, path)
     except KeyError as exc:
         raise Eagle3Error(f"{cfg_file} lacks {exc.args[0]!r}") from None
     except (TypeError, ValueError, AttributeError, ZeroDivisionError) as exc:  # "yes" as eagle_config; 0 heads
@@ -240,21 +280,6 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
         cfg.rope_factors(cfg_file)
     except ModelFileError as exc:  # a scaling type specdec does not compute, or values it cannot read
         raise Eagle3Error(str(exc)) from None
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise Eagle3Error(f"{path}: no .safetensors weights (pickled .bin files are never loaded; convert them)")
-    shapes, d2t = {}, None
-    for f in files:
-        try:
-            for name, (_, shape) in safetensors_header(f).items():
-                shapes[_own_name(name)] = shape
-                if _own_name(name) == "d2t":
-                    with safe_open(str(f), framework="pt") as fh:
-                        d2t = fh.get_tensor(name).long()
-        except ModelFileError as exc:
-            raise Eagle3Error(str(exc)) from None
-        except Exception as exc:  # safetensors' own error type: d2t's data cut short
-            raise Eagle3Error(f"{f}: not a readable safetensors file ({exc})") from None
     with torch.device("meta"):
         own = {k: tuple(v.shape) for k, v in
                Eagle3Head(Eagle3Config(**{**cfg.__dict__, "vocab_size": c.vocab_size})).state_dict().items()}
@@ -272,31 +297,51 @@ def check_eagle3_folder(path, target_config, target_name: str) -> tuple[Eagle3Co
         raise Eagle3Error(f"EAGLE-3 head {path} has hidden size {cfg.hidden_size}, the target {target_name} "
                           f"{c.hidden_size}, and no embed_tokens.weight of its own: the target's embedding does not "
                           "fit it")
-    if d2t is None and cfg.draft_vocab_size != c.vocab_size:
+    if "d2t" not in shapes and cfg.draft_vocab_size != c.vocab_size:
         raise Eagle3Error(f"EAGLE-3 head {path} has a reduced vocabulary but no d2t tensor")
     missing = [k for k in own if k not in shapes and not k.startswith("rope_") and k not in ("d2t", "t2d")]
-    unexpected = [k for k in shapes if k not in own and k != "embed_tokens.weight"]
+    unexpected = [k for k in shapes if k not in own and k != "embed_tokens.weight" and k not in _UNREAD]
     if missing or unexpected:
         raise Eagle3Error(f"EAGLE-3 head {path}: missing tensors {missing}, unexpected {unexpected}")
-    if d2t is not None:
-        ids = torch.arange(cfg.draft_vocab_size) + d2t
+    if "d2t" in shapes:
+        ids = torch.arange(cfg.draft_vocab_size) + read_tensors(files, {"d2t"})["d2t"].long()
         if len(ids) and (int(ids.max()) >= c.vocab_size or int(ids.min()) < 0):
             raise Eagle3Error(f"EAGLE-3 head {path}: d2t maps draft ids outside the target vocabulary")
     return cfg, files
 
 
-def save_eagle3_head(head: Eagle3Head, folder, target_info: dict | None = None) -> Path:
-    """Write config.json + model.safetensors in the published EAGLE-3 format."""
+def _refuse_unknown(raw: dict, where) -> None:
+    """A clear error for a published head whose layer computes what Eagle3Head does not."""
+    layers = raw.get("num_hidden_layers", 1)
+    if layers not in (1, None):
+        raise Eagle3Error(f"{where} has {layers} decoder layers; specdec runs EAGLE-3 heads of one layer")
+    if "sliding_attention" in (raw.get("layer_types") or []):
+        raise Eagle3Error(f"{where} has a sliding-window layer; specdec runs full-attention EAGLE-3 heads only")
+    if raw.get("attention_bias") or raw.get("mlp_bias"):
+        raise Eagle3Error(f"{where} has biases in its decoder layer; specdec runs bias-free EAGLE-3 layers only")
+    if raw.get("model_type") not in (None, "llama", "qwen3"):
+        raise Eagle3Error(f"{where} has a {raw.get('model_type')!r} decoder layer; specdec runs llama and qwen3 "
+                          "EAGLE-3 layers")
+    act = raw.get("hidden_act") or "silu"
+    if act not in ("silu", "swish"):
+        raise Eagle3Error(f"{where} uses hidden_act {act!r}; specdec runs EAGLE-3 layers with silu")
+
+
+def save_eagle3_head(head: Eagle3Head, folder, target_info: dict | None = None, layout: str = SPECULATORS) -> Path:
+    """Write config.json + model.safetensors in the speculators format (eagle_formats.speculators_config), which
+    vLLM serves, or with layout EAGLE in the flat one SpecForge and SGLang's LlamaForCausalLMEagle3 read
+    (Eagle3Config.to_json, midlayer.* names); the loader here reads both back."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for k, v in head.state_dict().items():
         if k.startswith("rope_"):
             continue
-        tensors[k] = v.detach().contiguous() if k in ("d2t", "t2d") else v.detach().to(torch.bfloat16).contiguous()
+        t = v.detach().contiguous() if k in ("d2t", "t2d") else v.detach().to(torch.bfloat16).contiguous()
+        tensors[speculators_name(k) if layout == SPECULATORS else k] = t
     with replaced(folder / "model.safetensors") as tmp:  # a run killed here keeps the previous head whole
         save_file(tensors, str(tmp))
-    cfg = head.cfg.to_json()
+    cfg = speculators_config(head.cfg, target_info) if layout == SPECULATORS else head.cfg.to_json()
     if target_info:
         cfg["specdec"] = {"kind": "eagle3", "target": target_info}
     write_text(folder / "config.json", json.dumps(cfg, indent=2) + "\n")
