@@ -33,7 +33,8 @@ LAYERS = [
      "specdec.server.job_builder", "specdec.server.responses", "specdec.server.errors", "specdec.server.middleware",
      "specdec.bench.streaming", "specdec.bench.local_server",
      "specdec.bench.plots", "specdec.bench.results_file", "specdec.bench.provenance", "specdec.bench.method_bench",
-     "specdec.bench.tune", "specdec.api", "specdec.completion", "specdec.server.logprobs", "specdec.bench.sessions"},
+     "specdec.bench.tune", "specdec.api", "specdec.completion", "specdec.server.logprobs", "specdec.bench.sessions",
+     "specdec.server.structured", "specdec.server.tools", "specdec.cli.grammar_args"},
     {"specdec.cli", "specdec.cli.__main__"} | COMMAND_MODULES,
 ]
 COMMANDS = LAYERS[-1]
