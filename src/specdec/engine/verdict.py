@@ -26,10 +26,6 @@ The reasons, checked in this order when the speed-up is under PAYS:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # stats.py imports this module to put the verdict in to_dict()
-    from specdec.engine.stats import SpecStats
 
 PAYS = 1.05  # a speed-up this large or more paid; below it (about 1 included) the verdict names a reason
 
@@ -71,7 +67,7 @@ class Verdict:
         return f"verdict: {self.speedup:.2f}x plain decoding, did not pay: {self.reason}, {self.explain} ({est})"
 
 
-def judge(stats: SpecStats) -> Verdict:
+def judge(stats) -> Verdict:  # stats: engine/stats.SpecStats, which imports this module
     """The verdict of a finished request's stats (decode_s and plain_estimate_s set by StepClock.settle)."""
     est, n = stats.plain_estimate_s, stats.decode_tokens
     speedup = est / stats.decode_s if est is not None and n > 0 and stats.decode_s > 0 else None
