@@ -29,7 +29,8 @@ class ServerMetrics:
                                 ["endpoint", "finish_reason"], registry=r)
         self.errors = Counter("specdec_request_errors", "Requests answered with an error object, by HTTP status "
                               "and error code", ["status", "code"], registry=r)
-        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens (the prefix cache's hits included)",
+                                     registry=r)
         self.prefix_hits = Counter("specdec_prefix_cache_hit_tokens", "Prompt tokens whose KV rows the prefix "
                                    "cache gave (not prefilled)", registry=r)
         self.completion_tokens = Counter("specdec_completion_tokens", "Tokens generated", registry=r)
