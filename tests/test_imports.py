@@ -140,3 +140,12 @@ def test_the_checks_can_fail():
     assert layer_of("specdec.engine.engine") > layer_of("specdec.drafters.registry")
     src = PACKAGE / "engine" / "auto.py"
     assert "specdec.drafters.registry" in imports_of("specdec.engine.auto", src, set(modules()))
+
+
+def test_nothing_below_the_commands_imports_the_cli_package():
+    """Importing specdec.cli.<anything> runs specdec/cli/__init__.py, which imports every command module: a
+    library module that imports one (say cli.options) is a cycle that breaks `import specdec.train.run` alone."""
+    edges = graph()
+    assert [(m, sorted(t for t in to if t.startswith("specdec.cli"))) for m, to in edges.items()
+            if not m.startswith("specdec.cli") and m != "specdec.__main__"
+            and any(t.startswith("specdec.cli") for t in to)] == []

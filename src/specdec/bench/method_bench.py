@@ -15,9 +15,8 @@ from specdec.bench.provenance import artifact, runtime_info
 from specdec.bench.report import write_all
 from specdec.bench.results_file import check_bench_joins
 from specdec.bench.runner import run_bench
-from specdec.cli.options import note_capped_context
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
-from specdec.engine.setup import context_size
+from specdec.engine.setup import context_size, note_capped_context
 from specdec.model.catalogue import resolve
 
 DEFAULT_METHODS = "none,ngram-simple,ngram-map-k,suffix,auto"

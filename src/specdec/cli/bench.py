@@ -32,10 +32,11 @@ from specdec.bench.report import load_table, write_load
 from specdec.bench.results_file import check_load_joins
 from specdec.cli.grammar_args import FLAGS as GRAMMAR_FLAGS
 from specdec.cli.grammar_args import add_grammar_args, grammar_from_args
-from specdec.cli.options import add_model_args, add_threads_args, out_dir
+from specdec.cli.options import add_model_args, add_threads_args
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
 from specdec.engine.config import MAX_DRAFT_LENGTH
 from specdec.model.device import pick_device
+from specdec.model.files import out_dir
 from specdec.model.load import load_model
 from specdec.model.threads import check_threads, set_threads
 from specdec.sampling import SamplingParams

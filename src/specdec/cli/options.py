@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-from pathlib import Path
 
 from specdec.drafters import registry
 from specdec.drafters.registry import DEFAULT_DRAFT_LENGTH
@@ -132,24 +130,3 @@ def check_max_tokens(max_tokens: int) -> None:
 def token_limit(max_tokens: int, engine) -> int:
     """The engine's max_tokens for -n: -1 is the context (the engine ends an answer there first)."""
     return engine.cache.max_len if max_tokens == UNLIMITED else max_tokens
-
-
-def note_capped_context(ctx_size: int | None, engine) -> None:
-    """Say so when a --ctx-size given was more than the model addresses (the engine holds the model's)."""
-    note = capped_context_note(ctx_size, engine)
-    if note:
-        print(f"note: {note}", file=sys.stderr)
-
-
-def out_dir(path, flag: str = "--out") -> Path:
-    """The folder a command writes its results into, made now: a one-line error where it cannot be (a file
-    of that name, no permission) before a model loads, not after a run of many minutes."""
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{flag} {path} is a file; give a folder to write into")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out).close()
-    except OSError as exc:
-        raise ValueError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
-    return out

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.cli.options import out_dir
 from specdec.model.device import pick_device
+from specdec.model.files import out_dir
 from specdec.train.distributed import finish_distributed, init_distributed
 from specdec.train.run import run_training
 

@@ -10,6 +10,8 @@ Errors name the command line's flags (--ctx-size, --threads); LLM's keyword argu
 
 from __future__ import annotations
 
+import sys
+
 from specdec.drafters import registry
 from specdec.engine.engine import Engine
 from specdec.engine.spec_request import AutoTarget, SpecRequest, build_spec
@@ -64,3 +66,10 @@ def capped_context_note(ctx_size: int | None, engine: Engine) -> str | None:
 def check_ctx_size(ctx_size: int | None) -> None:
     if ctx_size is not None and (not is_whole(ctx_size) or ctx_size < 0):
         raise ValueError(f"--ctx-size must be 0 (the model's context length) or more, got {ctx_size}")
+
+
+def note_capped_context(ctx_size: int | None, engine) -> None:
+    """Say so when a --ctx-size given was more than the model addresses (the engine holds the model's)."""
+    note = capped_context_note(ctx_size, engine)
+    if note:
+        print(f"note: {note}", file=sys.stderr)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,3 +75,17 @@ def safetensors_header(file: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
 def safetensors_names(file: Path) -> list[str]:
     """The tensor names of a safetensors file; a ModelFileError where it is truncated or damaged."""
     return list(safetensors_header(file))
+
+
+def out_dir(path, flag: str = "--out") -> Path:
+    """The folder a command writes its results into, made now: a one-line error where it cannot be (a file
+    of that name, no permission) before a model loads, not after a run of many minutes."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {path} is a file; give a folder to write into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot write there ({exc.strerror or exc})") from None
+    return out

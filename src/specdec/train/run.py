@@ -15,14 +15,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from specdec.cli.options import out_dir
 from specdec.drafters.block.io import save_block_drafter
 from specdec.drafters.eagle3 import save_eagle3_head
 from specdec.drafters.mtp import save_mtp_head
 from specdec.model.catalogue import resolve, specdec_home
 from specdec.model.checkpoint_facts import sidecar_path
 from specdec.model.device import pick_device
-from specdec.model.files import replaced
+from specdec.model.files import out_dir, replaced
 from specdec.model.load import checkpoint_digest, load_model, open_checkpoint
 from specdec.train.block_loss import BlockLoss
 from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
