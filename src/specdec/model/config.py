@@ -28,6 +28,9 @@ UNSUPPORTED_FAMILIES = {
     "qwen3_next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
     "qwen3next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
     "qwen3_5_moe": f"Qwen3.5 MoE is {_MOE} with hybrid linear attention",
+    "qwen35moe": f"Qwen3.5 MoE is {_MOE} with hybrid linear attention",
+    "gemma4": "Gemma 4 (and its gemma4_assistant drafter) is not implemented yet",
+    "gemma4_text": "Gemma 4 (and its gemma4_assistant drafter) is not implemented yet",
     "qwen2_moe": f"Qwen2-MoE is {_MOE}", "qwen2moe": f"Qwen2-MoE is {_MOE}",
     "mixtral": f"Mixtral is {_MOE}",
     # config.json model_type gemma3 is the multimodal checkpoint (the GGUF architecture gemma3 is text-only)
