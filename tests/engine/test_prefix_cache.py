@@ -180,3 +180,26 @@ def test_a_drafter_reading_hidden_states_starts_cold(tiny_model):
     engine._pool.first = lambda spec: [Hidden()]  # as an MTP or EAGLE-3 drafter set would answer
     req, prefilled = run(engine, SYSTEM + [80], max_tokens=2)
     assert req.cached_tokens == 0 and prefilled == len(SYSTEM) + 1
+
+
+def test_staggered_requests_in_chunked_prefill_give_their_cold_answers(int8_model):
+    """Continuous batching as the server runs it: prompts prefilled 8 tokens a step, a request joining while
+    others are still prefilling copies what their slots hold so far; every answer is its cold one ("exact")."""
+    prompts = [SYSTEM + [70 + i] * (i + 1) + list(range(100 + i, 110)) for i in range(4)]
+    cold = [run(Engine(int8_model, max_len=256, prefix_cache="exact"), p, max_tokens=8, logprobs=None)[0].output
+            for p in prompts]
+    engine = Engine(int8_model, max_len=256, max_sequences=3, prefix_cache="exact")
+    waiting, running, answers, cached = list(enumerate(prompts)), [], {}, {}
+    while waiting or running:
+        if waiting and len(running) < 3:  # one joins per step, between the others' chunks
+            i, prompt = waiting.pop(0)
+            req = engine.admit(prompt, SamplingParams(), 8, spec=LOOP)
+            running.append((i, req))
+            cached[i] = req.cached_tokens
+        engine.step_batch([r for _, r in running], prefill_chunk=8)
+        for i, req in [x for x in running if x[1].finished]:
+            engine.finish(req)
+            answers[i] = req.output
+            running.remove((i, req))
+    assert [answers[i] for i in range(4)] == cold
+    assert 0 < cached[1] < len(SYSTEM) and all(cached[i] >= 8 for i in (1, 2, 3))  # copied mid-prefill
