@@ -10,6 +10,7 @@ from specdec.cli.grammar_args import add_grammar_args, grammar_from_args
 from specdec.cli.options import (UNLIMITED, add_model_args, add_sampling_args, add_spec_args, add_threads_args,
                                  build_engine, check_max_tokens, token_limit)
 from specdec.completion import cut_by
+from specdec.engine.prefix_cache import PREFIX_CACHE_MODES, PrefixCache
 from specdec.model.errors import SpecdecError
 from specdec.model.text_stream import TextStream
 
@@ -126,6 +127,8 @@ def result_json(engine, result) -> dict:
 def cmd_chat(args) -> int:
     check_max_tokens(args.max_tokens)
     engine, sampling = build_engine(args)
+    # each turn's prompt is the last one, its answer and the new line: the prefix cache prefills only those
+    engine.prefix = PrefixCache(args.prefix_cache or ("on" if engine.cache.holds_prefixes else "off"), engine.cache)
     max_tokens = token_limit(args.max_tokens, engine)  # -n -1 (the default): until the end of the turn
     tok = engine.model.tokenizer
     if not tok.chat_template:
@@ -206,4 +209,7 @@ def add_parser(sub) -> None:
     add_spec_args(p)
     add_sampling_args(p, max_tokens=UNLIMITED)  # an answer ends where the model ends its turn, as llama-cli's
     p.add_argument("--system", default=None, help="system message")
+    p.add_argument("--prefix-cache", choices=PREFIX_CACHE_MODES, default=None,
+                   help="each turn reuses the conversation's KV rows and prefills only the new ones: on (default, "
+                        "where the model allows), exact (each answer bitwise the cold one), off (docs/server.md)")
     p.set_defaults(func=cmd_chat)

@@ -6,7 +6,7 @@ holds, LRU eviction); no memory is added.
 Modes (`--prefix-cache`):
 
     off    every prompt is prefilled whole (Engine's default; `generate` and `bench`)
-    on     reuse the longest common prefix, whatever wrote its rows (`specdec serve`'s default)
+    on     reuse the longest common prefix, whatever wrote its rows (`specdec serve` and `chat` by default)
     exact  reuse it too, and prefill with decode's numerics, so that every row is bitwise what any request
            would write there: a warm answer is then bitwise the cold one
 
