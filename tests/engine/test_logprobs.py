@@ -84,3 +84,23 @@ def test_a_bad_count_is_refused_before_a_slot_is_taken(model, top, error, messag
     with pytest.raises(error, match=message):
         engine.admit([5, 6], SamplingParams(), 4, logprobs=top)
     assert len(engine.cache.free_slots) == 1
+
+
+def test_under_a_grammar_they_are_the_masked_distribution_and_speculation_changes_none(model):
+    """Under a JSON schema each logprob is the target's after the grammar's mask (renormalised over the tokens
+    it allows: above the unmasked value wherever it forbids some), the same with the grammar drafter on."""
+    from dataclasses import replace
+
+    from helpers.grammars import SCHEMA_TEXT
+
+    from specdec.engine.constrain import compile_for
+
+    sampling = replace(SamplingParams(), grammar=compile_for(model, "json_schema", SCHEMA_TEXT))
+    engine = Engine(model, max_len=256)
+    plain, spec = run(engine, sampling, top=2), run(engine, sampling, spec=LOOP, top=2)
+    assert spec.stats.by_drafter.get("grammar") and spec.output == plain.output
+    assert spec.logprobs == plain.logprobs
+    rows = reference_rows(model, PROMPT, plain.output)
+    unmasked = rows[torch.arange(len(plain.output)), torch.tensor(plain.output)].tolist()
+    masked = [e.logprob for e in plain.logprobs]
+    assert all(m >= u - 1e-5 for m, u in zip(masked, unmasked)) and any(m > u + 0.1 for m, u in zip(masked, unmasked))
