@@ -48,7 +48,7 @@ def test_training_writes_loadable_heads_and_learns(trained):
         assert summary["steps"] == 150
         assert summary["command"].startswith(f"specdec train {summary['kind']} --model {folder}")  # how to redo it
         assert summary["val_top1_per_step"][0] > 0.1  # a random head agrees with the target ~1/512 of the time
-    # in vLLM's speculators format (what vLLM and SGLang serve), its keys those speculators' Eagle3DraftModel writes
+    # in vLLM's speculators format (what vLLM serves), its keys those speculators' Eagle3DraftModel writes
     cfg = json.loads((eagle_dir / "config.json").read_text())
     assert cfg["architectures"] == ["Eagle3DraftModel"] and cfg["speculators_model_type"] == "eagle3"
     assert cfg["draft_vocab_size"] == 256 and cfg["transformer_layer_config"]["num_hidden_layers"] == 1
