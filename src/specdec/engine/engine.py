@@ -1,8 +1,7 @@
 """The draft -> verify -> commit loop.
 
-Plain decoding is the same loop with an empty draft: both feed [last token] +
-draft through one exact forward, so greedy speculative output equals plain greedy
-output token for token (see model/transformer.py, Numerics).
+Plain decoding is the same loop with an empty draft: both feed [last token] + draft through one exact
+forward, so greedy speculative output equals plain greedy output token for token (model/transformer.py).
 
     engine = Engine(model, SpecConfig(drafters=("ngram-simple",)))
     result = engine.generate(prompt_ids, SamplingParams(), max_tokens=64)
@@ -15,18 +14,16 @@ Several sequences share one forward per step (continuous batching, server/schedu
     engine.step_batch([a, b], prefill_chunk=256)            # prompts prefilled in chunks, then drafts
 
 Each sequence's rows are computed bitwise as they would be alone (Transformer.forward_batch),
-so batching never changes an answer.
-
-Beside it: a request's state (request.py), its draft length each step (draft_length.py, priced by
-cost.py), its stop strings (stop.py), the argument checks (validate.py), the drafter sets kept per
-SpecConfig (pool.py), the draft models they load (draft_models.py), and what a plain step costs
+so batching never changes an answer. Beside it: a request's state (request.py), its part of a step
+(plan.py), its draft length (draft_length.py, priced by cost.py), stop strings (stop.py), argument
+checks (validate.py), drafter sets per SpecConfig (pool.py), draft models (draft_models.py), grammar
+(constrain.py), prefix reuse (prefix_cache.py), logprobs (logprobs.py), and what a plain step costs
 (step_clock.py), against which a request's verdict (verdict.py) is judged.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -40,6 +37,7 @@ from specdec.engine.cost import measure_forward_cost, widest_forward
 from specdec.engine.draft_length import DraftLengthPolicy
 from specdec.engine.draft_models import DraftModels
 from specdec.engine.logprobs import check_top_logprobs, token_logprobs
+from specdec.engine.plan import Plan, tree_layout
 from specdec.engine.pool import DrafterPool
 from specdec.engine.prefix_cache import PrefixCache
 from specdec.engine.request import GenerationResult, Request
@@ -50,12 +48,10 @@ from specdec.engine.validate import check_engine_args, check_request, check_step
 from specdec.model.load import Model
 from specdec.model.segments import Segment
 from specdec.sampling import SamplingParams, process_logits
-from specdec.verify import TokenTree, VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
+from specdec.verify import VerifyResult, verify_tree_greedy, verify_tree_sampling, verify_typical
 from specdec.verify.common import check_logits
 
-# Drafter sets kept for this many distinct SpecConfigs (per-request overrides make new ones;
-# a drafter may hold a KV cache, so the number kept is bounded).
-MAX_CACHED_CONFIGS = 8
+MAX_CACHED_CONFIGS = 8  # drafter sets kept for distinct SpecConfigs (overrides make new ones; each may hold a cache)
 
 DrafterBuilder = Callable[[DrafterSpec, SpecConfig], Drafter]
 
@@ -272,14 +268,14 @@ class Engine:
                                 req.logprobs if req.want_logprobs is not None else None)
 
     # -- internals ---------------------------------------------------------------------------
-    def _plan_prefill(self, req: Request, chunk: int | None) -> _Plan:
+    def _plan_prefill(self, req: Request, chunk: int | None) -> Plan:
         end = len(req.prompt) if chunk is None else min(len(req.prompt), req.prefilled + chunk)
         tokens = req.prompt[req.prefilled : end]
         # prefix cache "exact": decode's numerics, so that a row's bits depend on the tokens before it alone
         segment = Segment(torch.tensor(tokens), req.slot, exact=self.prefix.exact_prefill, last_only=True)
-        return _Plan(req, segment, tokens)
+        return Plan(req, segment, tokens)
 
-    def _plan_step(self, req: Request, cap: int) -> _Plan:
+    def _plan_step(self, req: Request, cap: int) -> Plan:
         t0 = time.perf_counter()
         start = self.cache.lengths[req.slot]
         room = min(req.max_tokens - len(req.output) - 1, self.cache.max_len - start - 2)
@@ -291,12 +287,12 @@ class Engine:
         if start + 1 + len(draft) > self.cache.max_len:
             drafter, draft = None, Draft()  # the tree does not fit in the context left: no draft, no feedback
         ids = [req.output[-1], *draft.tokens]  # the last committed token, then the tree's nodes
-        positions, mask = _tree_layout(draft.tree, start)
+        positions, mask = tree_layout(draft.tree, start)
         segment = Segment(torch.tensor(ids), req.slot, positions, mask)
         # no drafters, nothing asked: planning is plain decoding's own work, not drafting
-        return _Plan(req, segment, ids, draft, drafter, start, time.perf_counter() - t0 if req.drafters else 0.0)
+        return Plan(req, segment, ids, draft, drafter, start, time.perf_counter() - t0 if req.drafters else 0.0)
 
-    def _commit(self, plan: _Plan, out) -> list[int]:
+    def _commit(self, plan: Plan, out) -> list[int]:
         """Verify, roll back and emit after the forward: out.logits (1, T, V), out.hidden {layer: (1, T, H)}."""
         req = plan.req
         if plan.draft is None:  # a prefill chunk
@@ -402,34 +398,3 @@ class Engine:
         if req.want_logprobs is not None:  # tokens was the last verify's: the first len(new) are emitted
             req.logprobs += req.pending_logprobs[: len(new)]
         return new
-
-
-@dataclass
-class _Plan:
-    """One request's part of a step: the rows it adds to the forward and what to do with them after."""
-
-    req: Request
-    segment: Segment
-    tokens: list[int]  # the rows' token ids
-    draft: Draft | None = None  # None: a prefill chunk
-    drafter: Drafter | None = None
-    start: int = 0  # cache length before the forward
-    draft_s: float = 0.0
-    rollback_s: float = 0.0
-    new: list[int] = field(default_factory=list)  # tokens emitted by this step
-
-
-def _tree_layout(tree: TokenTree, start: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(positions (1+n,), tree_mask (1+n, 1+n)) for the verify forward of [last committed
-    token] + the tree's n nodes from cache offset `start`.
-
-    A chain needs neither: the transformer's causal default is the same mask, and its
-    contiguous-key path is the one plain decoding runs. (None, None) then.
-    """
-    if tree.is_chain:
-        return None, None
-    n = len(tree) + 1
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    mask[:, 0] = True
-    mask[1:, 1:] = tree.attention_mask()
-    return torch.tensor([start] + [start + d for d in tree.depths()]), mask
