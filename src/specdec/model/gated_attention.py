@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from specdec.model.kernels.deltanet import deltanet, sigmoid_mul
-from specdec.model.layers import Attend, RMSNorm, apply_rope, mlp_act, rms_norm
+from specdec.model.layers import Attend, Projections, RMSNorm, apply_rope, mlp_act, rms_norm
 
 
 def gate_mul(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -94,7 +94,7 @@ def gated_decoder_layer(x: torch.Tensor, w: GatedWeights, attend: Attend, cos: t
     return mlp_block(x + gated_attention(h, w, attend, cos, sin), w)
 
 
-class GatedDecoderLayer(nn.Module):
+class GatedDecoderLayer(Projections, nn.Module):
     """gated_decoder_layer's weights as nn modules named as transformers names them (self_attn.q_proj of
     2 * heads * hd rows, self_attn.q_norm, mlp.gate_proj, post_attention_layernorm, ...): Qwen3.5's MTP block.
     input_norm=False: the owner keeps input_layernorm and passes the normed input (as layers.DecoderLayer)."""
@@ -133,19 +133,6 @@ class GatedDecoderLayer(nn.Module):
     @property
     def k_norm(self) -> torch.Tensor:
         return self.self_attn.k_norm.weight
-
-    def qkv(self, h: torch.Tensor) -> torch.Tensor:
-        a = self.self_attn
-        return torch.cat([a.q_proj(h), a.k_proj(h), a.v_proj(h)], dim=-1)
-
-    def o(self, attn: torch.Tensor) -> torch.Tensor:
-        return self.self_attn.o_proj(attn)
-
-    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.mlp.gate_proj(h), self.mlp.up_proj(h)
-
-    def down(self, a: torch.Tensor) -> torch.Tensor:
-        return self.mlp.down_proj(a)
 
     def forward(self, x: torch.Tensor, attend: Attend, cos: torch.Tensor, sin: torch.Tensor,
                 attn_in: torch.Tensor | None = None) -> torch.Tensor:

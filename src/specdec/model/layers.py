@@ -239,7 +239,25 @@ def decoder_layer(x: torch.Tensor, w: LayerWeights, attend: Attend, cos: torch.T
     return x + (out if w.mlp_out_norm is None else rms_norm(out, w.mlp_out_norm, w.eps))
 
 
-class DecoderLayer(nn.Module):
+class Projections:
+    """The projections LayerWeights asks for, read from submodules named as transformers names them
+    (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj): DecoderLayer's and gated_attention's."""
+
+    def qkv(self, h: torch.Tensor) -> torch.Tensor:
+        a = self.self_attn
+        return torch.cat([a.q_proj(h), a.k_proj(h), a.v_proj(h)], dim=-1)
+
+    def o(self, attn: torch.Tensor) -> torch.Tensor:
+        return self.self_attn.o_proj(attn)
+
+    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.mlp.gate_proj(h), self.mlp.up_proj(h)
+
+    def down(self, a: torch.Tensor) -> torch.Tensor:
+        return self.mlp.down_proj(a)
+
+
+class DecoderLayer(Projections, nn.Module):
     """decoder_layer's weights as nn.Linear / RMSNorm modules named as transformers names them
     (self_attn.q_proj, mlp.gate_proj, post_attention_layernorm, ...), so state dicts map one to one
     onto checkpoint tensors. Drafter heads train it; the training target loads it frozen.
@@ -303,19 +321,6 @@ class DecoderLayer(nn.Module):
     @property
     def k_norm(self) -> torch.Tensor | None:
         return self.self_attn.k_norm.weight if hasattr(self.self_attn, "k_norm") else None
-
-    def qkv(self, h: torch.Tensor) -> torch.Tensor:
-        a = self.self_attn
-        return torch.cat([a.q_proj(h), a.k_proj(h), a.v_proj(h)], dim=-1)
-
-    def o(self, attn: torch.Tensor) -> torch.Tensor:
-        return self.self_attn.o_proj(attn)
-
-    def gate_up(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.mlp.gate_proj(h), self.mlp.up_proj(h)
-
-    def down(self, a: torch.Tensor) -> torch.Tensor:
-        return self.mlp.down_proj(a)
 
     def forward(self, x: torch.Tensor, attend: Attend, cos: torch.Tensor, sin: torch.Tensor,
                 attn_in: torch.Tensor | None = None) -> torch.Tensor:
