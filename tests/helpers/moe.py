@@ -16,17 +16,15 @@ it was converted from is written again by transformers_folder (same seed, same w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
+from helpers import llama_converter
+from helpers.llama_converter import NO_TREE, llama_cpp_tree  # noqa: F401 (the tests import them from here)
 from helpers.tiny import write_tokenizer_json
 
 FIXTURE = Path(__file__).resolve().parent.parent / "model" / "data" / "moe-tiny"
-NO_TREE = "no llama.cpp source tree here"
 FAMILIES = ("qwen3_moe", "glm4_moe")
 
 # 2 layers, 8 experts of width 32, 2 per token. Every weight a float16 value, so that llama.cpp's f16 conversion
@@ -92,38 +90,14 @@ def reference(folder):
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-def llama_cpp_tree() -> Path | None:
-    """llama.cpp's source tree (its convert_hf_to_gguf.py): $LLAMA_CPP_DIR, or two levels above $LLAMA_CPP_BIN
-    (a build/bin folder); None where neither holds one."""
-    candidates = [os.environ.get("LLAMA_CPP_DIR", "")]
-    if os.environ.get("LLAMA_CPP_BIN"):
-        candidates.append(str(Path(os.environ["LLAMA_CPP_BIN"]).resolve().parent.parent))
-    return next((Path(c) for c in candidates if c and (Path(c) / "convert_hf_to_gguf.py").is_file()), None)
-
-
-_CONVERT = """import runpy, sys
-sys.path.insert(0, sys.argv[1])
-sys.path.insert(0, sys.argv[1] + "/gguf-py")
-import conversion.base as base
+_GLM_PRELUDE = """sys.path.insert(0, sys.argv[1] + "/gguf-py")
 import conversion.glm as glm
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"
-glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()
-script = sys.argv[1] + "/convert_hf_to_gguf.py"
-sys.argv = [script, *sys.argv[2:]]
-runpy.run_path(script, run_name="__main__")
-"""
+glm.Glm4MoeModel.set_vocab = lambda self: self._set_vocab_gpt2()"""
 
 
 def convert_to_gguf(folder, out, outtype: str = "f16", tree: Path | None = None) -> Path:
-    """llama.cpp's converter on `folder` -> the GGUF file `out` (outtype f16, f32, q8_0, ...)."""
-    tree = tree or llama_cpp_tree()
-    if tree is None:
-        raise FileNotFoundError(NO_TREE)
-    done = subprocess.run([sys.executable, "-c", _CONVERT, str(tree), str(folder), "--outfile", str(out),
-                           "--outtype", outtype], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")
-    return Path(out)
+    """llama.cpp's converter on `folder` (GLM's vocabulary read as GPT-2's BPE) -> the GGUF file `out`."""
+    return llama_converter.convert_to_gguf(folder, out, outtype, tree, _GLM_PRELUDE)
 
 
 def mtp_folder(folder, seed: int = 0, n_routed_experts: int = 4, **sizes) -> Path:

@@ -18,18 +18,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from helpers import llama_converter
+from helpers.llama_converter import NO_TREE, llama_cpp_tree  # noqa: F401 (the tests import them from here)
 from helpers.tiny import write_tokenizer_json
 
 FIXTURE = Path(__file__).resolve().parent.parent / "model" / "data" / "qwen35-tiny"
-NO_TREE = "no llama.cpp source tree here"  # the skip reason (tests/conftest.py MACHINE_SKIPS) without one
 
 # 4 layers (3 Gated DeltaNet, then 1 full attention), 2 key heads for 4 value heads (their order matters),
 # a quarter of each 16-wide attention head rotated; widths of 32 so that llama.cpp's Q8_0 blocks fit
@@ -104,37 +102,9 @@ def transformers_folder(folder, layout: str = "text", seed: int = 0, tie: bool =
     return folder
 
 
-def llama_cpp_tree() -> Path | None:
-    """llama.cpp's source tree (its convert_hf_to_gguf.py): $LLAMA_CPP_DIR, two levels above $LLAMA_CPP_BIN
-    (a build/bin folder), or where scripts/llama_converter.sh puts it; None where none holds one."""
-    candidates = [os.environ.get("LLAMA_CPP_DIR", "")]
-    if os.environ.get("LLAMA_CPP_BIN"):
-        candidates.append(str(Path(os.environ["LLAMA_CPP_BIN"]).resolve().parent.parent))
-    home = Path(os.environ.get("SPECDEC_HOME") or Path.home() / ".cache" / "specdec")
-    candidates.append(str(home / "llama.cpp" / "llama-cpp-python-0.3.36"))
-    return next((Path(c) for c in candidates if c and (Path(c) / "convert_hf_to_gguf.py").is_file()), None)
-
-
-_CONVERT = """import runpy, sys
-sys.path.insert(0, sys.argv[1])
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "default"
-script = sys.argv[1] + "/convert_hf_to_gguf.py"
-sys.argv = [script, *sys.argv[2:]]
-runpy.run_path(script, run_name="__main__")
-"""
-
-
 def convert_to_gguf(folder, out, outtype: str = "f32", tree: Path | None = None) -> Path:
     """llama.cpp's converter on `folder` -> the GGUF file `out` (outtype f32, q8_0, ...)."""
-    tree = tree or llama_cpp_tree()
-    if tree is None:
-        raise FileNotFoundError(NO_TREE)
-    done = subprocess.run([sys.executable, "-c", _CONVERT, str(tree), str(folder), "--outfile", str(out),
-                           "--outtype", outtype], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr[-2000:]}")
-    return Path(out)
+    return llama_converter.convert_to_gguf(folder, out, outtype, tree)
 
 
 # -- the MTP block, float64 ------------------------------------------------------------------------------------
