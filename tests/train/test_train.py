@@ -321,7 +321,7 @@ def test_torchrun_trains_data_parallel(trained, tmp_path, kind):
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 6
     weights = load_file(str(out / "model.safetensors"))  # rank 0 saved a loadable head
     if kind == "eagle3":
-        vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+        vocab = json.loads((out / "config.json").read_text())["transformer_layer_config"]["vocab_size"]  # speculators
         expected = frequent_tokens(shares[0] + shares[1], 64, vocab)
         assert torch.equal(torch.arange(64) + weights["d2t"], expected)
         assert not torch.equal(frequent_tokens(shares[0], 64, vocab), expected)  # rank 0 alone would differ
@@ -387,7 +387,7 @@ def test_eagle3_trains_on_a_two_layer_target(tiny_hf_dir, tmp_path):
     out = tmp_path / "eagle3"
     assert main(["eagle3", "--model", str(tiny_hf_dir), "--out", str(out), "--steps", "2", "--draft-vocab", "64"]
                 + COMMON) == 0
-    taps = json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    taps = json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"]  # speculators' name
     assert taps == [2, 1, 0]
     from specdec.drafters.eagle3 import make_eagle3_drafter
 
