@@ -144,3 +144,22 @@ def test_text_stream_pieces_give_each_character_to_the_token_that_completed_it(s
         owners += [i for i, n in stream.pieces(*stream.last) for _ in range(n)]
         assert stream.sent == text
         assert owners == owner_of_each_character(data)
+
+
+@pytest.mark.parametrize("stop", [(), ("日本 X",)])
+def test_text_stream_sent_tokens_end_on_the_last_token_whose_character_went_out(stop):
+    """A streamed chunk's logprobs are those of TextStream.sent_tokens: the tokens up to the one that owns the
+    last character sent; a character's first bytes wait for the byte that completes it."""
+    from specdec.model.text_stream import TextStream
+
+    text = "a é 日本 🤖 z"
+    data = list(text.encode())
+    owners = owner_of_each_character(data)
+    rng = random.Random(7)
+    for _ in range(20):
+        stream, at = TextStream(ByteTokenizer(), stop, track_tokens=True), 0
+        while at < len(data):
+            at = min(len(data), at + rng.randint(1, 4))
+            stream.advance(data[:at])
+            sent = len(stream.sent)
+            assert stream.sent_tokens() == (owners[sent - 1] + 1 if sent else 0)

@@ -135,8 +135,10 @@ CASES = [
     ("top_logprobs > 20", "/v1/chat/completions", {"messages": CHAT, "logprobs": True, "top_logprobs": 21}, 400,
      "invalid_value", "top_logprobs"),
     ("logprobs < 0", "/v1/completions", {"prompt": "x", "logprobs": -1}, 400, "invalid_value", "logprobs"),
-    ("streamed logprobs", "/v1/chat/completions", {"messages": CHAT, "logprobs": True, "stream": True}, 400,
-     "unsupported", "logprobs"),
+    ("streamed top_logprobs > 20", "/v1/chat/completions",
+     {"messages": CHAT, "logprobs": True, "top_logprobs": 21, "stream": True}, 400, "invalid_value", "top_logprobs"),
+    ("streamed logprobs > 20", "/v1/completions", {"prompt": "x", "logprobs": 21, "stream": True}, 400,
+     "invalid_value", "logprobs"),
     ("zero max_completion_tokens", "/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, 400,
      "invalid_value", "max_completion_tokens"),
     # other servers' extensions that change the answer are refused, not dropped

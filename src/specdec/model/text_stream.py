@@ -86,8 +86,8 @@ class TextStream:
     so the text sent is always a prefix of the final (stop-cut) text. Call `advance` only
     while the request is unfinished (its text holds no stop string yet), then `finish`.
 
-    track_tokens: also know which token each character of the text came from (`ends`, `pieces`): the
-    tokens are then decoded one at a time, which costs a decode per token.
+    track_tokens: also know which token each character of the text came from (`ends`, `pieces`, `sent_tokens`):
+    the tokens are then decoded one at a time, which costs a decode per token.
     """
 
     def __init__(self, tokenizer, stop: tuple[str, ...], skip_special: bool = False, track_tokens: bool = False):
@@ -128,6 +128,17 @@ class TextStream:
                 out.append((min(i, len(self.ends) - 1), stop - start))
             start, i = stop, i + 1
         return out
+
+    def sent_tokens(self) -> int:
+        """How many leading tokens have their text wholly in the text sent so far, the last of them one with
+        text (a token that settled no character waits for the token whose text it starts). With track_tokens.
+
+        Tokens "He", "llo", "" (a first byte), "é": ends [2, 5, 5, 6]; once "Hello" is sent, 2.
+        """
+        n = bisect.bisect_right(self.ends, len(self.sent))
+        while n and self.ends[n - 1] == (self.ends[n - 2] if n > 1 else 0):  # no text of its own
+            n -= 1
+        return n
 
     def _push(self, output: list[int]) -> None:
         new = output[len(self.decoder.ids) :]

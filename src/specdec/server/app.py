@@ -119,7 +119,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
     # -- generation routes ---------------------------------------------------------------------
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        want_logprobs = logprobs.completion_request(body.logprobs, body.stream)
+        want_logprobs = logprobs.completion_request(body.logprobs)
         if body.echo:
             raise APIError(400, "echo is not supported by this server", param="echo", code="unsupported")
         if body.best_of not in (None, 1):
@@ -137,7 +137,7 @@ def create_app(engine: Engine, model_name: str, api_key: str | None = None,
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        want_logprobs = logprobs.chat_request(body.logprobs, body.top_logprobs, body.stream)
+        want_logprobs = logprobs.chat_request(body.logprobs, body.top_logprobs)
         check_model(body.model, model_name)
         if body.max_tokens is not None and body.max_completion_tokens is not None \
                 and body.max_tokens != body.max_completion_tokens:

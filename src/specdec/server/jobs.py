@@ -31,6 +31,7 @@ class Delta:
 
     text: str
     sources: dict | None = None  # with Job.sources: {"sources": [[source, characters], ...], "tokens", ...}
+    logprobs: list[TokenLogprob] | None = None  # with Job.logprobs: the tokens whose text this Delta completes
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Done:
     stats: SpecStats
     sources: dict | None = None  # as Delta's, for `text`
     cached_tokens: int = 0  # leading prompt tokens the prefix cache gave (usage.prompt_tokens_details)
-    logprobs: list[TokenLogprob] | None = None  # each answer token's, when the job asked (Job.logprobs)
+    logprobs: list[TokenLogprob] | None = None  # with Job.logprobs: each answer token's (streamed: those not sent)
 
 
 class StepFailed(SpecdecError):
@@ -71,7 +72,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     skip_special: bool = True  # the answer's text leaves special tokens out (skip_special_tokens)
     sources: bool = False  # a stream that asked where each token came from (stream_options.include_sources)
-    logprobs: int | None = None  # None: none asked; n: each token's logprob and its n most likely (not streamed)
+    logprobs: int | None = None  # None: none asked; n: each token's logprob and its n most likely
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     arrived: float = field(default_factory=time.perf_counter)

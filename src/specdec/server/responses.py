@@ -90,7 +90,7 @@ async def answer(worker: Scheduler, job: Job, body: GenerationRequest, request: 
             streaming = True
             return StreamingResponse(
                 _sse(job, event, rid, created, model_name, chat, include_usage, request.app.state.metrics,
-                     chat and bool(body.tools) and body.tool_choice != "none"),
+                     chat and bool(body.tools) and body.tool_choice != "none", worker.engine.model.tokenizer),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                 background=BackgroundTask(job.cancel))  # also when the stream never started
@@ -120,11 +120,26 @@ async def answer(worker: Scheduler, job: Job, body: GenerationRequest, request: 
 
 
 async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: bool, include_usage: bool,
-               metrics: ServerMetrics, tools: bool = False):
+               metrics: ServerMetrics, tools: bool = False, tokenizer=None):
     """OpenAI's SSE stream: `data: {chunk}` lines, then `data: [DONE]`. The job is cancelled if this stops early.
-    tools: the answer's <tool_call> blocks go out as tool_calls deltas at its end (server/tools.py)."""
+    tools: the answer's <tool_call> blocks go out as tool_calls deltas at its end (server/tools.py).
+    With Job.logprobs, each chunk with text carries the logprobs its events brought (those of the tokens whose
+    text it completes), and the chunk with finish_reason any left (tokens with no text: an EOS, a stop string's)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     calls = CallStream() if tools else None
+    owed: list = []  # TokenLogprobs the events brought that no chunk carried yet
+    offset = 0  # completions' text_offset of the next token: its tokens' texts so far, as the unstreamed answer's
+
+    def take_logprobs() -> dict | None:
+        nonlocal owed, offset
+        if job.logprobs is None or not owed:
+            return None
+        entries, owed = owed, []
+        if chat:
+            return logprobs.chat_object(entries, tokenizer)
+        out = logprobs.completion_object(entries, tokenizer, job.logprobs, offset)
+        offset += sum(len(t) for t in out["tokens"])
+        return out
 
     def chunk(text: str | None, finish_reason: str | None = None, role: bool = False, tool_calls=None,
               **extra) -> str:
@@ -134,9 +149,9 @@ async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: b
                 delta["content"] = text
             if tool_calls is not None:
                 delta["tool_calls"] = tool_calls
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": take_logprobs(), "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text or "", "logprobs": take_logprobs(), "finish_reason": finish_reason}
         return _data({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [choice],
                       **extra})
 
@@ -145,6 +160,8 @@ async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: b
             yield chunk("", role=True)
         event = first
         while True:
+            if isinstance(event, (Delta, Done)) and event.logprobs:
+                owed += event.logprobs
             if isinstance(event, (Delta, Done)) and event.text:
                 if calls is None:
                     yield chunk(event.text, **({"specdec": event.sources} if event.sources else {}))

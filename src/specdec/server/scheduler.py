@@ -75,6 +75,7 @@ class _Running:
     text: TextStream
     started_at: float = field(default_factory=time.perf_counter)
     first_at: float | None = None  # when the first token was emitted
+    logprobs_sent: int = 0  # a stream's leading tokens whose logprobs went out in a Delta (Job.logprobs)
 
 
 class Scheduler:
@@ -222,7 +223,8 @@ class Scheduler:
             job.put(Failed(exc))
             return
         self.metrics.prefix_hits.inc(req.cached_tokens)
-        stream = TextStream(self.engine.model.tokenizer, job.stop, job.skip_special, track_tokens=job.sources)
+        stream = TextStream(self.engine.model.tokenizer, job.stop, job.skip_special,
+                            track_tokens=job.sources or job.logprobs is not None)
         self._running.append(_Running(job, req, stream))
 
     def _drop_gone(self) -> None:
@@ -262,11 +264,11 @@ class Scheduler:
             m.ttft.observe(r.first_at - r.job.arrived)
             if r.job.stream and not r.req.finished:
                 piece = r.text.advance(r.req.output)
-                r.job.put(Delta(piece, _sources(r) if piece else None))
+                r.job.put(Delta(piece, _sources(r) if piece else None, _logprobs(r) if piece else None))
         elif new and r.job.stream and not r.req.finished:
             piece = r.text.advance(r.req.output)
             if piece:
-                r.job.put(Delta(piece, _sources(r)))
+                r.job.put(Delta(piece, _sources(r), _logprobs(r)))
         if r.req.finished:
             self._end(r)
 
@@ -319,8 +321,9 @@ class Scheduler:
         self._recent_latency = 0.8 * self._recent_latency + 0.2 * (now - job.arrived)
         m.record_generation(job.endpoint, reason, result.prompt_tokens, n, result.stats)
         piece = r.text.finish(result.text, req.output) if job.stream else result.text
+        rest = result.logprobs[r.logprobs_sent :] if result.logprobs is not None else None  # streamed: those not sent
         job.put(Done(piece, reason, result.prompt_tokens, n, result.stats, _sources(r) if piece else None,
-                     cached_tokens=result.cached_tokens, logprobs=result.logprobs))
+                     cached_tokens=result.cached_tokens, logprobs=rest))
 
     def _shutdown(self) -> None:
         with self._cv:
@@ -345,3 +348,13 @@ def _sources(r: _Running) -> dict | None:
     names = ("target", *(d.name for d in req.drafters))
     return {"sources": [[names[req.sources[i]], n] for i, n in r.text.pieces(*r.text.last)],
             "tokens": len(req.output), "drafted": req.stats.drafted, "accepted": req.stats.accepted}
+
+
+def _logprobs(r: _Running) -> list | None:
+    """A stream's logprobs for its next Delta, for a job that asked (Job.logprobs): those of the tokens whose
+    text is now wholly sent and went out in no Delta before (the rest go in Done)."""
+    if r.job.logprobs is None:
+        return None
+    n = max(r.logprobs_sent, r.text.sent_tokens())
+    entries, r.logprobs_sent = r.req.logprobs[r.logprobs_sent : n], n
+    return entries

@@ -3,7 +3,7 @@
 Fields are strict (a string where an integer belongs is a 400, never coerced; null is the
 field's default, as in OpenAI's API) and unknown fields are ignored, as OpenAI clients send
 fields this server has no use for (user, metadata, ...). Fields we cannot honour with a non-default value (n > 1,
-penalties, streamed logprobs) are rejected by the handlers, not silently dropped; so are the
+penalties) are rejected by the handlers, not silently dropped; so are the
 extensions of vLLM, SGLang and llama.cpp's servers that change the answer (ANSWER_CHANGING,
 e.g. guided_json, ignore_eos, continue_final_message), and assistant messages that carry tool_calls.
 response_format and llama.cpp's grammar / json_schema constrain the answer (server/structured.py).
