@@ -1,4 +1,4 @@
-"""The agentic session set (bench/prompts/agentic.jsonl) and its runner (bench/sessions.py) on the tiny model:
+"""The agentic session set (src/specdec/bench/sets/agentic.jsonl) and its runner (bench/sessions.py) on the tiny model:
 later turns reuse the conversation's rows (a count), and speculative turns are plain turns token for token."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-turn agent sessions (bench/prompts/agentic.jsonl): time to first token per turn with the prefix cache,
+"""Multi-turn agent sessions (bench/sets/agentic.jsonl): time to first token per turn with the prefix cache,
 decode speed, and speculative output against plain output, turn by turn.
 
 A session is a scripted conversation: a system prompt (tools, or a JSON format), user turns, the assistant's
@@ -26,7 +26,7 @@ from specdec.engine.engine import Engine
 from specdec.engine.prefix_cache import PREFIX_CACHE_MODES
 from specdec.sampling import SamplingParams
 
-DEFAULT_SESSIONS = Path(__file__).resolve().parents[3] / "bench" / "prompts" / "agentic.jsonl"
+DEFAULT_SESSIONS = Path(__file__).resolve().parent / "sets" / "agentic.jsonl"  # shipped as package data
 
 
 @dataclass(frozen=True)
