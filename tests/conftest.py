@@ -26,7 +26,7 @@ MACHINE_SKIPS = (
     "this CPU has no AVX512-VNNI",  # the VNNI build's bits against the AVX2 build's (test_kernels, test_gguf_format)
     "this CPU has no AVX-512 (VNNI)",  # the same for attend.c (test_attend_kernel)
     "this machine has no apt-get",  # Debian's chromium cannot be installed (tests/server/test_chat_page.py)
-    "no llama.cpp source tree here",  # its converter, run again beside the committed fixture (helpers/qwen35.py)
+    "no llama.cpp source tree here",  # its converter beside the committed fixtures (helpers/llama_converter.py)
 )
 
 
