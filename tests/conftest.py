@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -87,3 +88,13 @@ def smollm():
 @pytest.fixture(scope="session")
 def smollm_fp32():
     return real_model("smollm2-135m", "fp32")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """For tests on tiny models: their ops take microseconds, and a second torch thread only adds a barrier
+    to each, which costs a millisecond or more whenever the other core is busy (10x the whole test)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

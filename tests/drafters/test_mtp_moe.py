@@ -31,12 +31,7 @@ PROMPTS = [TOKENS[2:12], TOKENS[12:19], TOKENS[20:33]]
 GGUF = FIXTURE / "glm4_moe_mtp.gguf"
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import pytest
-import torch
 
 from helpers.drafts import random_sharing_tokenizer, save_random_block_drafter
 from helpers.grammars import forcing_prefix
@@ -57,16 +56,6 @@ class Variant:
         if self.factory is not None:
             engine.drafter_factory = self.factory(engine)
         return engine
-
-
-@pytest.fixture
-def one_torch_thread():
-    """For tests on tiny models: their ops take microseconds, and a second torch thread only adds a barrier
-    to each, which costs a millisecond or more whenever the other core is busy (10x the whole test)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

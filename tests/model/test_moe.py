@@ -33,14 +33,7 @@ PROMPT = TOKENS[:10]
 NO_GGUF_KERNEL = pytest.mark.skipif(kernels.gguf() is None, reason="no GGUF kernel here (no cc or no AVX2)")
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """A tiny model's ops take microseconds: a second torch thread only adds a barrier to each (as in
-    tests/lossless/conftest.py)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def load(path, fmt: str):

@@ -35,14 +35,7 @@ PROMPTS = [TOKENS[2:12], TOKENS[12:19], TOKENS[20:33]]  # answers of 24 tokens i
 
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    """A tiny model's ops take microseconds: a second thread only adds a barrier to each, which costs a
-    millisecond or more whenever the other core is busy (as tests/lossless/conftest.py's fixture)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 def load(path, fmt="fp32"):
