@@ -25,7 +25,7 @@ from specdec.cache.recurrent import HybridCache
 from specdec.model.config import ModelConfig
 from specdec.model.deltanet import DeltaNetWeights, deltanet_mix
 from specdec.model.gated_attention import gated_attention, mlp_block
-from specdec.model.layers import RopeTable, rms_norm, softcap
+from specdec.model.layers import RopeTable, rms_norm
 from specdec.model.linear import QLinear
 from specdec.model.segments import ForwardOutput, Segment, segment_layout
 from specdec.model.transformer import Transformer, _linear_by_spans
@@ -145,13 +145,4 @@ class HybridTransformer(Transformer):
         for seg, start, (rows, _) in zip(segments, starts, spans):
             cache.lengths[seg.slot] = start + rows.stop - rows.start
 
-        head_spans, picked, row = [], [], 0  # the rows that get logits, and each sequence's span among them
-        for seg, (rows, exact) in zip(segments, spans):
-            take = slice(rows.stop - 1, rows.stop) if seg.last_only else rows
-            picked.append(x[take])
-            head_spans.append((slice(row, row + take.stop - take.start), exact))
-            row += take.stop - take.start
-        h = rms_norm(torch.cat(picked), self.norm, c.rms_norm_eps)
-        logits = softcap(_linear_by_spans(self.lm_head, h, head_spans), c.final_logit_softcap)
-        return [ForwardOutput(logits[hs][None], {layer: t[rows][None] for layer, t in hidden.items()})
-                for (hs, _), (rows, _) in zip(head_spans, spans)]
+        return self._outputs(x, segments, spans, hidden)

@@ -248,6 +248,13 @@ class Transformer(CacheAttention):
         for seg, start, size in zip(segments, starts, sizes):
             cache.lengths[seg.slot] = start + size
 
+        return self._outputs(x, segments, spans, hidden)
+
+    def _outputs(self, x: torch.Tensor, segments: list[Segment], spans: list[tuple[slice, bool]],
+                 hidden: dict[int, torch.Tensor]) -> list[ForwardOutput]:
+        """Each segment's ForwardOutput from the last layer's rows x (N, H): logits of its last row (last_only)
+        or of all its rows, final norm and head per span as the layers ran, and its rows of `hidden`."""
+        c = self.config
         head_spans, picked, row = [], [], 0  # the rows that get logits, and each sequence's span among them
         for seg, (rows, exact) in zip(segments, spans):
             take = slice(rows.stop - 1, rows.stop) if seg.last_only else rows
