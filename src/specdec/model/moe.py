@@ -15,7 +15,9 @@ Prefill (exact=False) rows of each sequence run apart, as the dense layers' do (
 Cost: only the chosen experts' weights are read. In the gguf format the file's stacked expert tensors
 (llama.cpp's ffn_*_exps, (E, rows, row_bytes) blocks) are repacked once, whole, and each expert is a view
 of its rows (a pointer into them), given to the gguf kernel for the rows routed to it: nothing is copied
-per token and a step reads k of the E experts. Other formats hold one QLinear pair per expert.
+per token and a step reads k of the E experts. Where moe.c loaded (kernels.moe), all of a layer's routed experts
+run in one C call into the same kernels, in the same order (the same bits; see moe.c) instead of the Python loop
+over experts below. Other formats hold one QLinear pair per expert.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 
 from specdec.model import kernels
 from specdec.model.errors import ModelFileError
-from specdec.model.layers import mlp_act
+from specdec.model.layers import _row_kernel, mlp_act
 from specdec.model.linear import GGUF_KERNEL_TYPES, QLinear
 from specdec.model.moe_config import MoEConfig
 
@@ -68,6 +70,9 @@ class GGUFExperts:
         g, u, d = self.whole
         self.gate_up = [_ExpertParts([view(g, e, intermediate), view(u, e, intermediate)]) for e in range(experts)]
         self.down = [_ExpertParts([view(d, e, hidden)]) for e in range(experts)]
+        # moe.c: all of a layer's routed experts in one call (the same kernels, the same bits), where it loaded
+        self.native = None if kernels.moe() is None else (kernels.MoEExperts.of(self.whole, experts, hidden,
+                                                                                intermediate), kernels.moe_kernels())
 
     def gate_up_rows(self, e: int, x: torch.Tensor, exact: bool) -> torch.Tensor:
         """(n, H) -> (n, 2I): expert e's gate rows, then its up rows."""
@@ -156,7 +161,10 @@ class MoE:
         n, H = h.shape
         ids, weights = self.route(h, exact)
         k = ids.shape[1]
-        if n == 1:  # a decode step: the same products and adds as below, without the bookkeeping (~1/4 of a step)
+        native = getattr(self.experts, "native", None)
+        if native is not None and _row_kernel(h, self.norm):  # mlp_act's own test: rows.c's activation, as below
+            out = kernels.moe_experts(h, ids, weights, native[0], self.act, native[1])
+        elif n == 1:  # a decode step: the same products and adds as below, without the bookkeeping (~1/4 of a step)
             out = None
             for j, e in enumerate(ids[0].tolist()):
                 part = self.expert(e, h, exact) * weights[:, j, None]

@@ -34,6 +34,7 @@ SOURCES = {
     "rows": ("rows.c",),
     "step": ("step.c",),
     "deltanet": ("deltanet.c",),
+    "moe": ("moe.c",),
 }
 # -ffp-contract=off: no mul and add fused unless the source asks (the bits are the source's arithmetic)
 FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")

@@ -96,6 +96,20 @@ def step():
     return load("step", {"step_layers": [P, P, I64, I64, P]}, off="SPECDEC_NO_FUSED_STEP")
 
 
+@lru_cache(maxsize=1)
+def moe():
+    """The loaded mixture-of-experts driver (moe.c) where gguf and rows loaded too, or None
+    (`why_unavailable("moe")`; SPECDEC_NO_MOE_KERNEL=1 turns it off)."""
+    missing = [name for name, lib in (("gguf", gguf()), ("rows", rows())) if lib is None]
+    if missing:
+        reasons["moe"] = f"it drives {', '.join(missing)}, which did not load ({why_unavailable(missing[0])})"
+        return None
+    lib = load("moe", {"moe_experts": [P, P, P, I64, I64, P, P, I32, P, I32]}, off="SPECDEC_NO_MOE_KERNEL")
+    if lib is not None:
+        lib.moe_experts.restype = I32  # 0, or -1 where scratch memory could not be had
+    return lib
+
+
 def kernel_isa() -> str:
     """What specdec's C kernels run on here, for reports: "avx512-vnni", "avx2", or "none (why)"."""
     if gguf() is None and w8a8() is None:

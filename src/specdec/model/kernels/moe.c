@@ -1,0 +1,148 @@
+// The routed experts of one mixture-of-experts layer over gguf-format weights, in one C call for all of a
+// forward's rows instead of a Python loop over experts (model/moe.py, MoE._rows: on a synthetic Qwen3-MoE of
+// 16 layers, 4 of 32 experts a token, that loop's ~8 Python-level ops per expert cost ~1/4 of a decode step).
+//
+// It computes what the per-expert path computes, through the same kernels: function pointers into the loaded
+// gguf_linear.c and rows.c (model/kernels/moe_structs.py), as step.c does, so the same code computes every
+// value and the bits are that path's:
+//
+//     for each expert e chosen by any row, the rows that chose it (in row order), gathered:
+//         gu (m, 2I) = gguf_linear(x rows, [e's gate rows, e's up rows])   one pass, x quantized once
+//         a  (m, I)  = act_mul_rows(gu[:, :I], gu[:, I:])                  rows.c's activation, MoE's act
+//         y  (m, H)  = gguf_linear(a, e's down rows)
+//         part[row, rank] = weight[row, rank] * y[row]                    rank: e's place in the row's ids
+//     out[row] = part[row, 0] + part[row, 1] + ... + part[row, k - 1]     one add at a time, in rank order
+//
+// so an expert's weights are read once per call whatever number of rows chose it. A single row (a decode
+// step) takes its k experts' gate and up rows in one gguf_linear call (2k parts, one parallel pass) and its
+// k down products one call each: gguf_linear computes each output element from its weight row and activation
+// row alone, in one fixed order (row-invariant, whatever the other rows, parts or threads), and act_mul_rows
+// each element alone, so grouping changes no bit. A row computed alone or among others gets the same bits.
+//
+// Compiled without -ffast-math and with -ffp-contract=off, as the kernels are: each product and add rounds
+// as torch's float32 ops do.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*act_fn)(const float *gate, const float *up, int64_t M, int64_t I, int64_t gs, int64_t us, int kind,
+                       float *out);
+typedef void (*linear_fn)(const float *x, int64_t M, int64_t K, int nparts, const int32_t *types,
+                          const uint64_t *weights, const int64_t *rows, const int64_t *row_bytes, const float *bias,
+                          float *y, int threads);
+
+typedef struct {  // the entry points called: rows.c's act_mul_rows, gguf_linear.c's gguf_linear
+    act_fn act;
+    linear_fn linear;
+} Kernels;
+
+// E experts' stacked weights as the file stacks them (llama.cpp's ffn_{gate,up,down}_exps, repacked for
+// gguf_linear): tensor t (0 gate, 1 up, 2 down) holds expert e's rows at base[t] + e * rows_t * row_bytes[t],
+// rows_t = I for gate and up, H for down; types[t] its ggml type id (0: float32 values)
+typedef struct {
+    int64_t experts, hidden, inter;
+    int32_t types[3];
+    int32_t pad;
+    uint64_t base[3];
+    int64_t row_bytes[3];
+} Experts;
+
+static uint64_t expert_rows(const Experts *w, int t, int64_t e) {
+    const int64_t rows = t == 2 ? w->hidden : w->inter;
+    return w->base[t] + (uint64_t)(e * rows * w->row_bytes[t]);
+}
+
+// y (m, 2I) = x (m, H) @ [gate_e; up_e].T for the n_e experts es[0..n_e-1], their gate and up rows side by side
+// per expert: y's columns are gate_es[0], up_es[0], gate_es[1], ... (n_e * 2I of them)
+static void gate_up(const Kernels *k, const Experts *w, const int64_t *es, int64_t n_e, const float *x, int64_t m,
+                    float *y, int threads) {
+    int32_t *types = malloc(sizeof(int32_t) * (size_t)(2 * n_e));
+    uint64_t *at = malloc(sizeof(uint64_t) * (size_t)(2 * n_e));
+    int64_t *rows = malloc(sizeof(int64_t) * (size_t)(2 * n_e)), *bytes = malloc(sizeof(int64_t) * (size_t)(2 * n_e));
+    for (int64_t j = 0; j < n_e; j++)
+        for (int t = 0; t < 2; t++) {
+            types[2 * j + t] = w->types[t];
+            at[2 * j + t] = expert_rows(w, t, es[j]);
+            rows[2 * j + t] = w->inter;
+            bytes[2 * j + t] = w->row_bytes[t];
+        }
+    k->linear(x, m, w->hidden, (int)(2 * n_e), types, at, rows, bytes, NULL, y, threads);
+    free(types);
+    free(at);
+    free(rows);
+    free(bytes);
+}
+
+// y (m, H) = a (m, I) @ down_e.T
+static void down(const Kernels *k, const Experts *w, int64_t e, const float *a, int64_t m, float *y, int threads) {
+    const int32_t type = w->types[2];
+    const uint64_t at = expert_rows(w, 2, e);
+    const int64_t rows = w->hidden, bytes = w->row_bytes[2];
+    k->linear(a, m, w->inter, 1, &type, &at, &rows, &bytes, NULL, y, threads);
+}
+
+// part[i] = wt * y[i] for i < H
+static void weigh(float *part, const float *y, float wt, int64_t H) {
+    for (int64_t i = 0; i < H; i++) part[i] = wt * y[i];
+}
+
+// out (n, H) = the routed experts' weighted sum for the n rows x (n, H): ids (n, kk) int64, each row's experts
+// in increasing id order (distinct, each < E), weights (n, kk) float32 their weights; act: act_mul_rows' kind.
+// Returns 0, or -1 where scratch memory could not be had (out untouched).
+int moe_experts(const Kernels *k, const Experts *w, const float *x, int64_t n, int64_t kk, const int64_t *ids,
+                const float *weights, int act, float *out, int threads) {
+    const int64_t H = w->hidden, I = w->inter, E = w->experts;
+    if (n <= 0) return 0;
+    float *parts = malloc(sizeof(float) * (size_t)(n * kk * H));  // (n, kk, H) weight * expert output
+    if (n == 1) {  // a decode step: every expert's rows are row 0
+        float *gu = malloc(sizeof(float) * (size_t)(kk * 2 * I)), *a = malloc(sizeof(float) * (size_t)(kk * I));
+        float *y = malloc(sizeof(float) * (size_t)H);
+        if (!parts || !gu || !a || !y) {
+            free(parts), free(gu), free(a), free(y);
+            return -1;
+        }
+        gate_up(k, w, ids, kk, x, 1, gu, threads);
+        k->act(gu, gu + I, kk, I, 2 * I, 2 * I, act, a);  // expert j's gate and up as row j
+        for (int64_t j = 0; j < kk; j++) {
+            down(k, w, ids[j], a + j * I, 1, y, threads);
+            weigh(parts + j * H, y, weights[j], H);
+        }
+        free(gu), free(a), free(y);
+    } else {
+        float *xe = malloc(sizeof(float) * (size_t)(n * H)), *gu = malloc(sizeof(float) * (size_t)(n * 2 * I));
+        float *a = malloc(sizeof(float) * (size_t)(n * I)), *y = malloc(sizeof(float) * (size_t)(n * H));
+        int64_t *count = calloc((size_t)E, sizeof(int64_t)), *row = malloc(sizeof(int64_t) * (size_t)n);
+        int64_t *rank = malloc(sizeof(int64_t) * (size_t)n);
+        if (!parts || !xe || !gu || !a || !y || !count || !row || !rank) {
+            free(parts), free(xe), free(gu), free(a), free(y), free(count), free(row), free(rank);
+            return -1;
+        }
+        for (int64_t i = 0; i < n * kk; i++) count[ids[i]]++;
+        for (int64_t e = 0; e < E; e++) {
+            if (!count[e]) continue;
+            int64_t m = 0;  // the rows that chose e, in row order, and e's rank among each one's ids
+            for (int64_t r = 0; r < n; r++)
+                for (int64_t j = 0; j < kk; j++)
+                    if (ids[r * kk + j] == e) {
+                        row[m] = r, rank[m] = j;
+                        memcpy(xe + m * H, x + r * H, sizeof(float) * (size_t)H);
+                        m++;
+                    }
+            gate_up(k, w, &e, 1, xe, m, gu, threads);
+            k->act(gu, gu + I, m, I, 2 * I, 2 * I, act, a);
+            down(k, w, e, a, m, y, threads);
+            for (int64_t i = 0; i < m; i++)
+                weigh(parts + (row[i] * kk + rank[i]) * H, y + i * H, weights[row[i] * kk + rank[i]], H);
+        }
+        free(xe), free(gu), free(a), free(y), free(count), free(row), free(rank);
+    }
+    for (int64_t r = 0; r < n; r++) {  // out = part 0 + part 1 + ..., one add at a time as torch adds them
+        const float *p = parts + r * kk * H;
+        float *o = out + r * H;
+        memcpy(o, p, sizeof(float) * (size_t)H);
+        for (int64_t j = 1; j < kk; j++)
+            for (int64_t i = 0; i < H; i++) o[i] = o[i] + p[j * H + i];
+    }
+    free(parts);
+    return 0;
+}

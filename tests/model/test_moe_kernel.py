@@ -1,0 +1,93 @@
+"""moe.c: a mixture layer's routed experts in one C call (model/kernels/moe_experts.py, model/moe.py).
+
+On random quantized experts wide enough for the gguf kernel's interleaved groups of 256 (hidden 512, width 256;
+gate and up Q8_0, down Q4_0): the one call gives bitwise the Python loop over experts it replaces (the same
+kernels in the same order), a row alone the bits it gets among n rows, and the mixture the file's weights
+dequantized to float32 compute, within the int8 activations' rounding.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.model import kernels
+from specdec.model.linear import GGUF_KERNEL_TYPES, QLinear
+from specdec.model.moe import GGUFExperts, MoE
+from specdec.model.moe_config import MoEConfig
+
+pytestmark = [pytest.mark.skipif(kernels.moe() is None, reason="no MoE kernel here (no cc or no AVX2)"),
+              pytest.mark.usefixtures("one_torch_thread")]  # tests/conftest.py
+
+E, K_USED, H, I = 8, 3, 512, 256
+
+
+def blocks(kind: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
+    """(rows, bytes) random blocks of a legacy type (Q8_0: f16 scale + 32 int8; Q4_0: f16 scale + 16 bytes of
+    nibbles), scales ~0.02 so that the products stay O(1)."""
+    quants = {"Q8_0": 32, "Q4_0": 16}[kind]
+    nb = rows * cols // 32
+    scale = (0.01 + 0.02 * torch.rand(nb, 1, generator=g)).half().view(torch.uint8)  # (nb, 2)
+    q = torch.randint(0, 256, (nb, quants), generator=g, dtype=torch.uint8)
+    return torch.cat([scale, q], dim=1).reshape(rows, -1).contiguous()
+
+
+@pytest.fixture(scope="module")
+def layer():
+    """(MoE over GGUFExperts, the experts' float32 weights (gate (E, I, H), up (E, I, H), down (E, H, I)))."""
+    g = torch.Generator().manual_seed(0)
+    raw = [("Q8_0", blocks("Q8_0", E * I, H, g)), ("Q8_0", blocks("Q8_0", E * I, H, g)),
+           ("Q4_0", blocks("Q4_0", E * H, I, g))]
+    dense = [kernels.gguf_rows(GGUF_KERNEL_TYPES[kind], t, torch.arange(t.shape[0]), cols)
+             for (kind, t), cols in zip(raw, (H, H, I))]
+    cfg = MoEConfig(experts=E, experts_per_token=K_USED, expert_intermediate=I, layers=(0,))
+    router = QLinear(torch.randn(E, H, generator=g), None, "fp32")
+    moe = MoE(cfg, router, None, GGUFExperts(*raw, E, H, I), None, None, "silu", torch.ones(H))
+    assert moe.experts.native is not None
+    return moe, (dense[0].view(E, I, H), dense[1].view(E, I, H), dense[2].view(E, H, I))
+
+
+def python_loop(moe: MoE, h: torch.Tensor) -> torch.Tensor:
+    """The layer through moe.py's loop over experts (the path the kernel replaces)."""
+    native, moe.experts.native = moe.experts.native, None
+    try:
+        return moe(h)
+    finally:
+        moe.experts.native = native
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 9])
+def test_one_call_gives_the_python_loops_bits_and_a_rows_bits_alone(layer, n):
+    moe, _ = layer
+    h = torch.randn(n, H, generator=torch.Generator().manual_seed(n))
+    out = moe(h)
+    assert torch.equal(out, python_loop(moe, h)), f"max |diff| {(out - python_loop(moe, h)).abs().max():.3e}"
+    assert torch.equal(out, torch.cat([moe(h[i : i + 1]) for i in range(n)]))
+    if n > 1:
+        ids, _ = moe.route(h)
+        assert len(torch.unique(ids)) > K_USED, "every row chose the same experts: this would prove little"
+
+
+def test_the_mixture_is_the_dequantized_weights_one(layer):
+    """Against float32 on the blocks' own values: sum_j w_j * down_e (silu(gate_e h) * up_e h), e = ids[j]."""
+    moe, (gate, up, down) = layer
+    h = torch.randn(6, H, generator=torch.Generator().manual_seed(1))
+    ids, weights = moe.route(h)
+    want = torch.zeros(6, H)
+    for r in range(6):
+        for e, w in zip(ids[r].tolist(), weights[r].tolist()):
+            a = torch.nn.functional.silu(gate[e] @ h[r]) * (up[e] @ h[r])
+            want[r] += w * (down[e] @ a)
+    got = moe(h)
+    scale = want.abs().max()
+    assert scale > 0.1
+    assert (got - want).abs().max() < 0.02 * scale  # int8 activations in blocks of 32, twice
+
+
+def test_bad_ids_are_refused(layer):
+    moe, _ = layer
+    h = torch.randn(1, H)
+    with pytest.raises(ValueError, match="expert ids must lie in 0..7"):
+        kernels.moe_experts(h, torch.tensor([[0, 1, E]]), torch.ones(1, 3), moe.experts.native[0], "silu")
+    with pytest.raises(ValueError, match="do not fit 8 experts"):
+        kernels.moe_experts(h, torch.tensor([[0, 1, 2]]), torch.ones(2, 3), moe.experts.native[0], "silu")
