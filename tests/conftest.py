@@ -28,6 +28,7 @@ MACHINE_SKIPS = (
     "this CPU has no AVX-512 (VNNI)",  # the same for attend.c (test_attend_kernel)
     "this machine has no apt-get",  # Debian's chromium cannot be installed (tests/server/test_chat_page.py)
     "no llama.cpp source tree here",  # its converter beside the committed fixtures (helpers/llama_converter.py)
+    "no llama-server binary here",  # the agentic sessions' peer (tests/bench/test_session_bench.py)
 )
 
 

@@ -3,7 +3,8 @@
 Every report names the artifact, the runtime and the settings first; then one table per
 temperature; then per-position acceptance, the draft-length sweep, peers, the verdicts
 (bench/verdicts.py), auto's check, and the caveats (methods never engaged, greedy outputs that differed from the baseline).
-`specdec bench --concurrency` adds a "load" section (bench/load.py): write_load puts it into
+`specdec bench --sessions` adds a "sessions" section (bench/session_report.py renders it, write_sessions
+writes it). `specdec bench --concurrency` adds a "load" section (bench/load.py): write_load puts it into
 results.json and report.md, as a table per concurrency level. What an --out folder already holds,
 and whether a run may join it, is results_file.py.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from specdec.bench.plots import PLOTS, write_plots
 from specdec.bench.results_file import load_results, method_results
+from specdec.bench.session_report import sessions_markdown
 from specdec.bench.verdicts import markdown as verdict_markdown
 from specdec.model.files import write_text
 
@@ -30,6 +32,9 @@ def write_all(results: dict, out_dir) -> dict[str, Path]:
     load = load_results(out)
     if load is not None and "load" not in results:
         results = {**results, "load": load}
+    sessions = (method_results(out) or {}).get("sessions")  # a --sessions run there is kept too
+    if sessions is not None and "sessions" not in results:
+        results = {**results, "sessions": sessions}
     paths = {"json": out / "results.json"}
     write_text(paths["json"], json.dumps(results, indent=1))
     paths.update(write_plots(results, out))
@@ -155,6 +160,8 @@ def markdown(r: dict, plots: dict[str, str] | None = None) -> str:
         lines += ["## Caveats", ""] + [f"- {n}" for n in notes] + [""]
     if r.get("load"):
         lines += load_markdown(r["load"])
+    if r.get("sessions"):
+        lines += sessions_markdown(r["sessions"])
     return "\n".join(lines)
 
 
@@ -304,3 +311,26 @@ def load_markdown(load: dict) -> list[str]:
     if notes:
         lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]
     return lines
+
+
+# -- agentic sessions (bench/session_bench.py) --------------------------------------------------
+def write_sessions(section: dict, out_dir, runtime: dict | None = None, artifact: dict | None = None) -> dict:
+    """Put the section into out_dir/results.json and report.md (a method bench already there gains a
+    "sessions" key and its report the section at the end); returns the paths by kind."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "markdown": out / "report.md"}
+    existing = method_results(out)
+    if existing is not None:
+        existing["sessions"] = section
+        write_text(paths["json"], json.dumps(existing, indent=1))
+        write_text(paths["markdown"], markdown(existing, {k: n for k, n in PLOTS.items() if (out / n).is_file()}))
+        return paths
+    results = {"schema": section["schema"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+               "runtime": runtime or {}, "artifacts": {"target": artifact or {}}, "sessions": section}
+    write_text(paths["json"], json.dumps(results, indent=1))
+    lines = ["# specdec bench: agentic sessions", "", f"Created {results['created']}.", ""]
+    if artifact:
+        lines += [f"Target: {artifact.get('name') or artifact.get('path')} ({artifact.get('sha256', '')[:12]})", ""]
+    write_text(paths["markdown"], "\n".join(lines + sessions_markdown(section)) + "\n")
+    return paths

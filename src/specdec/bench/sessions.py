@@ -7,15 +7,20 @@ model for the t-th assistant message given everything before it; the history alw
 assistant messages, not the model's, so every method and every run sees the same prompts, and each prompt
 extends the last one: what the prefix cache is for.
 
-    python -m specdec.bench.sessions -m qwen2.5-coder-1.5b --methods none,suffix --prefix-cache on
+    specdec bench -m qwen2.5-coder-1.5b --sessions --methods none,auto,suffix --constrain both --peers llama-server
 
+(bench/session_bench.py runs them, bench/session_report.py writes the table; this command replaces the
+`python -m specdec.bench.sessions` of before.)
 Each method runs each session on a fresh engine (an empty cache), so a method's warm turns find what plain
 decoding's found, and "same" compares their tokens turn by turn.
+
+Constraints: a session may carry OpenAI's "response_format" (a json_schema every assistant turn follows) or
+"tools" (OpenAI's function list: the turns whose scripted answer is a <tool_call> follow the call grammar of
+tool_choice "required", server/tools.py). Session.constraint(t) says which, turn by turn.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import dataclass
@@ -23,10 +28,12 @@ from pathlib import Path
 
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
-from specdec.engine.prefix_cache import PREFIX_CACHE_MODES
 from specdec.sampling import SamplingParams
+from specdec.server.tools import OPEN as TOOL_CALL
+from specdec.server.tools import call_grammar
 
 DEFAULT_SESSIONS = Path(__file__).resolve().parent / "sets" / "agentic.jsonl"  # shipped as package data
+DEFAULT_MAX_TOKENS = 48  # a turn's answer budget where the file's {"_meta"} line names none
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,22 @@ class Session:
     id: str
     category: str
     messages: tuple[dict, ...]
+    response_format: dict | None = None  # OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}
+    tools: tuple[dict, ...] = ()  # OpenAI's [{"type": "function", "function": {...}}]
+
+    def answers(self) -> list[str]:
+        """The scripted assistant messages, turn by turn."""
+        return [m["content"] for m in self.messages if m["role"] == "assistant"]
+
+    def constraint(self, t: int) -> tuple[str, str] | None:
+        """(grammar kind, text) that turn t (1-based) follows when the sessions run constrained; None: free.
+        A json_schema response_format holds every turn; tools hold the turns whose scripted answer is a call."""
+        if self.response_format is not None:
+            schema = self.response_format.get("json_schema", {}).get("schema") or {"type": "object"}
+            return "json_schema", json.dumps(schema)
+        if self.tools and self.answers()[t - 1].startswith(TOOL_CALL):
+            return "gbnf", call_grammar(list(self.tools), "required")  # a Lark grammar: the gbnf kind reads it
+        return None
 
     def turns(self) -> list[list[dict]]:
         """The history before each assistant message: turn t's conversation so far."""
@@ -49,10 +72,21 @@ class Turn:
     ttft_s: float  # admission to the first token: the prefill of what the cache lacked, and one step
     decode_s: float
     token_ids: tuple[int, ...]
+    constrained: bool = False  # the turn followed its Session.constraint
+
+
+def max_tokens_of(path: str | Path = DEFAULT_SESSIONS) -> int:
+    """The answer budget the file's {"_meta"} line names ("max_tokens"), else DEFAULT_MAX_TOKENS."""
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            meta = json.loads(line).get("_meta")
+            return int(meta.get("max_tokens", DEFAULT_MAX_TOKENS)) if isinstance(meta, dict) else DEFAULT_MAX_TOKENS
+    return DEFAULT_MAX_TOKENS
 
 
 def load_sessions(path: str | Path = DEFAULT_SESSIONS) -> list[Session]:
-    """The sessions of a JSON Lines file ({"id", "category", "messages"} a line; a {"_meta"} line is skipped)."""
+    """The sessions of a JSON Lines file ({"id", "category", "messages"} a line, optionally "response_format"
+    or "tools"; a {"_meta"} line is skipped)."""
     sessions = []
     for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -63,7 +97,12 @@ def load_sessions(path: str | Path = DEFAULT_SESSIONS) -> list[Session]:
         messages = obj.get("messages")
         if not isinstance(messages, list) or not any(m.get("role") == "assistant" for m in messages):
             raise ValueError(f"{path}:{number}: a session needs 'messages' with at least one assistant message")
-        sessions.append(Session(obj["id"], obj.get("category", "agentic"), tuple(messages)))
+        fmt = obj.get("response_format")
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "json_schema"):
+            raise ValueError(f"{path}:{number}: a session's response_format must be "
+                             '{"type": "json_schema", "json_schema": {"schema": {...}}}')
+        sessions.append(Session(obj["id"], obj.get("category", "agentic"), tuple(messages), fmt,
+                                tuple(obj.get("tools") or ())))
     return sessions
 
 
@@ -79,13 +118,16 @@ def render(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.encode(text, add_bos=False)
 
 
-def run_session(engine: Engine, session: Session, max_tokens: int, spec: SpecConfig | None = None) -> list[Turn]:
-    """Every turn of `session`, in order, on `engine` (its prefix cache as it is), greedy."""
+def run_session(engine: Engine, session: Session, max_tokens: int, spec: SpecConfig | None = None,
+                grammars: list | None = None) -> list[Turn]:
+    """Every turn of `session`, in order, on `engine` (its prefix cache as it is), greedy. grammars: one compiled
+    Grammar (or None) per turn, compiled before (outside the timing); None: every turn free."""
     out = []
     for t, history in enumerate(session.turns(), 1):
         ids = render(engine.model.tokenizer, history)
+        grammar = grammars[t - 1] if grammars else None
         start = time.perf_counter()
-        req = engine.admit(ids, SamplingParams(), max_tokens, spec=spec)
+        req = engine.admit(ids, SamplingParams(grammar=grammar), max_tokens, spec=spec)
         try:
             while not req.output and not req.finished:
                 engine.step_batch([req])
@@ -95,47 +137,10 @@ def run_session(engine: Engine, session: Session, max_tokens: int, spec: SpecCon
         finally:
             engine.finish(req)
         out.append(Turn(session.id, t, len(ids), req.cached_tokens, first - start, time.perf_counter() - first,
-                        tuple(req.output)))
+                        tuple(req.output), grammar is not None))
     return out
 
 
 def spec_of(method: str) -> SpecConfig:
     """"none": plain decoding; otherwise drafter kinds joined by '+' (suffix, ngram-simple, ...)."""
     return SpecConfig() if method == "none" else SpecConfig(drafters=tuple(method.split("+")))
-
-
-def main(argv: list[str] | None = None) -> int:
-    from specdec.model.load import load_model
-
-    p = argparse.ArgumentParser(prog="python -m specdec.bench.sessions", description=__doc__.splitlines()[0])
-    p.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
-    p.add_argument("--weights", default="gguf")
-    p.add_argument("--sessions", default=str(DEFAULT_SESSIONS))
-    p.add_argument("--methods", default="none,suffix", help="comma-separated: none, or kinds joined by '+'")
-    p.add_argument("--prefix-cache", choices=PREFIX_CACHE_MODES, default="on")
-    p.add_argument("--max-tokens", type=int, default=48)
-    args = p.parse_args(argv)
-    sessions = load_sessions(args.sessions)
-    model = load_model(args.model, args.weights, progress=False)
-    methods = args.methods.split(",")
-    results: dict[str, list[Turn]] = {}
-    for method in methods:
-        results[method] = [turn for s in sessions for turn in run_session(
-            Engine(model, max_len=4096, prefix_cache=args.prefix_cache), s, args.max_tokens, spec_of(method))]
-    base = results[methods[0]]
-    print(f"{'session':14} turn prompt cached " + " ".join(f"{m + ' ttft':>16} {'tok/s':>7}" for m in methods) +
-          "  same")
-    for i, ref in enumerate(base):
-        cells = []
-        for m in methods:
-            r = results[m][i]
-            rate = (len(r.token_ids) - 1) / r.decode_s if r.decode_s > 0 and len(r.token_ids) > 1 else 0.0
-            cells.append(f"{r.ttft_s:15.3f}s {rate:7.1f}")
-        same = all(results[m][i].token_ids == ref.token_ids for m in methods)
-        print(f"{ref.session:14} {ref.turn:4} {ref.prompt_tokens:6} {ref.cached_tokens:6} " + " ".join(cells) +
-              f"  {'yes' if same else 'NO'}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

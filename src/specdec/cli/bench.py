@@ -30,6 +30,7 @@ from specdec.bench.prompts import load_prompts
 from specdec.bench.provenance import artifact_of, client_runtime
 from specdec.bench.report import load_table, write_load
 from specdec.bench.results_file import check_load_joins
+from specdec.cli.bench_sessions import add_session_args, check_not_sessions, cmd_sessions
 from specdec.cli.grammar_args import FLAGS as GRAMMAR_FLAGS
 from specdec.cli.grammar_args import add_grammar_args, grammar_from_args
 from specdec.cli.options import add_model_args, add_threads_args
@@ -149,6 +150,11 @@ def cmd_load(args) -> int:
 
 def cmd_bench(args) -> int:
     check_threads(args.threads)
+    if args.sessions is not None:
+        return cmd_sessions(args)
+    check_not_sessions(args)
+    if args.max_tokens is None:  # --sessions' default is the session file's
+        args.max_tokens = 128
     grammar_flags = ["--" + n.replace("_", "-") for n in GRAMMAR_FLAGS if getattr(args, n) is not None]
     if grammar_flags and (args.concurrency is not None or args.peers):
         raise ValueError(f"{grammar_flags[0]} constrains the method bench's specdec and --peer-url requests, not "
@@ -232,12 +238,14 @@ def add_parser(sub) -> None:
     p.add_argument("--per-category", type=int, default=None, help="at most this many prompts per category")
     p.add_argument("--temperature", "--temp", default="0", help="comma list, e.g. 0,0.7 (0 = greedy)")
     add_grammar_args(p)  # every specdec request of the method bench follows it (plain and speculative)
-    p.add_argument("--max-tokens", "-n", type=int, default=128)
+    p.add_argument("--max-tokens", "-n", type=int, default=None,
+                   help="tokens per answer (default 128; --sessions: the session file's)")
     p.add_argument("--repeats", "-r", type=int, default=3, help="rounds per prompt; medians are taken over them")
     p.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_DRAFT_LENGTH,
                    help=f"draft length of every method (default {DEFAULT_DRAFT_LENGTH})")
     p.add_argument("--draft-lengths", default=None, help="also sweep these draft lengths, e.g. 1,2,3,5")
-    p.add_argument("--peers", default=None, help="comma list: hf-plain, hf-assisted, hf-prompt-lookup")
+    p.add_argument("--peers", default=None,
+                   help="comma list: hf-plain, hf-assisted, hf-prompt-lookup (--sessions: llama-server)")
     p.add_argument("--peer-url", action="append", default=[],
                    help="an OpenAI-compatible server to measure too (repeatable), e.g. http://127.0.0.1:8080")
     p.add_argument("--peer-model", default=None,
@@ -251,6 +259,7 @@ def add_parser(sub) -> None:
                    help="let drafters remember earlier runs (inflates acceptance on repeated prompts)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", default="bench-out", help="folder for results.json, report.md and plots")
+    add_session_args(p)
     g = p.add_argument_group("server load (--concurrency): an OpenAI-compatible server under concurrent streams")
     g.add_argument("--concurrency", default=None,
                    help="comma list of concurrent clients, e.g. 1,4,16: measure a server instead of the methods")
