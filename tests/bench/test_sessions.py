@@ -41,3 +41,27 @@ def test_turns_reuse_the_conversation_and_speculation_changes_no_token(tiny_mode
     for t in range(1, len(plain)):
         previous = len(render(tiny_model.tokenizer, turns[t - 1]))
         assert previous <= plain[t].cached_tokens < plain[t].prompt_tokens  # the whole last prompt is reused
+
+
+def test_the_shipped_constraints_accept_the_scripted_answers(tiny_model):
+    """--constrain on: invoice-json's schema holds every scripted answer, and each tool session's call grammar
+    each scripted call (written on the template's lines), so constrained turns ask for what the script wrote."""
+    from specdec.engine.constrain import compile_for
+    from specdec.sampling.grammar import GrammarState
+
+    sessions = {s.id: s for s in load_sessions()}
+    assert sessions["invoice-json"].response_format["type"] == "json_schema"
+    checked = 0
+    for s in sessions.values():
+        for t, answer in enumerate(s.answers(), 1):
+            c = s.constraint(t)
+            if c is None:
+                assert s.tools and not answer.startswith("<tool_call>")  # a tool session's closing words
+                continue
+            if c[0] == "gbnf":
+                answer = answer.replace("<tool_call>", "<tool_call>\n").replace("</tool_call>", "\n</tool_call>")
+            state = GrammarState(compile_for(tiny_model, *c))
+            state.advance(tiny_model.tokenizer.encode(answer, add_bos=False))
+            assert state.matcher.is_accepting(), (s.id, t)
+            checked += 1
+    assert checked == 13  # 5 JSON answers and 4 calls in each tool session
