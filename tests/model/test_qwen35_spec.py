@@ -15,12 +15,12 @@ from safetensors.torch import load_file
 
 from helpers.distribution import engine_law, law_gap
 from helpers.drafts import Biased, likely_bias, random_mtp_head
+from helpers.oracle import Oracle, plain
 from helpers.qwen35 import FIXTURE, mtp_reference
 from helpers.spec import spec_for_model
 from helpers.tree_law import exact_law
 from specdec.bench.memory import KV_VALUE_BYTES
 from specdec.cli.inspect import inspect_model
-from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.hidden import HiddenStateDrafter
 from specdec.drafters.mtp import load_mtp_head
 from specdec.engine.config import SpecConfig
@@ -40,35 +40,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 def load(path, fmt="fp32"):
     return load_model(str(path), fmt, progress=False, weight_cache=False)
-
-
-class Oracle(DrafterBase):
-    """Drafts the plain answer with one token changed at a depth that cycles through 0..k (k: none), so steps
-    are accepted whole, in part and not at all: every rollback length of the recurrent state is taken."""
-
-    name = "oracle"
-
-    def __init__(self, prompt: list[int], answer: list[int], vocab: int):
-        self.prompt, self.answer, self.vocab, self.steps = prompt, answer, vocab, 0
-        self.accepted = self.rejected = 0
-
-    def propose(self, context, draft_length: int) -> Draft:
-        done = len(context) - len(self.prompt)
-        tokens = list(self.answer[done : done + draft_length])
-        wrong = self.steps % (draft_length + 1)
-        self.steps += 1
-        if wrong < len(tokens):
-            tokens[wrong] = (tokens[wrong] + 1) % self.vocab
-        self.drafted = len(tokens)
-        return Draft.chain(tokens)
-
-    def on_accept(self, num_accepted: int) -> None:
-        self.accepted += num_accepted
-        self.rejected += self.drafted - num_accepted
-
-
-def plain(model, prompt, n):
-    return Engine(model, max_len=128).generate(prompt, SamplingParams(), max_tokens=n).token_ids
 
 
 MODELS = [(HF, "fp32"), (HF, "int8"), (Q8, "gguf")]

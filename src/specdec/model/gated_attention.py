@@ -82,8 +82,13 @@ def gated_attention(h: torch.Tensor, w: GatedWeights, attend: Attend, cos: torch
 
 
 def mlp_block(x: torch.Tensor, w) -> torch.Tensor:
-    """x + down(silu(gate) * up)(rms_norm(x, mlp_norm)): the second half of every Qwen3.5 layer."""
-    gate, up = w.gate_up(rms_norm(x, w.mlp_norm, w.eps))
+    """x + down(silu(gate) * up)(rms_norm(x, mlp_norm)): the second half of every Qwen3.5 layer; Qwen3.5-MoE's
+    x + moe(rms_norm(x, mlp_norm)) where w has a moe ((N, H) normed rows -> (N, H), model/moe.py)."""
+    h = rms_norm(x, w.mlp_norm, w.eps)
+    moe = getattr(w, "moe", None)
+    if moe is not None:
+        return x + moe(h)
+    gate, up = w.gate_up(h)
     return x + w.down(mlp_act(gate, up, w.act, w.mlp_norm))
 
 

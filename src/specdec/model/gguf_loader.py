@@ -24,7 +24,7 @@ from specdec.model.gguf_reader import reader_class
 from specdec.model.linear import GGUF_KERNEL_TYPES
 from specdec.model.hybrid_build import hybrid_shapes
 from specdec.model.moe_config import moe_from_gguf, moe_shapes
-from specdec.model.qwen35_checkpoint import qwen35_gguf_config
+from specdec.model.qwen35_checkpoint import HYBRID_ARCHS, qwen35_gguf_config
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
 SUPPORTED_GGML_TYPES = {
@@ -210,7 +210,7 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
         raise ModelFileError(path, f"{arch}.expert_count is {meta[f'{arch}.expert_count']}: a mixture-of-experts "
                              "model, which specdec cannot run yet")
     _check_sizes(path, arch, meta, tensors)
-    if arch == "qwen35":  # hybrid: model/qwen35_checkpoint.py
+    if arch in HYBRID_ARCHS:  # hybrid: model/qwen35_checkpoint.py
         return qwen35_gguf_config(path, meta, tensors)
     hidden = int(need("embedding_length"))
     heads = int(need("attention.head_count"))
@@ -269,7 +269,7 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
     )
 
 
-MOE_ARCHS = ("qwen3moe", "glm4moe")  # GGUF architectures whose expert_* keys specdec reads (model/moe_config.py)
+MOE_ARCHS = ("qwen3moe", "glm4moe", "qwen35moe")  # GGUF architectures whose expert_* keys specdec reads (model/moe_config.py)
 _COUNTS = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
            "vocab_size", "block_count", "feed_forward_length", "context_length")
 _POSITIVE = ("rope.freq_base", "attention.layer_norm_rms_epsilon")

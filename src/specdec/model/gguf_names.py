@@ -69,7 +69,8 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    layer_names = {"gemma3": _GEMMA3_NAMES, "glm4moe": _GLM4MOE_NAMES, "qwen35": _QWEN35_NAMES}.get(arch,
+    layer_names = {"gemma3": _GEMMA3_NAMES, "glm4moe": _GLM4MOE_NAMES, "qwen35": _QWEN35_NAMES,
+                   "qwen35moe": _QWEN35_NAMES}.get(arch,
                                                                                                    _LAYER_NAMES)
     if m and m.group(2) in layer_names:
         return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}"

@@ -1,5 +1,6 @@
-"""The hybrid decoder (Qwen3.5 / Qwen3.6 dense): Gated DeltaNet layers (model/deltanet.py) between gated
-full-attention layers (model/gated_attention.py), each followed by the SwiGLU MLP, run for speculation.
+"""The hybrid decoder (Qwen3.5 / Qwen3.6, dense or MoE): Gated DeltaNet layers (model/deltanet.py) between gated
+full-attention layers (model/gated_attention.py), each followed by the SwiGLU MLP or (Qwen3.5-MoE) a mixture of
+experts (model/moe.py, its rows routed as a single step would route them), run for speculation.
 
     x = embed(tokens)
     for each layer:  x = x + mixer(rms_norm(x))    mixer: Gated DeltaNet, or gated attention over the KV cache
@@ -27,6 +28,7 @@ from specdec.model.deltanet import DeltaNetWeights, deltanet_mix
 from specdec.model.gated_attention import gated_attention, mlp_block
 from specdec.model.layers import RopeTable, rms_norm
 from specdec.model.linear import QLinear
+from specdec.model.moe import MoE
 from specdec.model.segments import ForwardOutput, Segment, segment_layout
 from specdec.model.transformer import Transformer, _linear_by_spans
 
@@ -37,13 +39,14 @@ class HybridLayer:
 
     attn_norm: torch.Tensor  # (H,) input_layernorm, as a multiplier
     mlp_norm: torch.Tensor  # (H,) post_attention_layernorm
-    gate_up: QLinear  # (2 * I, H)
-    down: QLinear  # (H, I)
+    gate_up: QLinear | None  # (2 * I, H); None where moe is the MLP
+    down: QLinear | None  # (H, I)
     qkv: QLinear | None = None  # gated attention: (2 * nh * hd + 2 * nkv * hd, H), q|gate per head, k, v
     o: QLinear | None = None  # (H, nh * hd)
     q_norm: torch.Tensor | None = None  # (hd,)
     k_norm: torch.Tensor | None = None
     deltanet: DeltaNetWeights | None = None  # a linear-attention layer's mixer
+    moe: MoE | None = None  # Qwen3.5-MoE: the layer's MLP, in place of gate_up and down
 
 
 class _SpanWeights:
@@ -56,6 +59,7 @@ class _SpanWeights:
         self.eps, self.act = config.rms_norm_eps, config.mlp_act
         self.attn_norm, self.mlp_norm, self.q_norm, self.k_norm = layer.attn_norm, layer.mlp_norm, layer.q_norm, \
             layer.k_norm
+        self.moe = None if layer.moe is None else partial(layer.moe, spans=spans)
 
     def qkv(self, h):
         return _linear_by_spans(self.layer.qkv, h, self.spans)
@@ -89,9 +93,9 @@ class HybridTransformer(Transformer):
         row = self.embed.row_bytes() if hasattr(self.embed, "row_bytes") else self.embed.shape[1] * self.embed.element_size()
         total = self.lm_head.nbytes() + row
         for layer in self.layers:
-            mats = [layer.gate_up, layer.down]
+            mats = [layer.gate_up, layer.down] if layer.moe is None else []
             mats += [layer.deltanet.in_proj, layer.deltanet.out_proj] if layer.deltanet else [layer.qkv, layer.o]
-            total += sum(m.nbytes() for m in mats)
+            total += sum(m.nbytes() for m in mats) + (layer.moe.active_bytes() if layer.moe is not None else 0)
         return total
 
     def new_cache(self, max_len: int | None = None, num_slots: int = 1) -> HybridCache:

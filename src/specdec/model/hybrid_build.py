@@ -1,5 +1,6 @@
 """A Qwen3.5 / Qwen3.6 layer's weights from a checkpoint (GGUF file or HF folder, tensors by their Hugging Face
-names), for model/build.py: a Gated DeltaNet layer or a gated full-attention one, each with its MLP."""
+names), for model/build.py: a Gated DeltaNet layer or a gated full-attention one, each with its MLP (dense, or
+Qwen3.5-MoE's mixture)."""
 
 from __future__ import annotations
 
@@ -7,17 +8,22 @@ from specdec.model.config import ModelConfig
 from specdec.model.deltanet import DeltaNetWeights
 from specdec.model.errors import ModelFileError
 from specdec.model.hybrid import HybridLayer
+from specdec.model.moe_config import moe_shapes
 
 
-def hybrid_layer(c: ModelConfig, i: int, get, linear, names, where) -> HybridLayer:
+def hybrid_layer(c: ModelConfig, i: int, get, linear, names, where, moe=None) -> HybridLayer:
     """Layer i. get(name, shape) -> float32 tensor checked against shape; linear(names, (out, in)) -> QLinear of
-    those matrices stacked; names: the checkpoint's tensor names; where: the file, for errors."""
+    those matrices stacked; names: the checkpoint's tensor names; where: the file, for errors; moe(prefix, norm)
+    -> the MoE of a mixture layer (model/moe.build_moe), for a config with one."""
     la, H, hd = c.linear_attention, c.hidden_size, c.head_dim
     p = f"model.layers.{i}."
     mlp = dict(attn_norm=get(p + "input_layernorm.weight", (H,)),
-               mlp_norm=get(p + "post_attention_layernorm.weight", (H,)),
-               gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], (2 * c.intermediate_size, H)),
-               down=linear([p + "mlp.down_proj.weight"], (H, c.intermediate_size)))
+               mlp_norm=get(p + "post_attention_layernorm.weight", (H,)))
+    if c.moe is not None and c.moe.is_moe(i):
+        mlp.update(gate_up=None, down=None, moe=moe(p, mlp["mlp_norm"]))
+    else:
+        mlp.update(gate_up=linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], (2 * c.intermediate_size, H)),
+                   down=linear([p + "mlp.down_proj.weight"], (H, c.intermediate_size)))
     if i not in la.layers:
         a = p + "self_attn."
         return HybridLayer(**mlp, qkv=linear([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"],
@@ -51,9 +57,12 @@ def hybrid_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     out = {}
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
-        out.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
-                    p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
-                    p + "mlp.down_proj.weight": (H, I)})
+        out.update({p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,)})
+        if c.moe is not None and c.moe.is_moe(i):
+            out.update(moe_shapes(c.moe, H, p))
+        else:
+            out.update({p + "mlp.gate_proj.weight": (I, H), p + "mlp.up_proj.weight": (I, H),
+                        p + "mlp.down_proj.weight": (H, I)})
         if i in la.layers:
             a = p + "linear_attn."
             out.update({a + "in_proj_qkv.weight": (la.conv_dim, H), a + "in_proj_z.weight": (vd, H),

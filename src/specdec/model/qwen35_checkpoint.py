@@ -1,11 +1,13 @@
-"""Qwen3.5 / Qwen3.6 dense checkpoints: their config (config.json or GGUF metadata) as a ModelConfig, and their
-tensor names, for the HF and GGUF loaders.
+"""Qwen3.5 / Qwen3.6 checkpoints, dense and MoE: their config (config.json or GGUF metadata) as a ModelConfig,
+and their tensor names, for the HF and GGUF loaders.
 
 Folders come in two layouts, both read as the text model:
   model_type qwen3_5_text   Qwen3_5ForCausalLM: model.layers.*, model.embed_tokens, model.norm, lm_head
   model_type qwen3_5        Qwen3_5ForConditionalGeneration (what Qwen publishes): sizes in text_config,
                             model.language_model.* for the text model, model.visual.* (the vision tower,
                             not run: images are refused), lm_head
+and the same two for Qwen3.5-MoE (qwen3_5_moe_text, qwen3_5_moe; GGUF architecture qwen35moe): every layer's
+MLP a mixture with a shared expert behind a sigmoid gate (model/moe_config.py), the MTP layer's too.
 MTP layers sit under mtp.* in both (mtp_num_hidden_layers; drafters/mtp.py runs them). Every RMS norm weight
 w stands for the multiplier 1 + w, except linear_attn.norm's (a plain multiplier), as transformers computes
 them and llama.cpp's converter stores them. GGUF files (llama.cpp's qwen35) name the linear layers' tensors
@@ -14,11 +16,17 @@ attn_qkv, attn_gate, ssm_*, hold ssm_a = -exp(A_log) and order the value heads "
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from specdec.model.config import ModelConfig
 from specdec.model.errors import ModelFileError
 from specdec.model.hybrid_config import LinearAttention
+from specdec.model.moe_config import moe_from_gguf, moe_from_hf
 
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5")  # config.json model_type of the text model and of the published one
+MOE_MODEL_TYPES = ("qwen3_5_moe_text", "qwen3_5_moe")  # the same for Qwen3.5-MoE
+PUBLISHED = ("qwen3_5", "qwen3_5_moe")  # the layouts with a text_config and a vision tower
+HYBRID_ARCHS = ("qwen35", "qwen35moe")  # ModelConfig.arch, as the GGUF architectures name them
 _LANGUAGE_MODEL = "model.language_model."
 _VISION = ("model.visual.", "visual.")
 
@@ -38,13 +46,15 @@ GGUF_NAMES = {
 
 
 def text_config(raw: dict) -> dict:
-    """The text model's config.json keys: a published (qwen3_5) config's text_config over its top level."""
-    if raw.get("model_type") != "qwen3_5":
+    """The text model's config.json keys: a published (qwen3_5, qwen3_5_moe) config's text_config over its top
+    level, model_type kept."""
+    kind = raw.get("model_type")
+    if kind not in PUBLISHED:
         return raw
     text = raw.get("text_config")
     if not isinstance(text, dict):
-        raise ValueError("config.json model_type qwen3_5 has no text_config object")
-    return {**raw, **text, "model_type": "qwen3_5"}
+        raise ValueError(f"config.json model_type {kind} has no text_config object")
+    return {**raw, **text, "model_type": kind}
 
 
 def text_tensor_name(name: str) -> str | None:
@@ -95,35 +105,41 @@ def qwen35_config(path, raw: dict, tied: bool) -> ModelConfig:
             conv_kernel=int(raw.get("linear_conv_kernel_dim", 4)))
     except ValueError as exc:
         raise ModelFileError(path, f"config.json: {exc}") from None
+    moe = None
+    if raw.get("model_type") in MOE_MODEL_TYPES:  # every layer a mixture (transformers' Qwen3_5MoeDecoderLayer)
+        moe = replace(moe_from_hf(raw, "qwen3_5_moe", layers), layers=tuple(range(layers)))
     return ModelConfig(
-        arch="qwen35", vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]), num_layers=layers,
-        num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads), head_dim=head_dim,
-        intermediate_size=int(raw["intermediate_size"]),
+        arch="qwen35moe" if moe else "qwen35", vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+        num_layers=layers, num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=head_dim, intermediate_size=int(raw.get("intermediate_size") or moe.expert_intermediate if moe
+                                                 else raw["intermediate_size"]),
         rope_theta=float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
         rope_dims=0 if rope_dims == head_dim else rope_dims,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         context_length=int(raw.get("max_position_embeddings", 32768)),
         qk_norm=True, tie_embeddings=tied, mtp_layers_declared=int(raw.get("mtp_num_hidden_layers") or 0),
-        linear_attention=linear, attn_output_gate=True)
+        linear_attention=linear, attn_output_gate=True, moe=moe)
 
 
 def qwen35_gguf_config(path, meta: dict, tensors: dict) -> ModelConfig:
-    """A qwen35 GGUF file's metadata (llama.cpp's names) -> ModelConfig."""
+    """A qwen35 / qwen35moe GGUF file's metadata (llama.cpp's names) -> ModelConfig."""
+    arch = meta.get("general.architecture", "qwen35")
+
     def need(key):
-        value = meta.get(f"qwen35.{key}")
+        value = meta.get(f"{arch}.{key}")
         if value is None:
-            raise ModelFileError(path, f"metadata key qwen35.{key} is missing")
+            raise ModelFileError(path, f"metadata key {arch}.{key} is missing")
         return value
 
-    nextn = int(meta.get("qwen35.nextn_predict_layers") or 0)
+    nextn = int(meta.get(f"{arch}.nextn_predict_layers") or 0)
     layers = int(need("block_count")) - nextn
-    recurrent = meta.get("qwen35.attention.recurrent_layers")
+    recurrent = meta.get(f"{arch}.attention.recurrent_layers")
     if recurrent is None:
-        interval = int(meta.get("qwen35.full_attention_interval") or 4)
+        interval = int(meta.get(f"{arch}.full_attention_interval") or 4)
         recurrent = [(i + 1) % interval != 0 for i in range(layers)]
     hidden, heads = int(need("embedding_length")), int(need("attention.head_count"))
-    head_dim = int(meta.get("qwen35.attention.key_length") or hidden // heads)
-    rotated = int(meta.get("qwen35.rope.dimension_count") or head_dim)
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+    rotated = int(meta.get(f"{arch}.rope.dimension_count") or head_dim)
     value_heads = int(need("ssm.time_step_rank"))
     embed = tensors.get("model.embed_tokens.weight")
     if embed is None:
@@ -134,15 +150,19 @@ def qwen35_gguf_config(path, meta: dict, tensors: dict) -> ModelConfig:
                                  key_dim=int(need("ssm.state_size")),
                                  value_dim=int(need("ssm.inner_size")) // value_heads,
                                  conv_kernel=int(need("ssm.conv_kernel")), tiled=True)
+        moe = moe_from_gguf(meta, arch, layers, False) if arch == "qwen35moe" else None  # every layer a mixture
         return ModelConfig(
-            arch="qwen35", vocab_size=int(meta.get("qwen35.vocab_size") or embed.shape[-1]), hidden_size=hidden,
-            num_layers=layers, num_heads=heads, num_kv_heads=int(meta.get("qwen35.attention.head_count_kv") or heads),
-            head_dim=head_dim, intermediate_size=int(need("feed_forward_length")),
-            rope_theta=float(meta.get("qwen35.rope.freq_base") or 10000.0),
+            arch=arch, vocab_size=int(meta.get(f"{arch}.vocab_size") or embed.shape[-1]), hidden_size=hidden,
+            num_layers=layers, num_heads=heads, num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv") or heads),
+            head_dim=head_dim, intermediate_size=int(meta.get(f"{arch}.feed_forward_length") or moe.expert_intermediate
+                                                     if moe else need("feed_forward_length")),
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base") or 10000.0),
             rope_dims=0 if rotated == head_dim else rotated,
-            rms_norm_eps=float(meta.get("qwen35.attention.layer_norm_rms_epsilon") or 1e-6),
-            context_length=int(meta.get("qwen35.context_length") or 4096), qk_norm=True,
+            rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon") or 1e-6),
+            context_length=int(meta.get(f"{arch}.context_length") or 4096), qk_norm=True,
             tie_embeddings="lm_head.weight" not in tensors, mtp_layers_declared=nextn, linear_attention=linear,
-            attn_output_gate=True)
+            attn_output_gate=True, moe=moe)
+    except KeyError as exc:
+        raise ModelFileError(path, f"metadata key {exc.args[0]} is missing") from None
     except (ValueError, TypeError, IndexError) as exc:
         raise ModelFileError(path, f"metadata: {exc}") from None
