@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from server.conftest import _serve
-from specdec.server.tools import CallStream, call_grammar, parse_calls
+from specdec.server.tools import call_grammar, parse_calls
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city",
@@ -24,26 +24,13 @@ TIME = {"type": "function", "function": {"name": "get_time", "description": "The
 def test_calls_are_parsed_back_and_other_text_kept():
     text = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     content, calls = parse_calls(text)
-    assert content == "Let me look."
+    assert content == "Let me look."  # the whitespace before the call dropped
     assert calls == [{"id": "call_0", "type": "function",
                       "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
     assert parse_calls("<tool_call>not json</tool_call>") == ("<tool_call>not json</tool_call>", [])
     assert call_grammar([WEATHER], "auto") is None and call_grammar([WEATHER], "none") is None
     named = call_grammar([WEATHER, TIME], {"type": "function", "function": {"name": "get_time"}})
     assert "get_time" in named and "get_weather" not in named
-
-
-def test_a_stream_sends_the_text_before_a_call_and_the_call_at_the_end():
-    stream = CallStream()
-    sent = [stream.feed(piece) for piece in ("Sure <", "tool", '_call>\n{"name": "get_time", ', '"arguments": {}}',
-                                              "\n</tool_call>")]
-    assert sent == ["Sure ", "", "", "", ""]
-    assert stream.finish() == ("", [{"id": "call_0", "type": "function",
-                                     "function": {"name": "get_time", "arguments": "{}"}}])
-    stream = CallStream()
-    assert stream.feed("a <") == "a " and stream.feed("b") == "<b" and stream.finish() == ("", [])
-    stream = CallStream()
-    assert stream.feed("x <tool") == "x " and stream.finish() == ("<tool", [])  # held, then given back
 
 
 @pytest.mark.parametrize("body, param, message", [
@@ -97,8 +84,9 @@ def test_a_two_turn_tool_round_trip(qwen_server):
     chunks = list(client.chat.completions.create(model="qwen", messages=messages[:1], tools=[WEATHER, TIME],
                                                  tool_choice="required", temperature=0, max_tokens=40, stream=True))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    streamed = [t for d in deltas for t in (d.tool_calls or [])]
-    assert [(t.function.name, t.function.arguments) for t in streamed] == [(call.function.name,
-                                                                            call.function.arguments)]
+    streamed = [t for d in deltas for t in (d.tool_calls or [])]  # the name first, then argument fragments
+    assert [t.index for t in streamed] == [0] * len(streamed) and streamed[0].id == call.id
+    assert (streamed[0].function.name, "".join(t.function.arguments for t in streamed)) == (
+        call.function.name, call.function.arguments)
     assert "".join(d.content or "" for d in deltas) == ""
     assert chunks[-1].choices[0].finish_reason == "tool_calls"

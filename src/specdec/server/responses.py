@@ -25,7 +25,7 @@ from specdec.server import logprobs
 from specdec.server.errors import as_api_error
 from specdec.server.jobs import Delta, Done, Failed, Job
 from specdec.server.metrics import ServerMetrics
-from specdec.server.tools import CallStream, parse_calls
+from specdec.server.tools import CallParser, parse_calls
 from specdec.server.scheduler import QueueFull, Scheduler, ServerStopping
 from specdec.server.schemas import APIError, GenerationRequest
 
@@ -122,11 +122,12 @@ async def answer(worker: Scheduler, job: Job, body: GenerationRequest, request: 
 async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: bool, include_usage: bool,
                metrics: ServerMetrics, tools: bool = False, tokenizer=None):
     """OpenAI's SSE stream: `data: {chunk}` lines, then `data: [DONE]`. The job is cancelled if this stops early.
-    tools: the answer's <tool_call> blocks go out as tool_calls deltas at its end (server/tools.py).
+    tools: the answer's <tool_call> blocks go out as tool_calls deltas as they are written (server/tools.py).
     With Job.logprobs, each chunk with text carries the logprobs its events brought (those of the tokens whose
     text it completes), and the chunk with finish_reason any left (tokens with no text: an EOS, a stop string's)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
-    calls = CallStream() if tools else None
+    calls = CallParser() if tools else None
+    called = False  # a tool_calls delta went out
     owed: list = []  # TokenLogprobs the events brought that no chunk carried yet
     offset = 0  # completions' text_offset of the next token: its tokens' texts so far, as the unstreamed answer's
 
@@ -165,18 +166,17 @@ async def _sse(job: Job, first, rid: str, created: int, model_name: str, chat: b
             if isinstance(event, (Delta, Done)) and event.text:
                 if calls is None:
                     yield chunk(event.text, **({"specdec": event.sources} if event.sources else {}))
-                elif text := calls.feed(event.text):  # a tool call's text is held for the end
-                    yield chunk(text)
+                else:  # content, and tool calls' names and arguments as they are written
+                    for kind, value in calls.feed(event.text):
+                        called |= kind == "tool_call"
+                        yield chunk(value) if kind == "content" else chunk(None, tool_calls=[value])
             if isinstance(event, Done):
                 spec = event.stats.to_dict()
                 finish = event.finish_reason
                 if calls is not None:
-                    rest, found = calls.finish()
-                    if rest:
-                        yield chunk(rest)
-                    for i, call in enumerate(found):
-                        yield chunk(None, tool_calls=[{"index": i, **call}])
-                    finish = "tool_calls" if found and finish == "stop" else finish
+                    for kind, value in calls.finish():  # held text of a block that never became a call
+                        yield chunk(value)
+                    finish = "tool_calls" if called and finish == "stop" else finish
                 yield chunk(None, finish, spec=spec)
                 if include_usage:  # OpenAI's usage-only chunk, the one place a stream carries usage
                     yield _data({"id": rid, "object": obj, "created": created, "model": model_name, "choices": [],
