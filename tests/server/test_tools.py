@@ -90,3 +90,25 @@ def test_a_two_turn_tool_round_trip(qwen_server):
         call.function.name, call.function.arguments)
     assert "".join(d.content or "" for d in deltas) == ""
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.slow
+def test_auto_on_a_real_model_as_it_answers(qwen_server):
+    """tool_choice "auto" on qwen2.5-coder-0.5b, greedy. Asked for the weather, this model writes the call's JSON
+    but without the <tool_call> tags its own template asks for, so the server reads no call: the JSON is the
+    answer's content (Hermes' format is the tagged block; an untagged object could be any JSON the user asked
+    for). Asked what no tool serves, it answers in text. tool_choice "required" or a named function is how to
+    get this model's calls (test_a_two_turn_tool_round_trip); a model that tags its calls has them read back
+    under "auto" (tests/server/test_tool_stream.py reads such answers)."""
+    client = qwen_server.client()
+
+    def ask(question: str, max_tokens: int):
+        return client.chat.completions.create(model="qwen", messages=[{"role": "user", "content": question}],
+                                              tools=[WEATHER, TIME], tool_choice="auto", temperature=0,
+                                              max_tokens=max_tokens).choices[0]
+
+    weather = ask("What is the weather in Paris?", 24)
+    assert weather.message.tool_calls is None and weather.finish_reason == "stop"
+    assert json.loads(weather.message.content) == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    sum_ = ask("What is 2 + 2? Reply with just the number.", 8)
+    assert sum_.message.tool_calls is None and sum_.finish_reason == "stop" and sum_.message.content == "4"
