@@ -3,7 +3,9 @@
 On random quantized experts wide enough for the gguf kernel's interleaved groups of 256 (hidden 512, width 256;
 gate and up Q8_0, down Q4_0): the one call gives bitwise the Python loop over experts it replaces (the same
 kernels in the same order), a row alone the bits it gets among n rows, and the mixture the file's weights
-dequantized to float32 compute, within the int8 activations' rounding.
+dequantized to float32 compute, within the int8 activations' rounding. Its routing (its own exp, row by row)
+picks torch's experts with torch's weights to a few ulps, for softmax and for GLM's sigmoid, bias, groups,
+floor and scale.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def blocks(kind: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
     return torch.cat([scale, q], dim=1).reshape(rows, -1).contiguous()
 
 
+def gguf_router(g: torch.Generator) -> QLinear:
+    """A gguf-format (E, H) router of float32 values, as a file's ffn_gate_inp usually is."""
+    return QLinear.from_gguf([("F32", torch.randn(E, H, generator=g))], None)
+
+
 @pytest.fixture(scope="module")
 def layer():
     """(MoE over GGUFExperts, the experts' float32 weights (gate (E, I, H), up (E, I, H), down (E, H, I)))."""
@@ -41,9 +48,8 @@ def layer():
     dense = [kernels.gguf_rows(GGUF_KERNEL_TYPES[kind], t, torch.arange(t.shape[0]), cols)
              for (kind, t), cols in zip(raw, (H, H, I))]
     cfg = MoEConfig(experts=E, experts_per_token=K_USED, expert_intermediate=I, layers=(0,))
-    router = QLinear(torch.randn(E, H, generator=g), None, "fp32")
-    moe = MoE(cfg, router, None, GGUFExperts(*raw, E, H, I), None, None, "silu", torch.ones(H))
-    assert moe.experts.native is not None
+    moe = MoE(cfg, gguf_router(g), None, GGUFExperts(*raw, E, H, I), None, None, "silu", torch.ones(H))
+    assert moe.experts.native is not None and moe._route(torch.ones(1, H)) is not None
     return moe, (dense[0].view(E, I, H), dense[1].view(E, I, H), dense[2].view(E, H, I))
 
 
@@ -91,3 +97,23 @@ def test_bad_ids_are_refused(layer):
         kernels.moe_experts(h, torch.tensor([[0, 1, E]]), torch.ones(1, 3), moe.experts.native[0], "silu")
     with pytest.raises(ValueError, match="do not fit 8 experts"):
         kernels.moe_experts(h, torch.tensor([[0, 1, 2]]), torch.ones(2, 3), moe.experts.native[0], "silu")
+
+
+ROUTINGS = {"softmax": {}, "glm": dict(scoring="sigmoid", score_bias=True, groups=4, groups_used=2, norm_floor=1e-20,
+                                       routed_scale=2.5)}
+
+
+@pytest.mark.parametrize("routing", ROUTINGS)
+def test_the_routing_is_torchs(routing):
+    g = torch.Generator().manual_seed(2)
+    cfg = MoEConfig(experts=E, experts_per_token=K_USED, expert_intermediate=I, layers=(0,), **ROUTINGS[routing])
+    bias = torch.rand(E, generator=g) * 0.1 if cfg.score_bias else None
+    moe = MoE(cfg, gguf_router(g), bias, None, None, None, "silu", torch.ones(H))
+    h = torch.randn(64, H, generator=g) * 0.05
+    ids, weights = moe.route(h)
+    assert moe._c_route is not None
+    moe._c_route = None  # torch's routing, moe.py's formulas
+    want_ids, want_weights = moe.route(h)
+    assert torch.equal(ids, want_ids)
+    torch.testing.assert_close(weights, want_weights, rtol=4e-7, atol=0)
+    assert len(torch.unique(ids)) == E and weights.std() > 0.01

@@ -15,9 +15,10 @@ Prefill (exact=False) rows of each sequence run apart, as the dense layers' do (
 Cost: only the chosen experts' weights are read. In the gguf format the file's stacked expert tensors
 (llama.cpp's ffn_*_exps, (E, rows, row_bytes) blocks) are repacked once, whole, and each expert is a view
 of its rows (a pointer into them), given to the gguf kernel for the rows routed to it: nothing is copied
-per token and a step reads k of the E experts. Where moe.c loaded (kernels.moe), all of a layer's routed experts
-run in one C call into the same kernels, in the same order (the same bits; see moe.c) instead of the Python loop
-over experts below. Other formats hold one QLinear pair per expert.
+per token and a step reads k of the E experts. Where moe.c loaded (kernels.moe), a layer's router, routing and
+routed experts run in one C call (the routing with its own exp, row by row; the experts through the same kernels
+in the same order as the Python loop over experts below, so the same bits; see moe.c). Other formats hold one
+QLinear pair per expert.
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ class MoE:
         their weights, from per-row ops only."""
         c = self.cfg
         logits = self.router(h, exact)  # (n, E) float32
+        if (native := self._route(h)) is not None:  # moe.c's routing, row by row (see moe.c)
+            return kernels.moe_route(logits, native)
         scores = _by_row(partial(torch.softmax, dim=-1) if c.scoring == "softmax" else torch.sigmoid, logits, exact)
         choice = scores if self.bias is None else scores + self.bias
         if c.groups > 1:  # keep the best groups_used groups, a group scored by the sum of its two best
@@ -157,14 +160,35 @@ class MoE:
         return ids, weights
 
     # -- the rows of one group ------------------------------------------------------------------
+    def _route(self, h: torch.Tensor):
+        """moe.c's Route of this layer where moe.c routes it, else None: a gguf router, the kernel loaded, and
+        mlp_act's own test on h (the runtime's tensors; a module computes one way, as there)."""
+        if not hasattr(self, "_c_route"):
+            ok = kernels.moe() is not None and getattr(self.router, "fmt", None) == "gguf"
+            self._c_route = kernels.MoERoute.of(self.cfg, self.router._kernel_parts, self.bias) if ok else None
+        return self._c_route if self._c_route is not None and _row_kernel(h, self.norm) else None
+
     def _rows(self, h: torch.Tensor, exact: bool) -> torch.Tensor:
+        native, route = getattr(self.experts, "native", None), self._route(h)
+        if native is not None and route is not None:  # moe.c: router, routing and routed experts in one call
+            out = kernels.moe_rows(h, native[0], route, self.act, native[1])[0]
+        else:
+            out = self._routed(h, exact)
+        if self.shared is not None:
+            gate_up, down = self.shared
+            g, u = gate_up(h, exact).chunk(2, dim=-1)
+            shared = down(mlp_act(g, u, self.act, self.norm), exact)
+            if self.shared_gate is not None:
+                shared = _by_row(torch.sigmoid, self.shared_gate(h, exact), exact) * shared
+            out = out + shared
+        return out
+
+    def _routed(self, h: torch.Tensor, exact: bool) -> torch.Tensor:
+        """The routed experts' weighted sum (n, H) through a Python loop over experts (moe.c's work, the same bits)."""
         n, H = h.shape
         ids, weights = self.route(h, exact)
         k = ids.shape[1]
-        native = getattr(self.experts, "native", None)
-        if native is not None and _row_kernel(h, self.norm):  # mlp_act's own test: rows.c's activation, as below
-            out = kernels.moe_experts(h, ids, weights, native[0], self.act, native[1])
-        elif n == 1:  # a decode step: the same products and adds as below, without the bookkeeping (~1/4 of a step)
+        if n == 1:  # a decode step: the same products and adds as below, without the bookkeeping (~1/4 of a step)
             out = None
             for j, e in enumerate(ids[0].tolist()):
                 part = self.expert(e, h, exact) * weights[:, j, None]
@@ -177,13 +201,6 @@ class MoE:
             out = parts[:, 0]
             for j in range(1, k):
                 out = out + parts[:, j]
-        if self.shared is not None:
-            gate_up, down = self.shared
-            g, u = gate_up(h, exact).chunk(2, dim=-1)
-            shared = down(mlp_act(g, u, self.act, self.norm), exact)
-            if self.shared_gate is not None:
-                shared = _by_row(torch.sigmoid, self.shared_gate(h, exact), exact) * shared
-            out = out + shared
         return out
 
     def expert(self, e: int, x: torch.Tensor, exact: bool = True) -> torch.Tensor:

@@ -14,8 +14,9 @@ rows.c: RMS norm, the rotary embedding, the KV-cache write and the MLP's activat
 one call each where torch took ~5-20 us a call (several small ops); row-wise, the rotation bitwise torch's,
 the activation within a few ulps of the exact value (its own exp).
 
-moe.c: a mixture-of-experts layer's routed experts (each expert's gate, up, activation and down over the rows
-that chose it, and each row's weighted sum) in one C call into gguf_linear.c and rows.c (model/moe.py; see moe.c).
+moe.c: a mixture-of-experts layer's routing and routed experts (each expert's gate, up, activation and down over
+the rows that chose it, and each row's weighted sum) in one C call into gguf_linear.c and rows.c (model/moe.py;
+see moe.c).
 
 step.c: the decoder layers of an exact forward over gguf-format weights in one C call, through function
 pointers into the three above (the same code, the same bits as the per-op path; see step.c).
@@ -37,7 +38,8 @@ from specdec.model.kernels.build import why_unavailable
 from specdec.model.kernels.cpu import env_flag, has_vnni, prefill_path
 from specdec.model.kernels.libraries import (ATTEND_MAX_GROUP, ATTEND_MAX_HEAD_DIM, attend, attend_build, gguf,
                                              gguf_build, kernel_isa, moe, rows, step, w8a8, w8a8_build)
-from specdec.model.kernels.moe_experts import MoEExperts, MoEKernels, moe_experts, moe_kernels
+from specdec.model.kernels.moe_experts import (MoEExperts, MoEKernels, MoERoute, moe_experts, moe_kernels, moe_route,
+                                               moe_rows)
 from specdec.model.kernels.ops import (act_mul, attend_rows, gguf_linear, gguf_quantize, gguf_rows, gguf_to_dense,
                                        rms_norm_rows, rope, store_rows, w8a8_matmul)
 from specdec.model.kernels.step_structs import StepForward, StepKernels, StepLayer, StepLinear, step_kernels
@@ -55,7 +57,7 @@ __all__ = [
     # weights in the kernels' layout
     "HUGE_PAGE", "empty_huge", "gguf_repack", "GGUFParts",
     # moe.c: a mixture layer's routed experts in one call, and its argument structs
-    "moe_experts", "MoEExperts", "MoEKernels", "moe_kernels",
+    "moe_rows", "moe_route", "moe_experts", "MoEExperts", "MoEKernels", "MoERoute", "moe_kernels",
     # step.c's argument structs
     "StepKernels", "step_kernels", "StepLinear", "StepLayer", "StepForward",
 ]

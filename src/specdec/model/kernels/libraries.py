@@ -104,9 +104,10 @@ def moe():
     if missing:
         reasons["moe"] = f"it drives {', '.join(missing)}, which did not load ({why_unavailable(missing[0])})"
         return None
-    lib = load("moe", {"moe_experts": [P, P, P, I64, I64, P, P, I32, P, I32]}, off="SPECDEC_NO_MOE_KERNEL")
-    if lib is not None:
-        lib.moe_experts.restype = I32  # 0, or -1 where scratch memory could not be had
+    lib = load("moe", {"moe_experts": [P, P, P, I64, I64, P, P, I32, P, I32], "moe_route": [P, P, I64, P, P],
+                       "moe_rows": [P, P, P, P, I64, I32, P, P, P, I32]}, off="SPECDEC_NO_MOE_KERNEL")
+    if lib is not None:  # each returns 0, or -1 where scratch memory could not be had
+        lib.moe_experts.restype = lib.moe_route.restype = lib.moe_rows.restype = I32
     return lib
 
 

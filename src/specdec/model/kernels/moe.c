@@ -19,8 +19,14 @@
 // row alone, in one fixed order (row-invariant, whatever the other rows, parts or threads), and act_mul_rows
 // each element alone, so grouping changes no bit. A row computed alone or among others gets the same bits.
 //
+// The routing (moe_route) is computed here too, row by row, for the gguf format wherever this kernel runs
+// (MoE.route calls it): scores, choice, top k and weights as model/moe_config.py writes them, with libm's
+// expf (torch's softmax and sigmoid take a vectorized exp whose bits depend on where a row's tail falls). A
+// row's experts and weights are a function of its router logits alone.
+//
 // Compiled without -ffast-math and with -ffp-contract=off, as the kernels are: each product and add rounds
 // as torch's float32 ops do.
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +52,86 @@ typedef struct {
     uint64_t base[3];
     int64_t row_bytes[3];
 } Experts;
+
+typedef struct {  // a mixture's routing (MoEConfig's fields) and its router, a gguf_linear's parts (E rows)
+    int64_t experts, k, groups, groups_used;
+    int32_t sigmoid, norm_topk;  // scoring: sigmoid, else softmax; the k weights divided by their sum
+    float norm_floor, routed_scale;
+    const float *bias;  // (E,) added to the scores for the choice only, or NULL
+    int64_t nparts;
+    const int32_t *types;
+    const uint64_t *weights;
+    const int64_t *rows, *row_bytes;
+} Route;
+
+// the index of the largest of v[0..n-1] not yet taken (ties: the lowest index; -inf is taken last)
+static int64_t best_of(const float *v, const char *taken, int64_t n) {
+    int64_t best = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+    return best;
+}
+
+// One row: logits (E) -> ids (k), increasing, and their weights (k). scratch: 2E + G floats, E + G chars.
+static void route_row(const Route *c, const float *logits, int64_t *ids, float *weights, float *scratch,
+                      char *taken) {
+    const int64_t E = c->experts, G = c->groups, per = E / G;
+    float *scores = scratch, *choice = scratch + E, *group = scratch + 2 * E;
+    if (c->sigmoid) {
+        for (int64_t i = 0; i < E; i++) scores[i] = 1.0f / (1.0f + expf(-logits[i]));
+    } else {  // softmax: exp(x - max) / their sum, added in index order
+        float top = logits[0], sum = 0.0f;
+        for (int64_t i = 1; i < E; i++) top = logits[i] > top ? logits[i] : top;
+        for (int64_t i = 0; i < E; i++) sum += scores[i] = expf(logits[i] - top);
+        for (int64_t i = 0; i < E; i++) scores[i] = scores[i] / sum;
+    }
+    for (int64_t i = 0; i < E; i++) choice[i] = c->bias ? scores[i] + c->bias[i] : scores[i];
+    if (G > 1) {  // keep the best groups_used groups, a group scored by the sum of its two best choices
+        memset(taken, 0, (size_t)E);
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t a = best_of(choice + g * per, taken + g * per, per);
+            taken[g * per + a] = 1;
+            const int64_t b = best_of(choice + g * per, taken + g * per, per);
+            group[g] = choice[g * per + a] + choice[g * per + b];
+        }
+        memset(taken, 0, (size_t)(E + G));
+        for (int64_t u = 0; u < c->groups_used; u++) taken[E + best_of(group, taken + E, G)] = 1;
+        for (int64_t g = 0; g < G; g++)
+            if (!taken[E + g])
+                for (int64_t i = 0; i < per; i++) choice[g * per + i] = -INFINITY;
+    }
+    memset(taken, 0, (size_t)E);
+    for (int64_t j = 0; j < c->k; j++) taken[best_of(choice, taken, E)] = 1;
+    int64_t j = 0;
+    for (int64_t i = 0; i < E; i++)  // the k chosen, in increasing id
+        if (taken[i]) ids[j++] = i;
+    float total = 0.0f;
+    for (j = 0; j < c->k; j++) {
+        weights[j] = scores[ids[j]];
+        total = j ? total + weights[j] : weights[j];
+    }
+    if (c->norm_topk) {
+        const float by = c->norm_floor != 0.0f ? total + c->norm_floor : total;
+        for (j = 0; j < c->k; j++) weights[j] = weights[j] / by;
+    }
+    if (c->routed_scale != 1.0f)
+        for (j = 0; j < c->k; j++) weights[j] = weights[j] * c->routed_scale;
+}
+
+// ids (n, k) int64 and weights (n, k) float32 of n rows from their router logits (n, E). Returns 0, or -1
+// where scratch memory could not be had.
+int moe_route(const Route *c, const float *logits, int64_t n, int64_t *ids, float *weights) {
+    float *scratch = malloc(sizeof(float) * (size_t)(2 * c->experts + c->groups));
+    char *taken = malloc((size_t)(c->experts + c->groups));
+    if (!scratch || !taken) {
+        free(scratch), free(taken);
+        return -1;
+    }
+    for (int64_t r = 0; r < n; r++)
+        route_row(c, logits + r * c->experts, ids + r * c->k, weights + r * c->k, scratch, taken);
+    free(scratch), free(taken);
+    return 0;
+}
 
 static uint64_t expert_rows(const Experts *w, int t, int64_t e) {
     const int64_t rows = t == 2 ? w->hidden : w->inter;
@@ -145,4 +231,16 @@ int moe_experts(const Kernels *k, const Experts *w, const float *x, int64_t n, i
     }
     free(parts);
     return 0;
+}
+
+// The whole routed part of a mixture for n rows x (n, H): the router's logits (gguf_linear), each row's
+// routing (moe_route) into ids (n, k) and weights (n, k), and out (n, H) as moe_experts. Returns 0 or -1.
+int moe_rows(const Kernels *k, const Experts *w, const Route *c, const float *x, int64_t n, int act, int64_t *ids,
+             float *weights, float *out, int threads) {
+    float *logits = malloc(sizeof(float) * (size_t)(n * c->experts + 1));
+    if (!logits) return -1;
+    k->linear(x, n, w->hidden, (int)c->nparts, c->types, c->weights, c->rows, c->row_bytes, NULL, logits, threads);
+    const int bad = moe_route(c, logits, n, ids, weights);
+    free(logits);
+    return bad ? bad : moe_experts(k, w, x, n, c->k, ids, weights, act, out, threads);
 }

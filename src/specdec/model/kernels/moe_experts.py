@@ -1,5 +1,5 @@
-"""moe.c's argument structs in ctypes and its op: a mixture layer's routed experts over gguf-format weights in
-one C call (see moe.c). The fields mirror moe.c's Kernels and Experts in order and type."""
+"""moe.c's argument structs in ctypes and its ops: a mixture layer's routing and routed experts over gguf-format
+weights in one C call (see moe.c). The fields mirror moe.c's Kernels, Experts and Route in order and type."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ctypes
 import torch
 
 from specdec.model.config import MLP_ACTIVATIONS  # act_mul_rows' kinds: their indices
-from specdec.model.kernels.libraries import I64, P, gguf, moe, rows
+from specdec.model.kernels.libraries import F32, I64, P, gguf, moe, rows
 
 
 class MoEKernels(ctypes.Structure):
@@ -39,6 +39,56 @@ class MoEExperts(ctypes.Structure):
         return cls(experts, hidden, intermediate, (ctypes.c_int32 * 3)(*types), 0,
                    (ctypes.c_uint64 * 3)(*[t.data_ptr() for t in tensors]),
                    (I64 * 3)(*[t.shape[1] * t.element_size() for t in tensors]))
+
+
+class MoERoute(ctypes.Structure):
+    """moe.c's Route: a MoEConfig's routing fields, the selection bias (or None) and the router's GGUFParts."""
+
+    _fields_ = [("experts", I64), ("k", I64), ("groups", I64), ("groups_used", I64), ("sigmoid", ctypes.c_int32),
+                ("norm_topk", ctypes.c_int32), ("norm_floor", F32), ("routed_scale", F32), ("bias", P),
+                ("nparts", I64), ("types", P), ("weights", P), ("rows", P), ("row_bytes", P)]
+
+    @classmethod
+    def of(cls, cfg, router_parts, bias=None) -> "MoERoute":
+        """cfg: a MoEConfig; router_parts: the router's kernels.GGUFParts (E rows); bias: (E,) float32 or None,
+        held by the caller as long as this is used."""
+        if router_parts.out_features != cfg.experts:
+            raise ValueError(f"a router of {router_parts.out_features} rows for {cfg.experts} experts")
+        p = router_parts
+        return cls(cfg.experts, cfg.experts_per_token, cfg.groups, cfg.groups_used, int(cfg.scoring == "sigmoid"),
+                   int(cfg.norm_topk), cfg.norm_floor, cfg.routed_scale, None if bias is None else bias.data_ptr(),
+                   p.count, ctypes.addressof(p.types), ctypes.addressof(p.addresses), ctypes.addressof(p.rows),
+                   ctypes.addressof(p.row_bytes))
+
+
+def moe_route(logits, route: MoERoute):
+    """logits (n, E) float32 -> (ids (n, k) int64 in increasing order, weights (n, k) float32), row by row (moe.c)."""
+    logits = logits.to(torch.float32).contiguous()
+    if logits.dim() != 2 or logits.shape[1] != route.experts:
+        raise ValueError(f"router logits {tuple(logits.shape)} for {route.experts} experts")
+    n = logits.shape[0]
+    ids, weights = torch.empty(n, route.k, dtype=torch.int64), torch.empty(n, route.k)
+    if moe().moe_route(ctypes.byref(route), logits.data_ptr(), n, ids.data_ptr(), weights.data_ptr()):
+        raise MemoryError(f"the mixture kernel could not allocate scratch to route {n} rows")
+    return ids, weights
+
+
+def moe_rows(x, experts: MoEExperts, route: MoERoute, act: str, handles: MoEKernels | None = None):
+    """x (n, H) float32 -> (out (n, H), ids (n, k), weights (n, k)): the router, each row's routing and its routed
+    experts' weighted sum in one call (moe.c), as moe_route and moe_experts compute them."""
+    if act not in MLP_ACTIVATIONS:
+        raise ValueError(f"unknown MLP activation {act!r}; the kernel computes {', '.join(MLP_ACTIVATIONS)}")
+    x = x.contiguous()
+    if x.dim() != 2 or x.shape[1] != experts.hidden:
+        raise ValueError(f"rows {tuple(x.shape)} for experts of hidden size {experts.hidden}")
+    n = x.shape[0]
+    out = torch.empty(n, experts.hidden)
+    ids, weights = torch.empty(n, route.k, dtype=torch.int64), torch.empty(n, route.k)
+    if n and moe().moe_rows(ctypes.byref(handles or moe_kernels()), ctypes.byref(experts), ctypes.byref(route),
+                            x.data_ptr(), n, MLP_ACTIVATIONS.index(act), ids.data_ptr(), weights.data_ptr(),
+                            out.data_ptr(), torch.get_num_threads()):
+        raise MemoryError(f"the mixture kernel could not allocate scratch for {n} rows")
+    return out, ids, weights
 
 
 def moe_experts(x, ids, weights, experts: MoEExperts, act: str, handles: MoEKernels | None = None):
