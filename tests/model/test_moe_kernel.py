@@ -5,7 +5,7 @@ gate and up Q8_0, down Q4_0): the one call gives bitwise the Python loop over ex
 kernels in the same order), a row alone the bits it gets among n rows, and the mixture the file's weights
 dequantized to float32 compute, within the int8 activations' rounding. Its routing (its own exp, row by row)
 picks torch's experts with torch's weights to a few ulps, for softmax and for GLM's sigmoid, bias, groups,
-floor and scale.
+floor and scale. step.c runs a mixture model's layers (each mixture one moe.c call) with the per-op path's bits.
 """
 
 from __future__ import annotations
@@ -13,10 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers.moe import FIXTURE
 from specdec.model import kernels
 from specdec.model.linear import GGUF_KERNEL_TYPES, QLinear
+from specdec.model.load import load_model
 from specdec.model.moe import GGUFExperts, MoE
 from specdec.model.moe_config import MoEConfig
+from specdec.model.segments import Segment
 
 pytestmark = [pytest.mark.skipif(kernels.moe() is None, reason="no MoE kernel here (no cc or no AVX2)"),
               pytest.mark.usefixtures("one_torch_thread")]  # tests/conftest.py
@@ -117,3 +120,32 @@ def test_the_routing_is_torchs(routing):
     assert torch.equal(ids, want_ids)
     torch.testing.assert_close(weights, want_weights, rtol=4e-7, atol=0)
     assert len(torch.unique(ids)) == E and weights.std() > 0.01
+
+
+# -- step.c runs a mixture model's layers with moe.c ---------------------------------------------------------
+def test_step_c_runs_the_mixture_layers_with_the_per_op_bits():
+    """Qwen3-MoE (llama.cpp's conversion, FIXTURE): single steps, a verify after a rollback and a batch of two
+    sequences through step.c (its mixture layers one moe.c call each) give the per-op path's bits."""
+    model = load_model(str(FIXTURE / "qwen3_moe.gguf"), "gguf", progress=False, weight_cache=False)
+    tr = model.transformer
+    assert tr._step_layers() is not None, "step.c must take this model"
+    prompt, new = [(7 * i + 3) % 270 for i in range(12)], [40, 41, 200, 201, 7]
+
+    def run(step_kernel: bool):
+        tr.step_kernel = step_kernel
+        try:
+            cache = tr.new_cache(64, num_slots=2)
+            for slot, n in ((cache.allocate(), 12), (cache.allocate(), 7)):
+                tr.forward(torch.tensor([prompt[:n]]), cache, [slot], exact=False, last_only=True)
+            outs = [tr.forward(torch.tensor([[t]]), cache, [0], hidden_layers=(1,)) for t in new]
+            cache.truncate(0, 12)
+            outs.append(tr.forward(torch.tensor([new]), cache, [0]))
+            outs += tr.forward_batch([Segment(torch.tensor(new[:3]), 0), Segment(torch.tensor(new[2:]), 1)], cache)
+            return outs
+        finally:
+            tr.step_kernel = True
+
+    fused, per_op = run(True), run(False)
+    for a, b in zip(fused, per_op):
+        assert torch.equal(a.logits, b.logits) and all(torch.equal(a.hidden[k], b.hidden[k]) for k in a.hidden)
+    assert torch.equal(fused[5].logits[0, 2], fused[2].logits[0, 0])  # a verify's rows are single steps

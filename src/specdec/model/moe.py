@@ -168,6 +168,14 @@ class MoE:
             self._c_route = kernels.MoERoute.of(self.cfg, self.router._kernel_parts, self.bias) if ok else None
         return self._c_route if self._c_route is not None and _row_kernel(h, self.norm) else None
 
+    def step_args(self) -> tuple[int, int, int] | None:
+        """step.c's arguments for this layer (the addresses of its MoEKernels, MoEExperts and MoERoute), where
+        _rows makes one moe.c call for all rows and nothing else (no shared expert); else None."""
+        native, route = getattr(self.experts, "native", None), self._route(self.norm)  # h: float32 rows as norm is
+        if native is None or route is None or self.shared is not None:
+            return None
+        return ctypes.addressof(native[1]), ctypes.addressof(native[0]), ctypes.addressof(route)
+
     def _rows(self, h: torch.Tensor, exact: bool) -> torch.Tensor:
         native, route = getattr(self.experts, "native", None), self._route(h)
         if native is not None and route is not None:  # moe.c: router, routing and routed experts in one call

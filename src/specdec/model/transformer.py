@@ -103,6 +103,11 @@ class _QuantWeights:
         return _linear_by_spans(self.layer.down, a, self.spans)
 
 
+def _moe(layer) -> MoE | None:
+    """A layer's mixture-of-experts MLP, None for a dense one (or a kind of layer without the field)."""
+    return getattr(layer, "moe", None)
+
+
 def _linear_by_spans(linear: QLinear, x: torch.Tensor, spans: list[tuple[slice, bool]]) -> torch.Tensor:
     """linear(x) where x's rows belong to the sequences in spans: (N, K) -> (N, N_out).
 
@@ -273,8 +278,9 @@ class Transformer(CacheAttention):
         if not hasattr(self, "_step"):
             self._step = None
             if self._attend_kernel and kernels.step() is not None and not self.config.rope_dims and all(
-                    m is not None and m.fmt == "gguf"
-                    for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)):
+                    m is not None and m.fmt == "gguf" for layer in self.layers
+                    for m in (layer.qkv, layer.o, *((layer.gate_up, layer.down) if _moe(layer) is None else ()))) and all(
+                    _moe(layer).step_args() is not None for layer in self.layers if _moe(layer) is not None):
                 keep, layers = [], []
 
                 def address(t):
@@ -284,11 +290,13 @@ class Transformer(CacheAttention):
                     return keep[-1].data_ptr()
 
                 for li, layer in enumerate(self.layers):
-                    linears = [kernels.StepLinear.of(m._kernel_parts, m.in_features, m.bias)
-                               for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+                    linears = [kernels.StepLinear() if m is None else kernels.StepLinear.of(m._kernel_parts,
+                                                                                            m.in_features, m.bias)
+                               for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]  # a mixture: no gate_up, down
                     norms = [address(t) for t in (layer.attn_norm, layer.mlp_norm, layer.q_norm, layer.k_norm,
                                                   layer.attn_out_norm, layer.mlp_out_norm)]
-                    layers.append(kernels.StepLayer(*linears, *norms, int(self.config.window(li) > 0)))
+                    moe = (None,) * 3 if _moe(layer) is None else _moe(layer).step_args()  # model/moe.py's moe.c call
+                    layers.append(kernels.StepLayer(*linears, *norms, int(self.config.window(li) > 0), *moe))
                 self._step = kernels.step_kernels(), (kernels.StepLayer * len(layers))(*layers), keep
         return self._step
 
@@ -301,7 +309,7 @@ class Transformer(CacheAttention):
         c = self.config
         step_kernels, layers, _ = self._step
         M, H, nh, nkv, hd = x.shape[0], c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-        inter = self.layers[0].gate_up.out_features // 2
+        inter = max((layer.gate_up.out_features // 2 for layer in self.layers if layer.gate_up is not None), default=1)
         x = x.clone() if 0 in hidden_layers else x.contiguous()  # hidden[0] keeps the embedding rows
 
         def scratch(width: int) -> torch.Tensor:

@@ -234,13 +234,20 @@ int moe_experts(const Kernels *k, const Experts *w, const float *x, int64_t n, i
 }
 
 // The whole routed part of a mixture for n rows x (n, H): the router's logits (gguf_linear), each row's
-// routing (moe_route) into ids (n, k) and weights (n, k), and out (n, H) as moe_experts. Returns 0 or -1.
+// routing (moe_route) into ids (n, k) and weights (n, k) (NULL, NULL: kept in scratch; step.c's call), and
+// out (n, H) as moe_experts. Returns 0 or -1.
 int moe_rows(const Kernels *k, const Experts *w, const Route *c, const float *x, int64_t n, int act, int64_t *ids,
              float *weights, float *out, int threads) {
     float *logits = malloc(sizeof(float) * (size_t)(n * c->experts + 1));
-    if (!logits) return -1;
-    k->linear(x, n, w->hidden, (int)c->nparts, c->types, c->weights, c->rows, c->row_bytes, NULL, logits, threads);
-    const int bad = moe_route(c, logits, n, ids, weights);
-    free(logits);
-    return bad ? bad : moe_experts(k, w, x, n, c->k, ids, weights, act, out, threads);
+    int64_t *own_ids = ids ? NULL : malloc(sizeof(int64_t) * (size_t)(n * c->k + 1));
+    float *own_weights = weights ? NULL : malloc(sizeof(float) * (size_t)(n * c->k + 1));
+    int bad = !logits || (!ids && !own_ids) || (!weights && !own_weights);
+    if (!bad) {
+        ids = ids ? ids : own_ids, weights = weights ? weights : own_weights;
+        k->linear(x, n, w->hidden, (int)c->nparts, c->types, c->weights, c->rows, c->row_bytes, NULL, logits,
+                  threads);
+        bad = moe_route(c, logits, n, ids, weights) || moe_experts(k, w, x, n, c->k, ids, weights, act, out, threads);
+    }
+    free(logits), free(own_ids), free(own_weights);
+    return bad ? -1 : 0;
 }

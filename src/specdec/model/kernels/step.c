@@ -5,7 +5,8 @@
 // into the loaded gguf_linear.c, attend.c and rows.c (model/kernels/step_structs.py, step_kernels), so the same code
 // computes every value and the bits are the path's through Python. What it adds is copies (contiguous
 // operands, as torch's .contiguous() made them) and the residual adds, x + out per float, as torch adds.
-// The MLP's activation is rows.c's act_mul_rows, which layers.mlp_act calls on the per-op path.
+// The MLP's activation is rows.c's act_mul_rows, which layers.mlp_act calls on the per-op path; a
+// mixture layer's MLP is moe.c's moe_rows, which model/moe.py calls there.
 //
 // Compiled without -ffast-math and with -ffp-contract=off, as the kernels are.
 #include <stdint.h>
@@ -26,6 +27,10 @@ typedef void (*linear_fn)(const float *x, int64_t M, int64_t K, int nparts, cons
                           const uint64_t *weights, const int64_t *rows, const int64_t *row_bytes, const float *bias,
                           float *y, int threads);
 
+// moe.c's moe_rows: a mixture layer's router, routing and routed experts (its Kernels, Experts and Route)
+typedef int (*moe_fn)(const void *kernels, const void *experts, const void *route, const float *x, int64_t n, int act,
+                      int64_t *ids, float *weights, float *out, int threads);
+
 typedef struct {
     rms_norm_fn rms_norm;
     rope_fn rope;
@@ -33,6 +38,7 @@ typedef struct {
     attend_fn attend;
     act_fn act;
     linear_fn linear;
+    moe_fn moe;  // NULL where moe.c did not load (no layer is a mixture then)
 } Kernels;
 
 typedef struct {  // one gguf-format linear: kernels.GGUFParts' arrays, its input width and its bias (or NULL)
@@ -47,6 +53,8 @@ typedef struct {  // one layer; a norm's weight NULL where the family has no suc
     Linear qkv, o, gate_up, down;
     const float *attn_norm, *mlp_norm, *q_norm, *k_norm, *attn_out_norm, *mlp_out_norm;
     int64_t local;  // a sliding-window layer: the local key lists and RoPE rows
+    // a mixture-of-experts layer without a shared expert (gate_up and down unused): moe.c's arguments; else NULL
+    const void *moe_kernels, *moe_experts, *moe_route;
 } Layer;
 
 typedef struct {  // one forward of M exact rows
@@ -120,9 +128,13 @@ static void run_layer(const Kernels *k, const Layer *l, int64_t li, Forward *f) 
     linear(k, &l->o, f->attn, M, f->out, (int)t);
     residual(k, f, l->attn_out_norm, f->out);
     k->rms_norm(f->x, l->mlp_norm, M, f->H, f->eps, f->h);
-    linear(k, &l->gate_up, f->h, M, f->gate_up, (int)t);  // (M, 2I): gate, then up
-    k->act(f->gate_up, f->gate_up + f->I, M, f->I, 2 * f->I, 2 * f->I, (int)f->act, f->act_out);
-    linear(k, &l->down, f->act_out, M, f->out, (int)t);
+    if (l->moe_route) {  // MoE._rows' one moe.c call; its scratch is a few KB (a failed malloc: out not written)
+        k->moe(l->moe_kernels, l->moe_experts, l->moe_route, f->h, M, (int)f->act, NULL, NULL, f->out, (int)t);
+    } else {
+        linear(k, &l->gate_up, f->h, M, f->gate_up, (int)t);  // (M, 2I): gate, then up
+        k->act(f->gate_up, f->gate_up + f->I, M, f->I, 2 * f->I, 2 * f->I, (int)f->act, f->act_out);
+        linear(k, &l->down, f->act_out, M, f->out, (int)t);
+    }
     residual(k, f, l->mlp_out_norm, f->out);
 }
 

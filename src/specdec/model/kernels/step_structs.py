@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import ctypes
 
-from specdec.model.kernels.libraries import F32, I64, P, attend, gguf, rows
+from specdec.model.kernels.libraries import F32, I64, P, attend, gguf, moe, rows
 from specdec.model.kernels.weights import GGUFParts
 
 
 class StepKernels(ctypes.Structure):
     """step.c's Kernels: the entry points it calls, in the libraries the per-op path calls."""
 
-    _fields_ = [("rms_norm", P), ("rope", P), ("store", P), ("attend", P), ("act", P), ("linear", P)]
+    _fields_ = [("rms_norm", P), ("rope", P), ("store", P), ("attend", P), ("act", P), ("linear", P), ("moe", P)]
 
 
 def step_kernels() -> StepKernels:
@@ -20,7 +20,8 @@ def step_kernels() -> StepKernels:
         return ctypes.cast(fn, ctypes.c_void_p).value
 
     return StepKernels(address(rows().rms_norm_rows), address(rows().rope_rows), address(rows().store_rows),
-                       address(attend().attend_rows), address(rows().act_mul_rows), address(gguf().gguf_linear))
+                       address(attend().attend_rows), address(rows().act_mul_rows), address(gguf().gguf_linear),
+                       None if moe() is None else address(moe().moe_rows))
 
 
 class StepLinear(ctypes.Structure):
@@ -37,11 +38,12 @@ class StepLinear(ctypes.Structure):
 
 
 class StepLayer(ctypes.Structure):
-    """step.c's Layer: four linears, six norm weights (None where absent), and whether it is a local layer."""
+    """step.c's Layer: four linears, six norm weights (None where absent), whether it is a local layer, and a
+    mixture layer's moe.c arguments (MoEKernels, MoEExperts, MoERoute addresses; None in a dense layer)."""
 
     _fields_ = [("qkv", StepLinear), ("o", StepLinear), ("gate_up", StepLinear), ("down", StepLinear),
                 ("attn_norm", P), ("mlp_norm", P), ("q_norm", P), ("k_norm", P), ("attn_out_norm", P),
-                ("mlp_out_norm", P), ("local", I64)]
+                ("mlp_out_norm", P), ("local", I64), ("moe_kernels", P), ("moe_experts", P), ("moe_route", P)]
 
 
 class StepForward(ctypes.Structure):
