@@ -24,6 +24,8 @@ from specdec.model.gguf_reader import reader_class
 from specdec.model.linear import GGUF_KERNEL_TYPES
 from specdec.model.hybrid_build import hybrid_shapes
 from specdec.model.moe_config import moe_from_gguf, moe_shapes
+from specdec.model import qwen3next_checkpoint as qwen3next
+from specdec.model.qwen3next_checkpoint import fused_rows
 from specdec.model.qwen35_checkpoint import HYBRID_ARCHS, qwen35_gguf_config
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
@@ -42,12 +44,16 @@ class GGUFModel:
     tensor_types: dict[str, str]
     gguf_names: list[str]
     _tensors: dict = field(repr=False, default_factory=dict)  # HF name -> gguf ReaderTensor
+    _rows: dict = field(repr=False, default_factory=dict)  # HF name -> (HF name, row indices): rows of a fused one
 
     def names(self) -> list[str]:
-        return list(self._tensors)
+        return list(self._tensors) + list(self._rows)
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor in float32, in the Hugging Face layout ((out, in) for matrices)."""
+        if name in self._rows:  # Qwen3-Next's fused beta|alpha, read under Qwen3.5's names
+            fused, rows = self._rows[name]
+            return self.get(fused)[rows]
         t = self._tensors[name]
         try:
             array = dequantize(t.data, t.tensor_type)
@@ -69,6 +75,10 @@ class GGUFModel:
     def blocks(self, name: str) -> tuple[str, torch.Tensor]:
         """The tensor as the file stores it, in the Hugging Face row order: (type, (rows, row_bytes) uint8)
         for the block types the gguf library (model/kernels) computes on, else ("F32", `get(name)`), which is exact."""
+        if name in self._rows:  # rows of a fused tensor: whole rows of its blocks
+            fused, rows = self._rows[name]
+            kind, blocks = self.blocks(fused)
+            return kind, blocks[rows].contiguous()
         t = self._tensors[name]
         kind = t.tensor_type.name
         if kind not in GGUF_KERNEL_TYPES or len(t.shape) != 2:
@@ -184,7 +194,8 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
     except (TypeError, ValueError) as exc:  # a metadata value of the wrong type, or sizes that do not fit
         raise ModelFileError(path, f"metadata: {exc}") from None
     quant = quant_label(meta.get("general.file_type"), [types[t.name] for t in reader.tensors if len(t.shape) == 2])
-    model = GGUFModel(path, config, meta, quant, types, gguf_names, tensors)
+    rows = fused_rows(tensors, config.linear_attention) if arch == qwen3next.ARCH else {}
+    model = GGUFModel(path, config, meta, quant, types, gguf_names, tensors, rows)
     model.reader = reader
     _check_shapes(model)
     return model
@@ -269,7 +280,7 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
     )
 
 
-MOE_ARCHS = ("qwen3moe", "glm4moe", "qwen35moe")  # GGUF architectures whose expert_* keys specdec reads (model/moe_config.py)
+MOE_ARCHS = ("qwen3moe", "glm4moe", "qwen35moe", "qwen3next")  # GGUF architectures whose expert_* keys specdec reads (model/moe_config.py)
 _COUNTS = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
            "vocab_size", "block_count", "feed_forward_length", "context_length")
 _POSITIVE = ("rope.freq_base", "attention.layer_norm_rms_epsilon")
@@ -363,6 +374,8 @@ def _check_shapes(model: GGUFModel) -> None:
             expected[p + "self_attn.k_proj.bias"] = (c.kv_size,)
             expected[p + "self_attn.v_proj.bias"] = (c.kv_size,)
     for name, shape in expected.items():
+        if name in model._rows:  # a row selection of a fused tensor: build.py checks the rows it gets
+            continue
         t = model._tensors.get(name)
         if t is None:
             raise ModelFileError(model.path, f"tensor for {name} is missing")

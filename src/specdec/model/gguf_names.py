@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from specdec.model.qwen3next_checkpoint import GGUF_NAMES as QWEN3NEXT_GGUF_NAMES
 from specdec.model.qwen35_checkpoint import GGUF_NAMES as QWEN35_GGUF_NAMES
 
 _LAYER_NAMES = {
@@ -38,6 +39,7 @@ _LAYER_NAMES = {
 _GLM4MOE_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight"}
 # Qwen3.5 (qwen35): the norm before the MLP is post_attention_norm; the linear layers' tensors
 _QWEN35_NAMES = {**_LAYER_NAMES, **QWEN35_GGUF_NAMES}
+_QWEN3NEXT_NAMES = {**_QWEN35_NAMES, **QWEN3NEXT_GGUF_NAMES}  # Qwen3-Next: beta|alpha fused (ssm_ba)
 # Gemma 3's four norms per block: llama.cpp's ffn_norm is the one before the MLP (HF pre_feedforward_layernorm);
 # HF's post_attention_layernorm norms the attention output. llama.cpp's converter stored 1 + w for every norm.
 _GEMMA3_NAMES = {
@@ -70,7 +72,7 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
         return _GLOBAL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
     layer_names = {"gemma3": _GEMMA3_NAMES, "glm4moe": _GLM4MOE_NAMES, "qwen35": _QWEN35_NAMES,
-                   "qwen35moe": _QWEN35_NAMES}.get(arch,
+                   "qwen35moe": _QWEN35_NAMES, "qwen3next": _QWEN3NEXT_NAMES}.get(arch,
                                                                                                    _LAYER_NAMES)
     if m and m.group(2) in layer_names:
         return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}"

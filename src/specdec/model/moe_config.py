@@ -65,7 +65,7 @@ class MoEConfig:
 
 
 def moe_from_hf(raw: dict, model_type: str, num_layers: int) -> MoEConfig:
-    """MoEConfig of a config.json (qwen3_moe, qwen3_5_moe's text part, glm4_moe), as transformers reads it.
+    """MoEConfig of a config.json (qwen3_moe, qwen3_5_moe's text part, qwen3_next, glm4_moe) as transformers reads it.
     KeyError for a size it lacks, ValueError for values that do not fit (both named by the caller)."""
     def first(*keys):  # transformers 5 writes num_local_experts where the published files say num_experts
         return raw[next((k for k in keys if raw.get(k) is not None), keys[0])]
@@ -84,12 +84,12 @@ def moe_from_hf(raw: dict, model_type: str, num_layers: int) -> MoEConfig:
     step = int(raw.get("decoder_sparse_step", 1))
     dense = set(raw.get("mlp_only_layers") or [])
     layers = tuple(i for i in range(num_layers) if i not in dense and (i + 1) % step == 0)
-    shared = int(raw.get("shared_expert_intermediate_size") or 0) if model_type == "qwen3_5_moe" else 0
+    shared = int(raw.get("shared_expert_intermediate_size") or 0) if model_type in ("qwen3_5_moe", "qwen3_next") else 0
     return MoEConfig(
         experts=int(first("num_experts", "num_local_experts")), experts_per_token=int(raw["num_experts_per_tok"]),
         expert_intermediate=int(raw["moe_intermediate_size"]), layers=layers, scoring="softmax",
-        # transformers' qwen3_5_moe router always normalizes; qwen3_moe's as norm_topk_prob says
-        norm_topk=True if model_type == "qwen3_5_moe" else bool(raw.get("norm_topk_prob", False)),
+        # transformers' qwen3_5_moe router always normalizes; qwen3_moe's and qwen3_next's as norm_topk_prob says
+        norm_topk=True if model_type == "qwen3_5_moe" else bool(raw.get("norm_topk_prob", model_type == "qwen3_next")),
         shared_intermediate=shared, shared_gate=bool(shared))
 
 
@@ -120,7 +120,7 @@ def moe_from_gguf(meta: dict, arch: str, num_layers: int, score_bias: bool) -> M
         norm_topk=bool(key("expert_weights_norm", True)) if glm else True, norm_floor=1e-20 if glm else 0.0,
         routed_scale=float(key("expert_weights_scale", 1.0) or 1.0),
         groups=int(key("expert_group_count", 1) or 1), groups_used=int(key("expert_group_used_count", 1) or 1),
-        score_bias=score_bias, shared_intermediate=shared, shared_gate=arch == "qwen35moe")
+        score_bias=score_bias, shared_intermediate=shared, shared_gate=arch in ("qwen35moe", "qwen3next"))
 
 
 def moe_shapes(moe: MoEConfig, hidden: int, prefix: str) -> dict[str, tuple[int, ...]]:

@@ -7,7 +7,8 @@ Folders come in two layouts, both read as the text model:
                             model.language_model.* for the text model, model.visual.* (the vision tower,
                             not run: images are refused), lm_head
 and the same two for Qwen3.5-MoE (qwen3_5_moe_text, qwen3_5_moe; GGUF architecture qwen35moe): every layer's
-MLP a mixture with a shared expert behind a sigmoid gate (model/moe_config.py), the MTP layer's too.
+MLP a mixture with a shared expert behind a sigmoid gate (model/moe_config.py), the MTP layer's too. Qwen3-Next
+(qwen3_next, GGUF qwen3next) is read here too; what differs is in model/qwen3next_checkpoint.py.
 MTP layers sit under mtp.* in both (mtp_num_hidden_layers; drafters/mtp.py runs them). Every RMS norm weight
 w stands for the multiplier 1 + w, except linear_attn.norm's (a plain multiplier), as transformers computes
 them and llama.cpp's converter stores them. GGUF files (llama.cpp's qwen35) name the linear layers' tensors
@@ -21,14 +22,29 @@ from dataclasses import replace
 from specdec.model.config import ModelConfig
 from specdec.model.errors import ModelFileError
 from specdec.model.hybrid_config import LinearAttention
+from specdec.model import qwen3next_checkpoint as qwen3next
 from specdec.model.moe_config import moe_from_gguf, moe_from_hf
 
 MODEL_TYPES = ("qwen3_5_text", "qwen3_5")  # config.json model_type of the text model and of the published one
 MOE_MODEL_TYPES = ("qwen3_5_moe_text", "qwen3_5_moe")  # the same for Qwen3.5-MoE
 PUBLISHED = ("qwen3_5", "qwen3_5_moe")  # the layouts with a text_config and a vision tower
-HYBRID_ARCHS = ("qwen35", "qwen35moe")  # ModelConfig.arch, as the GGUF architectures name them
+HYBRID_ARCHS = ("qwen35", "qwen35moe", qwen3next.ARCH)  # ModelConfig.arch, as the GGUF architectures name them
 _LANGUAGE_MODEL = "model.language_model."
 _VISION = ("model.visual.", "visual.")
+
+# What `specdec inspect` says of each family read here (ModelConfig.arch): what runs, what lights up, what checked it
+_CHECKED = ("checked against transformers and llama.cpp's converter on tiny reference checkpoints only; no real "
+            "file tested")
+FAMILY_NOTES = {
+    "qwen35": "Qwen3.5 / Qwen3.6 dense hybrid (Gated DeltaNet + gated attention; CPU, chains only); its MTP layers "
+              f"light up draft-mtp; {_CHECKED}",
+    "qwen35moe": "Qwen3.5-MoE hybrid (Gated DeltaNet + gated attention, every MLP a mixture with a gated shared "
+                 "expert, k of E experts read per token; CPU, chains only); its MTP layer (a mixture too) lights up "
+                 f"draft-mtp; a published folder runs its text model (images are refused); {_CHECKED}",
+    qwen3next.ARCH: "Qwen3-Next hybrid (Qwen3.5-MoE's layers, DeltaNet projections fused per key head, dense MLPs "
+                    "where mlp_only_layers says; CPU, chains only); its MTP layer (a mixture too) lights up "
+                    f"draft-mtp, declared or not; {_CHECKED}",
+}
 
 # llama.cpp's qwen35 layer tensors -> HF names (after blk.N.); the others are gguf_names' common ones
 GGUF_NAMES = {
@@ -105,14 +121,16 @@ def qwen35_config(path, raw: dict, tied: bool) -> ModelConfig:
             conv_kernel=int(raw.get("linear_conv_kernel_dim", 4)))
     except ValueError as exc:
         raise ModelFileError(path, f"config.json: {exc}") from None
-    moe = None
+    moe, arch = None, "qwen35"
     if raw.get("model_type") in MOE_MODEL_TYPES:  # every layer a mixture (transformers' Qwen3_5MoeDecoderLayer)
-        moe = replace(moe_from_hf(raw, "qwen3_5_moe", layers), layers=tuple(range(layers)))
+        moe, arch = replace(moe_from_hf(raw, "qwen3_5_moe", layers), layers=tuple(range(layers))), "qwen35moe"
+    elif raw.get("model_type") == qwen3next.MODEL_TYPE:  # mixtures as mlp_only_layers / decoder_sparse_step say
+        moe, arch = moe_from_hf(raw, qwen3next.MODEL_TYPE, layers), qwen3next.ARCH
     return ModelConfig(
-        arch="qwen35moe" if moe else "qwen35", vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
+        arch=arch, vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]),
         num_layers=layers, num_heads=heads, num_kv_heads=int(raw.get("num_key_value_heads") or heads),
         head_dim=head_dim, intermediate_size=int(raw.get("intermediate_size") or moe.expert_intermediate if moe
-                                                 else raw["intermediate_size"]),
+                                                 and moe.layers == tuple(range(layers)) else raw["intermediate_size"]),
         rope_theta=float(rope.get("rope_theta") or raw.get("rope_theta") or 10000.0),
         rope_dims=0 if rope_dims == head_dim else rope_dims,
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
@@ -149,8 +167,10 @@ def qwen35_gguf_config(path, meta: dict, tensors: dict) -> ModelConfig:
                                  key_heads=int(need("ssm.group_count")), value_heads=value_heads,
                                  key_dim=int(need("ssm.state_size")),
                                  value_dim=int(need("ssm.inner_size")) // value_heads,
-                                 conv_kernel=int(need("ssm.conv_kernel")), tiled=True)
-        moe = moe_from_gguf(meta, arch, layers, False) if arch == "qwen35moe" else None  # every layer a mixture
+                                 conv_kernel=int(need("ssm.conv_kernel")), tiled=arch != qwen3next.ARCH)
+        moe = moe_from_gguf(meta, arch, layers, False) if arch != "qwen35" else None
+        if moe is not None and arch == qwen3next.ARCH:  # the layers with a router (dense ones: mlp_only_layers)
+            moe = replace(moe, layers=tuple(i for i in range(layers) if f"model.layers.{i}.mlp.gate.weight" in tensors))
         return ModelConfig(
             arch=arch, vocab_size=int(meta.get(f"{arch}.vocab_size") or embed.shape[-1]), hidden_size=hidden,
             num_layers=layers, num_heads=heads, num_kv_heads=int(meta.get(f"{arch}.attention.head_count_kv") or heads),
