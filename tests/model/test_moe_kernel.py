@@ -77,6 +77,20 @@ def test_one_call_gives_the_python_loops_bits_and_a_rows_bits_alone(layer, n):
         assert len(torch.unique(ids)) > K_USED, "every row chose the same experts: this would prove little"
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_thread_count_changes_no_bit(layer, threads):
+    """3 threads split a decode step's 3 down products by expert (moe.c), 2 split each one's columns."""
+    moe, _ = layer
+    h = torch.randn(5, H, generator=torch.Generator().manual_seed(3))
+    one = [moe(h[:1]), moe(h)]
+    torch.set_num_threads(threads)
+    try:
+        many = [moe(h[:1]), moe(h)]
+    finally:
+        torch.set_num_threads(1)
+    assert all(torch.equal(a, b) for a, b in zip(one, many))
+
+
 def test_the_mixture_is_the_dequantized_weights_one(layer):
     """Against float32 on the blocks' own values: sum_j w_j * down_e (silu(gate_e h) * up_e h), e = ids[j]."""
     moe, (gate, up, down) = layer

@@ -182,16 +182,20 @@ int moe_experts(const Kernels *k, const Experts *w, const float *x, int64_t n, i
     float *parts = malloc(sizeof(float) * (size_t)(n * kk * H));  // (n, kk, H) weight * expert output
     if (n == 1) {  // a decode step: every expert's rows are row 0
         float *gu = malloc(sizeof(float) * (size_t)(kk * 2 * I)), *a = malloc(sizeof(float) * (size_t)(kk * I));
-        float *y = malloc(sizeof(float) * (size_t)H);
+        float *y = malloc(sizeof(float) * (size_t)(kk * H));
         if (!parts || !gu || !a || !y) {
             free(parts), free(gu), free(a), free(y);
             return -1;
         }
         gate_up(k, w, ids, kk, x, 1, gu, threads);
         k->act(gu, gu + I, kk, I, 2 * I, 2 * I, act, a);  // expert j's gate and up as row j
+        // the k down products: where the threads divide them, each thread whole experts (one parallel region
+        // where there were k; a call's bits do not depend on its threads), else each call over all threads
+        const int split = threads > 1 && kk % threads == 0;
+        #pragma omp parallel for schedule(static) num_threads(threads) if (split)
         for (int64_t j = 0; j < kk; j++) {
-            down(k, w, ids[j], a + j * I, 1, y, threads);
-            weigh(parts + j * H, y, weights[j], H);
+            down(k, w, ids[j], a + j * I, 1, y + j * H, split ? 1 : threads);
+            weigh(parts + j * H, y + j * H, weights[j], H);
         }
         free(gu), free(a), free(y);
     } else {
