@@ -141,3 +141,20 @@ def test_llama_server_runs_the_same_sessions_in_the_same_table(tmp_path, session
 
 def rows_order():
     return [("json", 1), ("json", 2), ("tool", 1), ("tool", 2)]
+
+
+def test_a_failed_session_run_is_reported_not_hidden(tiny_model, session_file, monkeypatch):
+    real = session_bench.run_session
+
+    def failing(engine, session, max_tokens, spec=None, grammars=None):
+        if spec is not None and spec.enabled:
+            raise RuntimeError("token 7 was emitted where the grammar forbids it\nthe parser's state ...")
+        return real(engine, session, max_tokens, spec, grammars)
+
+    monkeypatch.setattr(session_bench, "run_session", failing)
+    section = run_sessions(tiny_model, load_sessions(session_file)[:1], parse_methods("none,ngram-simple",
+                           model=tiny_model), "on", 6, "off", ctx_size=512, progress=False)
+    assert section["errors"] == [{"config": "ngram-simple", "session": "json",
+                                  "error": "token 7 was emitted where the grammar forbids it"}]
+    assert {s["config"]: s["identical"] for s in section["summary"]} == {"none": True, "ngram-simple": False}
+    assert "- ngram-simple | json: token 7 was emitted" in "\n".join(sessions_markdown(section))

@@ -56,6 +56,7 @@ def run_sessions(model, sessions: list[Session], methods: list[Method], prefix_c
     grammars = {s.id: session_grammars(model, s) for s in constrained} if True in states else {}
     turns: list[dict] = []
     configs: list[dict] = []
+    errors: list[dict] = []  # {"config", "session", "error"}: a session run that failed; its turns are absent
     for state in states:
         todo = constrained if state else sessions
         tag = SUFFIX if state else ""
@@ -67,7 +68,11 @@ def run_sessions(model, sessions: list[Session], methods: list[Method], prefix_c
                 if progress:
                     print(f"sessions: {label} | {s.id}", file=sys.stderr)
                 engine = Engine(model, max_len=ctx_size, prefix_cache=prefix_cache)
-                got = run_session(engine, s, max_tokens, m.spec, grammars.get(s.id) if state else None)
+                try:
+                    got = run_session(engine, s, max_tokens, m.spec, grammars.get(s.id) if state else None)
+                except RuntimeError as exc:  # an engine failure: said in the report, the other runs still measured
+                    errors.append({"config": label, "session": s.id, "error": str(exc).splitlines()[0]})
+                    continue
                 turns += [_row(label, t) for t in got]
         for peer in peers:
             label = peer.label + tag
@@ -82,7 +87,7 @@ def run_sessions(model, sessions: list[Session], methods: list[Method], prefix_c
                                            "constrain": constrain, "ctx_size": ctx_size,
                                            "sessions": [s.id for s in sessions],
                                            "constrained_sessions": [s.id for s in constrained]},
-            "configs": configs, "turns": turns, "summary": summarize(turns, configs)}
+            "configs": configs, "turns": turns, "errors": errors, "summary": summarize(turns, configs, errors)}
 
 
 def _row(label: str, t: Turn) -> dict:
@@ -113,9 +118,9 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def summarize(turns: list[dict], configs: list[dict]) -> list[dict]:
+def summarize(turns: list[dict], configs: list[dict], errors: list[dict] = ()) -> list[dict]:
     """Per config: median decode tok/s and speed-up over the turns, turn-5 (the last) over turn-1 TTFT per
-    session, and whether every turn was the baseline's token for token."""
+    session, and whether every turn was the baseline's token for token (False where a session run failed)."""
     out = []
     for c in configs:
         rows = [r for r in turns if r["config"] == c["label"]]
@@ -123,7 +128,7 @@ def summarize(turns: list[dict], configs: list[dict]) -> list[dict]:
         for sid in dict.fromkeys(r["session"] for r in rows):
             mine = sorted((r for r in rows if r["session"] == sid), key=lambda r: r["turn"])
             ratios[sid] = mine[-1]["ttft_s"] / mine[0]["ttft_s"] if mine[0]["ttft_s"] > 0 else None
-        same = [r["identical_to_baseline"] for r in rows]
+        same = [r["identical_to_baseline"] for r in rows] + [False for e in errors if e["config"] == c["label"]]
         out.append({"config": c["label"], "kind": c["kind"], "constrained": c["constrained"],
                     "turns": len(rows), "ttft_median_s": _median(r["ttft_s"] for r in rows),
                     "ttft_last_over_first": ratios,

@@ -78,4 +78,8 @@ def sessions_markdown(section: dict) -> list[str]:
                   "turn, or the call grammar of its tools on the tool-call turns (llama-server: the JSON schema "
                   "only; its tool turns run free).", ""] + constrained + [""]
     lines += ["### Summary", ""] + summary_table(section) + [""]
+    if section.get("errors"):
+        lines += ["### Failed runs", "", "Each failed session run is absent from the tables; its config is not "
+                  "identical.", ""] + [f"- {e['config']} | {e['session']}: {e['error']}" for e in section["errors"]]
+        lines.append("")
     return lines
