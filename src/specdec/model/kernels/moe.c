@@ -172,6 +172,23 @@ static void weigh(float *part, const float *y, float wt, int64_t H) {
     for (int64_t i = 0; i < H; i++) part[i] = wt * y[i];
 }
 
+#define SPLIT_PAIRS 64  // (row, expert) pairs up to which a call's experts are split among the threads
+
+// Expert e over the m rows row[0..m-1] of x (n, H) that chose it, at ranks rank[0..m-1] of their ids:
+// part[row, rank] = weight[row, rank] * down(act(gate, up)), through scratch xe (m, H), gu (m, 2I), a (m, I),
+// y (m, H)
+static void expert(const Kernels *k, const Experts *w, int64_t e, const int64_t *row, const int64_t *rank, int64_t m,
+                   const float *x, int64_t kk, const float *weights, int act, float *xe, float *gu, float *a, float *y,
+                   float *parts, int threads) {
+    const int64_t H = w->hidden, I = w->inter;
+    for (int64_t i = 0; i < m; i++) memcpy(xe + i * H, x + row[i] * H, sizeof(float) * (size_t)H);
+    gate_up(k, w, &e, 1, xe, m, gu, threads);
+    k->act(gu, gu + I, m, I, 2 * I, 2 * I, act, a);
+    down(k, w, e, a, m, y, threads);
+    for (int64_t i = 0; i < m; i++)
+        weigh(parts + (row[i] * kk + rank[i]) * H, y + i * H, weights[row[i] * kk + rank[i]], H);
+}
+
 // out (n, H) = the routed experts' weighted sum for the n rows x (n, H): ids (n, kk) int64, each row's experts
 // in increasing id order (distinct, each < E), weights (n, kk) float32 their weights; act: act_mul_rows' kind.
 // Returns 0, or -1 where scratch memory could not be had (out untouched).
@@ -199,32 +216,43 @@ int moe_experts(const Kernels *k, const Experts *w, const float *x, int64_t n, i
         }
         free(gu), free(a), free(y);
     } else {
-        float *xe = malloc(sizeof(float) * (size_t)(n * H)), *gu = malloc(sizeof(float) * (size_t)(n * 2 * I));
-        float *a = malloc(sizeof(float) * (size_t)(n * I)), *y = malloc(sizeof(float) * (size_t)(n * H));
-        int64_t *count = calloc((size_t)E, sizeof(int64_t)), *row = malloc(sizeof(int64_t) * (size_t)n);
-        int64_t *rank = malloc(sizeof(int64_t) * (size_t)n);
-        if (!parts || !xe || !gu || !a || !y || !count || !row || !rank) {
-            free(parts), free(xe), free(gu), free(a), free(y), free(count), free(row), free(rank);
+        // each expert's (row, rank) pairs, rows in increasing order: expert e's at [first[e], first[e + 1]);
+        // used: the experts chosen, in increasing id
+        int64_t *first = calloc((size_t)(E + 1), sizeof(int64_t)), *next = malloc(sizeof(int64_t) * (size_t)E);
+        int64_t *row = malloc(sizeof(int64_t) * (size_t)(n * kk)), *rank = malloc(sizeof(int64_t) * (size_t)(n * kk));
+        int64_t *used = malloc(sizeof(int64_t) * (size_t)E), nused = 0, most = 0;
+        if (first)
+            for (int64_t i = 0; i < n * kk; i++) first[ids[i] + 1]++;
+        for (int64_t e = 0; first && e < E; e++) {
+            most = first[e + 1] > most ? first[e + 1] : most;
+            if (first[e + 1] && used) used[nused++] = e;
+            first[e + 1] += first[e];
+        }
+        // a verify's few rows: each thread whole experts (scratch for every pair); else each expert in turn
+        // over all threads (scratch for one). A call's bits do not depend on its threads, so neither do these.
+        const int split = threads > 1 && nused >= threads && n * kk <= SPLIT_PAIRS;
+        const int64_t span = split ? n * kk : most;
+        float *xe = malloc(sizeof(float) * (size_t)(span * H)), *gu = malloc(sizeof(float) * (size_t)(span * 2 * I));
+        float *a = malloc(sizeof(float) * (size_t)(span * I)), *y = malloc(sizeof(float) * (size_t)(span * H));
+        if (!parts || !first || !next || !row || !rank || !used || !xe || !gu || !a || !y) {
+            free(parts), free(first), free(next), free(row), free(rank), free(used);
+            free(xe), free(gu), free(a), free(y);
             return -1;
         }
-        for (int64_t i = 0; i < n * kk; i++) count[ids[i]]++;
-        for (int64_t e = 0; e < E; e++) {
-            if (!count[e]) continue;
-            int64_t m = 0;  // the rows that chose e, in row order, and e's rank among each one's ids
-            for (int64_t r = 0; r < n; r++)
-                for (int64_t j = 0; j < kk; j++)
-                    if (ids[r * kk + j] == e) {
-                        row[m] = r, rank[m] = j;
-                        memcpy(xe + m * H, x + r * H, sizeof(float) * (size_t)H);
-                        m++;
-                    }
-            gate_up(k, w, &e, 1, xe, m, gu, threads);
-            k->act(gu, gu + I, m, I, 2 * I, 2 * I, act, a);
-            down(k, w, e, a, m, y, threads);
-            for (int64_t i = 0; i < m; i++)
-                weigh(parts + (row[i] * kk + rank[i]) * H, y + i * H, weights[row[i] * kk + rank[i]], H);
+        memcpy(next, first, sizeof(int64_t) * (size_t)E);
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t j = 0; j < kk; j++) {
+                const int64_t p = next[ids[r * kk + j]]++;
+                row[p] = r, rank[p] = j;
+            }
+        #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (split)
+        for (int64_t u = 0; u < nused; u++) {
+            const int64_t e = used[u], p = first[e], m = first[e + 1] - p, at = split ? p : 0;
+            expert(k, w, e, row + p, rank + p, m, x, kk, weights, act, xe + at * H, gu + at * 2 * I, a + at * I,
+                   y + at * H, parts, split ? 1 : threads);
         }
-        free(xe), free(gu), free(a), free(y), free(count), free(row), free(rank);
+        free(first), free(next), free(row), free(rank), free(used);
+        free(xe), free(gu), free(a), free(y);
     }
     for (int64_t r = 0; r < n; r++) {  // out = part 0 + part 1 + ..., one add at a time as torch adds them
         const float *p = parts + r * kk * H;
