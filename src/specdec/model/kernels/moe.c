@@ -3,7 +3,7 @@
 // 16 layers, 4 of 32 experts a token, that loop's ~8 Python-level ops per expert cost ~1/4 of a decode step).
 //
 // It computes what the per-expert path computes, through the same kernels: function pointers into the loaded
-// gguf_linear.c and rows.c (model/kernels/moe_structs.py), as step.c does, so the same code computes every
+// gguf_linear.c and rows.c (model/kernels/moe_experts.py), as step.c does, so the same code computes every
 // value and the bits are that path's:
 //
 //     for each expert e chosen by any row, the rows that chose it (in row order), gathered:
@@ -18,6 +18,12 @@
 // k down products one call each: gguf_linear computes each output element from its weight row and activation
 // row alone, in one fixed order (row-invariant, whatever the other rows, parts or threads), and act_mul_rows
 // each element alone, so grouping changes no bit. A row computed alone or among others gets the same bits.
+// Threads: each gguf_linear call splits its output columns among them, except where a step's k down
+// products, or a verify's experts (SPLIT_PAIRS), are split among them whole (one parallel region instead
+// of one or two per expert), each call then single-threaded: the same bits either way.
+//
+// step.c calls moe_rows for a mixture layer without a shared expert, so such a model's decode or verify
+// forward is one C call for all its layers.
 //
 // The routing (moe_route) is computed here too, row by row, for the gguf format wherever this kernel runs
 // (MoE.route calls it): scores, choice, top k and weights as model/moe_config.py writes them, with libm's
