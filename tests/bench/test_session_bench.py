@@ -83,7 +83,7 @@ def test_the_identical_flag_is_computed_from_the_tokens(tiny_model, session_file
 
     def broken(engine, session, max_tokens, spec=None, grammars=None):  # a method that changes turn 2's last token
         turns = real(engine, session, max_tokens, spec, grammars)
-        if spec is not None and spec.enabled:
+        if spec is not None and spec.enabled and len(turns) > 1:  # not the 1-turn warm-up
             t = turns[1]
             turns[1] = Turn(t.session, t.turn, t.prompt_tokens, t.cached_tokens, t.ttft_s, t.decode_s,
                             t.token_ids[:-1] + ((t.token_ids[-1] + 1) % 500,), t.constrained)
@@ -158,3 +158,29 @@ def test_a_failed_session_run_is_reported_not_hidden(tiny_model, session_file, m
                                   "error": "token 7 was emitted where the grammar forbids it"}]
     assert {s["config"]: s["identical"] for s in section["summary"]} == {"none": True, "ngram-simple": False}
     assert "- ngram-simple | json: token 7 was emitted" in "\n".join(sessions_markdown(section))
+
+
+def test_llama_servers_answer_is_compared_without_its_eos(tiny_model, session_file):
+    """llama-server's /completion tokens end with the EOS that ended the answer; specdec's output does not hold
+    it, so the peer's turn drops it (else "same" read NO on every finished turn); timings and cache counts are
+    its own."""
+    import httpx
+
+    from specdec.bench.session_peer import LlamaServerSessions
+
+    sent = []
+
+    def answer(request):
+        sent.append(request.url.path)
+        if request.url.path == "/slots/0":
+            return httpx.Response(200, json={"id_slot": 0})
+        body = json.loads(request.content)
+        return httpx.Response(200, json={"tokens": [40, 41, 2], "timings": {
+            "prompt_n": len(body["prompt"]) - 3, "prompt_ms": 12.0, "predicted_ms": 20.0, "predicted_n": 3}})
+
+    client = httpx.Client(transport=httpx.MockTransport(answer))
+    peer = LlamaServerSessions(tiny_model.tokenizer, "http://peer", client=client)
+    turns = peer.run_session(load_sessions(session_file)[0], 6, constrained=True)
+    assert sent == ["/slots/0", "/completion", "/completion"]  # the slot erased before the session
+    assert [t.token_ids for t in turns] == [(40, 41), (40, 41)]
+    assert [t.cached_tokens for t in turns] == [3, 3] and turns[0].ttft_s == 0.012 and turns[0].constrained

@@ -129,10 +129,12 @@ class LlamaServerSessions:
                 response = self.client.post(f"{self.url}/completion", json=body)
                 data = response.json()
                 timings = data["timings"]
-                tokens = tuple(int(x) for x in data["tokens"])
+                tokens = [int(x) for x in data["tokens"]]
             except Exception as exc:  # noqa: BLE001 - the server's failure, said in one line
                 raise PeerError(f"llama-server /completion failed on {session.id} turn {t}: "
                                 f"{type(exc).__name__}: {exc}") from None
+            while tokens and tokens[-1] in self.tokenizer.eos_ids:  # its tokens end with the EOS, specdec's do not
+                tokens.pop()
             out.append(Turn(session.id, t, len(ids), len(ids) - int(timings["prompt_n"]),
-                            timings["prompt_ms"] / 1000, timings["predicted_ms"] / 1000, tokens, schema))
+                            timings["prompt_ms"] / 1000, timings["predicted_ms"] / 1000, tuple(tokens), schema))
         return out

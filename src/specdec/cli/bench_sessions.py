@@ -83,7 +83,8 @@ def cmd_sessions(args) -> int:
                                            ctx, Path(args.out) / "llama-server.log")
     try:
         section = run_sessions(model, sessions, methods, args.prefix_cache or "on", max_tokens,
-                               args.constrain or "off", [server] if server else [], ctx, not args.no_progress)
+                               args.constrain or "off", [server] if server else [], ctx, not args.no_progress,
+                               not args.no_warmup)
     finally:
         if server is not None:
             server.close()
