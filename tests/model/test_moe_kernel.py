@@ -10,6 +10,8 @@ floor and scale. step.c runs a mixture model's layers (each mixture one moe.c ca
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -18,7 +20,7 @@ from specdec.model import kernels
 from specdec.model.linear import GGUF_KERNEL_TYPES, QLinear
 from specdec.model.load import load_model
 from specdec.model.moe import GGUFExperts, MoE
-from specdec.model.moe_config import MoEConfig
+from specdec.model.moe_config import SCORINGS, MoEConfig
 from specdec.model.segments import Segment
 
 pytestmark = [pytest.mark.skipif(kernels.moe() is None, reason="no MoE kernel here (no cc or no AVX2)"),
@@ -163,3 +165,13 @@ def test_step_c_runs_the_mixture_layers_with_the_per_op_bits():
     for a, b in zip(fused, per_op):
         assert torch.equal(a.logits, b.logits) and all(torch.equal(a.hidden[k], b.hidden[k]) for k in a.hidden)
     assert torch.equal(fused[5].logits[0, 2], fused[2].logits[0, 0])  # a verify's rows are single steps
+
+
+def test_moe_c_knows_every_routing_setting():
+    """A tripwire: moe.c computes the MoEConfig fields and scorings below (the shared expert's two: MoE._rows,
+    after the kernel); a new one must be computed there too (or MoE._route must leave such a layer to torch),
+    else the kernel would route without it."""
+    known = {"experts", "experts_per_token", "expert_intermediate", "layers", "scoring", "norm_topk", "norm_floor",
+             "routed_scale", "groups", "groups_used", "score_bias", "shared_intermediate", "shared_gate"}
+    assert {f.name for f in dataclasses.fields(MoEConfig)} == known
+    assert SCORINGS == ("softmax", "sigmoid")
