@@ -17,6 +17,7 @@ import uvicorn
 
 from specdec.cli.options import (UNLIMITED, add_model_args, add_spec_args, add_threads_args, build_engine,
                                  check_max_tokens, token_limit)
+from specdec.engine.constrain import warm_vocabulary
 from specdec.engine.prefix_cache import PREFIX_CACHE_MODES, PrefixCache
 from specdec.server.app import create_app
 from specdec.server.scheduler import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
@@ -79,6 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(engine, name, api_key=args.api_key, default_max_tokens=token_limit(args.max_tokens, engine),
                      max_batch=args.max_batch, max_queue=args.max_queue, request_timeout=args.request_timeout,
                      prefill_chunk=args.prefill_chunk)
+    warm_vocabulary(engine.model)  # the grammar engine's vocabulary, built while the server starts (1-5 s)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"warning: serving on {args.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)

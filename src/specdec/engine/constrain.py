@@ -1,7 +1,9 @@
 """A request's grammar during generation: the vocabulary a grammar is compiled for, the draft cut where the
 grammar forbids a token, the masks on the verify rows, and the grammar state moved over what is emitted.
 
-    grammar = compile_for(model, "json_schema", schema_text)       # the model's vocabulary built once
+    grammar = compile_for(model, "json_schema", schema_text)       # the model's vocabulary built once, the
+                                                                   # grammar compiled once per text (LRU of 64)
+    warm_vocabulary(model)                                         # built now in a thread (`specdec serve`)
     engine.generate(prompt, SamplingParams(grammar=grammar))       # plain or speculative, the same masks
 
 Why it stays exact (docs/design.md, "Constrained decoding"). The constrained law at a position is the
@@ -20,6 +22,8 @@ The grammar state advances over committed tokens only; a draft's walk rolls it b
 
 from __future__ import annotations
 
+import json
+import threading
 import weakref
 from dataclasses import replace
 
@@ -35,23 +39,55 @@ from specdec.verify.token_tree import TokenTree
 
 GRAMMAR_DRAFTER = "grammar"  # the registry kind that drafts what the grammar forces (drafters/grammar.py)
 
-# Tokenizer -> {rows: GrammarVocabulary}, kept while the tokenizer lives
+# Tokenizer -> {rows: GrammarVocabulary}, kept while the tokenizer lives; each vocabulary keeps its compiled
+# grammars, (kind, text) -> Grammar, the GRAMMAR_CACHE most recently used (a Grammar is immutable: each request
+# walks it with its own GrammarState)
 _vocabularies: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()  # one build of a vocabulary however many requests want it at once; the caches' order
+GRAMMAR_CACHE = 64
 
 
 def grammar_vocabulary(model) -> GrammarVocabulary:
     """The model's vocabulary as the grammar engine reads it, built on first use (1-5 s) and kept."""
     tok, rows = model.tokenizer, model.config.vocab_size
-    built = _vocabularies.setdefault(tok, {})
-    if rows not in built:
-        built[rows] = GrammarVocabulary(token_bytes(tok, rows), tok.eos_ids,
-                                        lambda text: tok.encode(text, add_bos=False))
-    return built[rows]
+    with _lock:  # held through the build: a second caller waits for this one's vocabulary
+        built = _vocabularies.setdefault(tok, {})
+        if rows not in built:
+            built[rows] = GrammarVocabulary(token_bytes(tok, rows), tok.eos_ids,
+                                            lambda text: tok.encode(text, add_bos=False))
+        return built[rows]
+
+
+def warm_vocabulary(model) -> threading.Thread:
+    """Build the model's vocabulary in a daemon thread (a server's first constrained request then finds it, or
+    waits for the rest of it). A model the grammar engine cannot serve is left for its requests to report."""
+    def build():
+        try:
+            grammar_vocabulary(model)
+        except ValueError:  # no end-of-answer token: each constrained request says so
+            pass
+
+    thread = threading.Thread(target=build, name="grammar-vocabulary", daemon=True)
+    thread.start()
+    return thread
 
 
 def compile_for(model, kind: str, text) -> Grammar:
-    """A grammar (sampling.grammar.KINDS) compiled for the model's vocabulary; ValueError for a bad one."""
-    return compile_grammar(kind, text, grammar_vocabulary(model))
+    """A grammar (sampling.grammar.KINDS) compiled for the model's vocabulary; ValueError for a bad one (never
+    kept). The same kind and text again is the same Grammar, from the vocabulary's cache."""
+    vocabulary = grammar_vocabulary(model)
+    key = (kind, text if isinstance(text, str) else json.dumps(text))  # key order kept: it orders the output
+    cache = vocabulary.grammars
+    with _lock:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+    grammar = compile_grammar(kind, text, vocabulary)  # outside the lock: a race compiles it twice, harmlessly
+    with _lock:
+        cache[key] = grammar
+        while len(cache) > GRAMMAR_CACHE:
+            cache.popitem(last=False)
+    return grammar
 
 
 def with_grammar_drafter(spec: SpecConfig) -> SpecConfig:

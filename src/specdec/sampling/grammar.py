@@ -20,6 +20,7 @@ a (V,) mask in 20-70 microseconds on 49k-262k vocabularies, rollback, and the to
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -50,6 +51,7 @@ class GrammarVocabulary:
         self.size = len(token_bytes.tokens)
         self.tokenizer = llguidance.LLTokenizer(_Wrapper(token_bytes, list(eos_ids), encode), n_vocab=self.size,
                                                 eos_token=list(eos_ids))
+        self.grammars: OrderedDict = OrderedDict()  # engine.constrain.compile_for's cache: (kind, text) -> Grammar
 
 
 class _Wrapper:
