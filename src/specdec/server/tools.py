@@ -139,7 +139,7 @@ def _step(steps: tuple, at: tuple[int, int], c: str) -> tuple[int, int] | None:
 
 
 class CallParser:
-    """One answer's text -> content and tool_calls deltas, in order (the module's rules)."""
+    """One answer's text -> content and tool_calls deltas, in order (the rules above)."""
 
     def __init__(self):
         self.calls = 0  # calls ended so far: the index of the call being read, if any
@@ -147,6 +147,7 @@ class CallParser:
         self.ws = ""  # out: whitespace not sent yet
         self.tag = ""  # out: a prefix of OPEN not sent yet
         self.block = ""  # head, name: the block's text so far, OPEN included
+        self.name_start = 0  # name: where the name's characters start in self.block
         self.at = (0, 0)  # the place in the current skeleton (_step)
         self.after_call = False  # out: no content since a call ended (whitespace at the answer's end is dropped)
         self.depth, self.in_string, self.escape = 0, False, False  # args: the object's nesting
