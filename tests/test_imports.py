@@ -35,7 +35,7 @@ LAYERS = [
      "specdec.bench.plots", "specdec.bench.results_file", "specdec.bench.provenance", "specdec.bench.method_bench",
      "specdec.bench.tune", "specdec.api", "specdec.completion", "specdec.server.logprobs", "specdec.bench.sessions",
      "specdec.bench.session_bench", "specdec.bench.session_peer", "specdec.bench.session_report",
-     "specdec.cli.bench_sessions",
+     "specdec.cli.bench_sessions", "specdec.bench.tool_gbnf",
      "specdec.server.structured", "specdec.server.tools", "specdec.cli.grammar_args",
      "specdec.train.engine_gen", "specdec.train.recipe", "specdec.train.curves", "specdec.bench.verdicts"},
     {"specdec.cli", "specdec.cli.__main__"} | COMMAND_MODULES,

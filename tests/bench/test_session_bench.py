@@ -18,7 +18,7 @@ from specdec.bench.sessions import Turn, load_sessions
 from specdec.cli import main
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {
-    "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]}}}]
+    "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"], "additionalProperties": False}}}]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "amount": {"type": "number"}},
           "required": ["name", "amount"], "additionalProperties": False}
 SESSIONS = [  # short enough for the tiny model's 512-token context with its byte-level tokenizer
@@ -131,11 +131,13 @@ def test_llama_server_runs_the_same_sessions_in_the_same_table(tmp_path, session
         assert rows[(label, "json", 1)]["cached_tokens"] == 0  # a fresh conversation
         assert rows[(label, "json", 2)]["cached_tokens"] > 0  # its prompt cache reused turn 1
         assert all(rows[(label, s, t)]["identical_to_baseline"] is not None for s in ("json", "tool") for t in (1, 2))
-    # the schema in its json_schema field held (its JSON may hold whitespace); tool turns stay free there
-    assert [rows[("llama-server+schema", s, t)]["constrained"] for s, t in rows_order()] == [True, True, False, False]
+    # the schema in its json_schema field held (its JSON may hold whitespace), the call in its grammar field
+    assert [rows[("llama-server+schema", s, t)]["constrained"] for s, t in rows_order()] == [True, True, True, False]
     tok = load_model(str(path), "fp32", progress=False).tokenizer
     answer = "".join(tok.decode(rows[("llama-server+schema", "json", 1)]["token_ids"]).split())
     assert answer.startswith('{"na')
+    call = tok.decode(rows[("llama-server+schema", "tool", 1)]["token_ids"])  # its grammar field held the call
+    assert call == '<tool_call>\n{"name": "lookup", "arguments": {"key": "'[:len(call)] and len(call) >= 5
     assert "| llama-server TTFT s |" in (out / "report.md").read_text()
 
 

@@ -1,6 +1,6 @@
 """llama-server on the agentic sessions (`specdec bench --sessions --peers llama-server`): the same token ids
 specdec renders for each turn, sent to its /completion with cache_prompt (its prompt cache: a turn evaluates
-only what the last one lacked), greedy, under the session's JSON schema in its json_schema field. As specdec's
+only what the last one lacked), greedy, under the session's JSON schema in its json_schema field (its tools' call in its grammar field). As specdec's
 fresh engine per session, each session starts cold: the slot is erased before it (/slots/0?action=erase) and
 the server keeps no other prompt cache (--cache-ram 0), so only the conversation's own turns are reused.
 
@@ -8,9 +8,9 @@ the server keeps no other prompt cache (--cache-ram 0), so only the conversation
         turns = peer.run_session(session, max_tokens=48, constrained=True)
 
 Timings are the server's own: TTFT is prompt_ms (llama.cpp samples the first token inside it), decode is
-predicted_ms, which covers the steps after the first token. Tool turns stay free under llama-server: it has no
-field for a JSON schema inside <tool_call> tags (specdec's call grammar is a Lark grammar), so those rows say
-constrained false. The binary: $LLAMA_CPP_BIN/llama-server, else llama-server on PATH.
+predicted_ms, which covers the steps after the first token. A tool turn goes under its grammar field: the GBNF
+of bench/tool_gbnf.py, the language of specdec's own call grammar (a Lark grammar llama.cpp cannot read).
+The binary: $LLAMA_CPP_BIN/llama-server, else llama-server on PATH.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from pathlib import Path
 from specdec.bench.peers import optional_module
 from specdec.bench.runner import PeerError
 from specdec.bench.sessions import Session, Turn, render
+from specdec.bench.tool_gbnf import call_gbnf
 
 PEER = "llama-server"
 
@@ -122,9 +123,10 @@ class LlamaServerSessions:
             body = {"prompt": ids, "n_predict": max_tokens, "cache_prompt": True, "temperature": 0, "top_k": 1,
                     "seed": 0, "return_tokens": True}
             c = session.constraint(t) if constrained else None
-            schema = c is not None and c[0] == "json_schema"
-            if schema:
+            if c is not None and c[0] == "json_schema":
                 body["json_schema"] = json.loads(c[1])
+            elif c is not None:  # a tool turn: the same call language as specdec's, in GBNF
+                body["grammar"] = call_gbnf(list(session.tools))
             try:
                 response = self.client.post(f"{self.url}/completion", json=body)
                 data = response.json()
@@ -136,5 +138,5 @@ class LlamaServerSessions:
             while tokens and tokens[-1] in self.tokenizer.eos_ids:  # its tokens end with the EOS, specdec's do not
                 tokens.pop()
             out.append(Turn(session.id, t, len(ids), len(ids) - int(timings["prompt_n"]),
-                            timings["prompt_ms"] / 1000, timings["predicted_ms"] / 1000, tuple(tokens), schema))
+                            timings["prompt_ms"] / 1000, timings["predicted_ms"] / 1000, tuple(tokens), c is not None))
         return out

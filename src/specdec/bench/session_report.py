@@ -75,8 +75,8 @@ def sessions_markdown(section: dict) -> list[str]:
     if constrained:
         lines += ["### Under the sessions' constraints (+schema)", "",
                   f"Sessions {', '.join(st['constrained_sessions'])}: a response_format's JSON schema on every "
-                  "turn, or the call grammar of its tools on the tool-call turns (llama-server: the JSON schema "
-                  "only; its tool turns run free).", ""] + constrained + [""]
+                  "turn, or the call grammar of its tools on the tool-call turns (llama-server: the schema in its "
+                  "json_schema field, the call in its grammar field as GBNF).", ""] + constrained + [""]
     lines += ["### Summary", ""] + summary_table(section) + [""]
     if section.get("errors"):
         lines += ["### Failed runs", "", "Each failed session run is absent from the tables; its config is not "

@@ -21,6 +21,7 @@ from specdec.bench.session_peer import PEER, LlamaServerSessions
 from specdec.bench.report import write_sessions
 from specdec.bench.session_report import summary_table
 from specdec.bench.sessions import DEFAULT_SESSIONS, load_sessions, max_tokens_of
+from specdec.bench.tool_gbnf import call_gbnf
 from specdec.engine.prefix_cache import PREFIX_CACHE_MODES
 from specdec.model.device import pick_device
 from specdec.model.files import out_dir
@@ -67,6 +68,10 @@ def cmd_sessions(args) -> int:
     peers = [p.strip() for p in (args.peers or "").split(",") if p.strip()]
     if any(p != PEER for p in peers) or len(peers) > 1:
         raise ValueError(f"--peers {args.peers!r}: --sessions measures the peer {PEER} only")
+    if peers and (args.constrain or "off") != "off":
+        for s in sessions:  # llama-server's call grammar: a tool schema it cannot write fails now, not at its turn
+            if s.tools:
+                call_gbnf(list(s.tools))
     max_tokens = args.max_tokens if args.max_tokens is not None else max_tokens_of(path)
     if max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {max_tokens}")
