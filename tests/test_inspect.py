@@ -126,7 +126,7 @@ def test_a_config_without_num_hidden_layers_has_no_mtp_layers(tmp_path):
 
 
 @pytest.mark.parametrize("model_type, family, key", [
-    ("qwen3_next", "Qwen3-Next is a mixture-of-experts model with hybrid linear attention", "mtp_num_hidden_layers"),
+    ("deepseek_v3", "DeepSeek-V3 attends with multi-head latent attention (MLA)", "num_nextn_predict_layers"),
 ])
 def test_families_specdec_cannot_run_are_named_and_their_mtp_reported(tmp_path, model_type, family, key):
     folder = make_hf_model(tmp_path / model_type, extra_config={"model_type": model_type, key: 1})

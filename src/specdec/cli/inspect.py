@@ -27,6 +27,7 @@ from specdec.model.checkpoint_facts import mtp_info, param_count, raw_checkpoint
 from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.load import open_checkpoint, weights_format_for
 from specdec.model import catalogue
+from specdec.model.qwen35_checkpoint import FAMILY_NOTES
 
 DRAFT_MODEL = registry.with_flag("draft_model")[0]  # what a plain language model given with -md drafts as
 MTP = registry.kind_of_head("mtp")
@@ -52,6 +53,8 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
     report["not_runnable_reason"] = why
     c = getattr(checkpoint, "config", None)
     report["architecture"] = c.arch if c is not None else checkpoint.arch
+    if report["architecture"] in FAMILY_NOTES:  # what runs of it, what lights up, what checked it
+        report["family_note"] = FAMILY_NOTES[report["architecture"]]
     report["format"] = "hf-folder" if path.is_dir() else "gguf"
     report["parameters"] = param_count(checkpoint)
     report["quantization"] = checkpoint.quant
@@ -173,6 +176,8 @@ def format_report(r: dict) -> str:
     run = "yes" if r["runnable"] else f"NO: {r['not_runnable_reason']}"
     lines.append(f"runs here     {run}")
     lines.append(f"architecture  {r['architecture']}")
+    if r.get("family_note"):
+        lines.append(f"              {r['family_note']}")
     lines.append(f"parameters    {r['parameters']:,} ({r['parameters'] / 1e9:.2f} B)")
     q = r["quantization"]
     if r.get("tensor_types"):

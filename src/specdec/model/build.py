@@ -71,7 +71,8 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
     for i in range(c.num_layers):
         p = f"model.layers.{i}."
         if c.linear_attention is not None:  # a Qwen3.5 layer: Gated DeltaNet or gated attention
-            layers.append(hybrid_layer(c, i, get, linear, names, where))
+            layers.append(hybrid_layer(c, i, get, linear, names, where,
+                                       lambda prefix, norm: build_moe(source, c, prefix, weights_format, norm, get)))
             if progress is not None:
                 progress(1)
             continue

@@ -1,5 +1,6 @@
-"""Model configuration: one dataclass for every family specdec runs (Llama, Qwen2, Qwen3, Gemma 3, and the
-mixture-of-experts Qwen3-MoE and GLM-4.5, whose MLP settings are a MoEConfig, model/moe_config.py).
+"""Model configuration: one dataclass for every family specdec runs (Llama, Qwen2, Qwen3, Gemma 3, the
+mixture-of-experts Qwen3-MoE and GLM-4.5, whose MLP settings are a MoEConfig, model/moe_config.py, and the
+Qwen3.5 hybrids, dense (qwen35) or with that MoE MLP (qwen35moe), whose linear layers are a LinearAttention).
 
 Per-family differences (Qwen2's q/k/v biases, Qwen3's q/k norms, tied embeddings; Gemma 3's
 GeGLU, four norms per block, scaled embeddings, sliding-window layers with their own RoPE base,
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from specdec.model.hybrid_config import LinearAttention
 from specdec.model.moe_config import MoEConfig
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "qwen35")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "qwen35", "qwen35moe", "qwen3next")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU; GeGLU with the tanh approximation of gelu
 
 # Families people run that specdec cannot run yet, by config.json model_type and GGUF architecture:
@@ -25,10 +26,6 @@ UNSUPPORTED_FAMILIES = {
     "deepseek_v3": "DeepSeek-V3 attends with multi-head latent attention (MLA)",
     "deepseek_v2": "DeepSeek-V2 attends with multi-head latent attention (MLA)",
     "deepseek2": "DeepSeek-V2/V3 attend with multi-head latent attention (MLA)",
-    "qwen3_next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
-    "qwen3next": f"Qwen3-Next is {_MOE} with hybrid linear attention (Gated DeltaNet layers)",
-    "qwen3_5_moe": f"Qwen3.5 MoE is {_MOE} with hybrid linear attention",
-    "qwen35moe": f"Qwen3.5 MoE is {_MOE} with hybrid linear attention",
     "gemma4": "Gemma 4 (and its gemma4_assistant drafter) is not implemented yet",
     "gemma4_text": "Gemma 4 (and its gemma4_assistant drafter) is not implemented yet",
     "qwen2_moe": f"Qwen2-MoE is {_MOE}", "qwen2moe": f"Qwen2-MoE is {_MOE}",

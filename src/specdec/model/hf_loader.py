@@ -15,13 +15,17 @@ from specdec.model.config import (ModelConfig, linear_rope_factors, llama3_rope_
 from specdec.model.errors import ModelFileError
 from specdec.model.files import read_json_object, safetensors_header
 from specdec.model.moe_config import moe_from_hf
-from specdec.model.qwen35_checkpoint import adds_one, qwen35_config, text_config, text_tensor_name
+from specdec.model import qwen3next_checkpoint as qwen3next
+from specdec.model.qwen3next_checkpoint import fused_rows
+from specdec.model.qwen35_checkpoint import (HYBRID_ARCHS, PUBLISHED, adds_one, qwen35_config, text_config,
+                                             text_tensor_name)
 
 # model_type -> the family specdec runs it as. MiMo (Xiaomi) is a Qwen2 body whose MTP layers sit
 # under model.mtp_layers.* (drafters/mtp.py reads them; auto turns draft-mtp on).
 _ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mimo": "qwen2", "gemma3_text": "gemma3",
                        "qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe",
-                       "qwen3_5_text": "qwen35", "qwen3_5": "qwen35"}  # Qwen3.5: model/qwen35_checkpoint.py
+                       "qwen3_5_text": "qwen35", "qwen3_5": "qwen35",  # Qwen3.5: model/qwen35_checkpoint.py
+                       "qwen3_5_moe_text": "qwen35moe", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next"}
 # config.json activation names -> ModelConfig.mlp_act
 _ACTIVATIONS = {None: "silu", "silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -34,18 +38,23 @@ class HFModel:
     quant: str
     _files: dict = field(repr=False, default_factory=dict)  # tensor name -> safetensors file
     _stored: dict = field(repr=False, default_factory=dict)  # tensor name -> its name in the file, where they differ
+    _rows: dict = field(repr=False, default_factory=dict)  # name -> (tensor, row indices): rows of a fused tensor
 
     def names(self) -> list[str]:
-        return list(self._files)
+        return list(self._files) + list(self._rows)
 
     def get(self, name: str) -> torch.Tensor:
         """The tensor in float32; a Gemma norm weight w as the multiplier 1 + w it stands for (Gemma3RMSNorm
         computes 1.0 + w.float(); llama.cpp's converter stores the same sum)."""
+        if name in self._rows:  # Qwen3-Next's fused projections, read under Qwen3.5's names
+            fused, rows = self._rows[name]
+            return self.get(fused)[rows]
         if name not in self._files:
             raise ModelFileError(self.path, f"tensor {name} is missing (config.json implies it)")
         with safe_open(self._files[name], framework="pt") as f:
             t = f.get_tensor(self._stored.get(name, name)).float()
-        if self.config.arch == "gemma3" and name.endswith("norm.weight") or self.config.arch == "qwen35" and adds_one(name):
+        arch = self.config.arch
+        if arch == "gemma3" and name.endswith("norm.weight") or arch in HYBRID_ARCHS and adds_one(name):
             t = 1.0 + t
         return t
 
@@ -88,12 +97,13 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
             dtypes.add(dtype)
     _refuse_quantized(path, raw, weight_dtypes, files)
     stored = {}
-    if raw.get("model_type") == "qwen3_5":  # the text model's tensors by its own names; the vision tower left out
+    if raw.get("model_type") in PUBLISHED:  # the text model's tensors by its own names; the vision tower left out
         stored = {text_tensor_name(name): name for name in files if text_tensor_name(name) is not None}
         files = {name: files[original] for name, original in stored.items()}
     config = config_from_hf(path, raw, files)
     quant = "BF16" if "BF16" in dtypes else "F16" if "F16" in dtypes else "F32"
-    model = HFModel(path, config, raw, quant, files, stored)
+    rows = fused_rows(files, config.linear_attention) if config.arch == qwen3next.ARCH else {}
+    model = HFModel(path, config, raw, quant, files, stored, rows)
     for name in ("model.embed_tokens.weight", "model.norm.weight"):
         if name not in files:
             raise ModelFileError(path, f"tensor {name} is missing")
@@ -140,7 +150,7 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
         head_dim = int(raw.get("head_dim") or hidden // heads)
         if arch == "gemma3":
             return _gemma3_config(path, raw, tensor_names)
-        if arch == "qwen35":
+        if arch in HYBRID_ARCHS:
             return qwen35_config(path, raw, _tied(path, raw, tensor_names))
         theta = rope_theta_of(raw, 10000.0)
         rope_dims = _rotary_dims(path, raw, model_type, head_dim)
