@@ -19,6 +19,7 @@ from collections import deque
 import torch
 
 from specdec.model.config import ModelConfig
+from specdec.model.gemma4_checkpoint import gemma4_shapes
 from specdec.model.layers import ROPE_INITIAL_ROWS
 from specdec.model.transformer import default_kv_dtype
 
@@ -44,6 +45,12 @@ def transformer_bytes(tr) -> int:
         total += sum(m.nbytes() for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
         total += sum(_tensor_bytes(t) for t in (layer.attn_norm, layer.mlp_norm, layer.q_norm, layer.k_norm,
                                                 layer.attn_out_norm, layer.mlp_out_norm))
+        # Gemma 4 (model/gemma4.py): per-layer input projections, their norm, the layer scalar
+        total += sum(m.nbytes() for m in (getattr(layer, "ple_gate", None), getattr(layer, "ple_proj", None)) if m)
+        total += sum(_tensor_bytes(getattr(layer, n, None)) for n in ("ple_norm", "scalar"))
+    ple = getattr(tr, "ple", None)
+    if ple is not None:  # Gemma 4's per-layer input table and projection
+        total += _tensor_bytes(ple.embed) + ple.proj.nbytes() + _tensor_bytes(ple.norm)
     return total
 
 
@@ -71,6 +78,13 @@ def estimate_weight_bytes(c: ModelConfig, fmt: str, gguf_bytes: int | None = Non
     if fmt == "gguf":
         return None if gguf_bytes is None else gguf_bytes + _rope_bytes(c)
     h = c.hidden_size
+    if c.gemma4 is not None:  # layers of two widths, per-layer inputs: from every tensor's shape
+        shapes = gemma4_shapes(c)
+        table = shapes.pop("model.embed_tokens_per_layer.weight", None)
+        total = sum(linear_bytes(*s, fmt) if len(s) == 2 else 4 * s[0] for s in shapes.values())
+        total += 0 if table is None else table[0] * table[1] * (4 if fmt == "fp32" else 2)
+        return total + c.vocab_size * h * (4 if fmt == "fp32" else 2) + linear_bytes(c.vocab_size, h, fmt) + 4 * h \
+            + _rope_bytes(c)
     per_layer = (
         linear_bytes(c.q_size + 2 * c.kv_size, h, fmt, bias=c.qkv_bias)
         + linear_bytes(h, c.q_size, fmt)
@@ -87,6 +101,8 @@ def estimate_weight_bytes(c: ModelConfig, fmt: str, gguf_bytes: int | None = Non
 def _rope_bytes(c: ModelConfig) -> int:
     """The RoPE tables at start (layers.RopeTable: they grow as positions reach further)."""
     tables = 2 if c.sliding_layers and c.rope_local_theta is not None else 1
+    if c.gemma4 is not None:  # its global layers' table has their own width
+        return 2 * 4 * min(ROPE_INITIAL_ROWS, c.context_length) * (c.gemma4.global_head_dim + c.head_dim)
     return tables * 2 * 4 * min(ROPE_INITIAL_ROWS, c.context_length) * c.head_dim
 
 

@@ -10,6 +10,7 @@ import torch
 
 from specdec.model.config import ModelConfig
 from specdec.model.errors import ModelFileError, unread_bias
+from specdec.model.gemma4_checkpoint import build_gemma4
 from specdec.model.hybrid import HybridTransformer
 from specdec.model.hybrid_build import hybrid_layer
 from specdec.model.linear import WEIGHT_FORMATS, BlockRows, QLinear
@@ -64,6 +65,8 @@ def build_transformer(source, weights_format: str, progress=None) -> Transformer
             raise ModelFileError(where, f"{' + '.join(weights)}: shape {got}; config.json / the metadata imply {shape}")
         return q if weights_format == "gguf" else QLinear(torch.cat(parts), bias, weights_format)
 
+    if c.gemma4 is not None:  # Gemma 4: model/gemma4_checkpoint.py
+        return build_gemma4(source, c, get, linear, weights_format, progress)
     # the norm before the MLP: Llama's post_attention_layernorm; Gemma's post_attention_layernorm norms the
     # attention output instead, and its pre_feedforward_layernorm comes before the MLP
     mlp_norm = "pre_feedforward_layernorm" if c.sandwich_norms else "post_attention_layernorm"

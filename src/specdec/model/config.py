@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from specdec.model.gemma4_layout import Gemma4Layout
 from specdec.model.hybrid_config import LinearAttention
 from specdec.model.moe_config import MoEConfig
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "qwen35", "qwen35moe", "qwen3next")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "glm4moe", "qwen35", "qwen35moe", "qwen3next", "gemma4")
 MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU; GeGLU with the tanh approximation of gelu
 
 # Families people run that specdec cannot run yet, by config.json model_type and GGUF architecture:
@@ -26,8 +27,11 @@ UNSUPPORTED_FAMILIES = {
     "deepseek_v3": "DeepSeek-V3 attends with multi-head latent attention (MLA)",
     "deepseek_v2": "DeepSeek-V2 attends with multi-head latent attention (MLA)",
     "deepseek2": "DeepSeek-V2/V3 attend with multi-head latent attention (MLA)",
-    "gemma4": "Gemma 4 (and its gemma4_assistant drafter) is not implemented yet",
-    "gemma4_text": "Gemma 4 (and its gemma4_assistant drafter) is not implemented yet",
+    # a config.json model_type gemma4 runs (its text model); the GGUF architecture gemma4 is refused
+    "gemma4": "Gemma 4 GGUF files are not read yet (specdec runs Gemma 4 from its Hugging Face folder)",
+    "gemma4-assistant": "a Gemma 4 assistant GGUF file is not read; give the assistant's Hugging Face folder with -md",
+    "gemma4_assistant": "'gemma4_assistant' is Gemma 4's drafter, not a model to generate with: give it with -md "
+                        "beside its Gemma 4 target",
     "qwen2_moe": f"Qwen2-MoE is {_MOE}", "qwen2moe": f"Qwen2-MoE is {_MOE}",
     "mixtral": f"Mixtral is {_MOE}",
     # config.json model_type gemma3 is the multimodal checkpoint (the GGUF architecture gemma3 is text-only)
@@ -39,6 +43,8 @@ UNSUPPORTED_FAMILIES = {
 def unsupported_reason(name: str, runs: str) -> str:
     """The sentence for a model_type / GGUF architecture specdec cannot run; `runs` lists what it runs."""
     why = UNSUPPORTED_FAMILIES.get(name)
+    if name == "gemma4_assistant":  # a drafter, which specdec runs as one
+        return why
     if why is None:
         return f"{name!r} is not supported (specdec runs {runs})"
     return f"{why}: specdec cannot run it yet (it runs {runs} models)"
@@ -94,6 +100,7 @@ class ModelConfig:
     # q_proj also gives a per-head output gate: attention * sigmoid(gate) before o_proj
     linear_attention: LinearAttention | None = None
     attn_output_gate: bool = False
+    gemma4: Gemma4Layout | None = None  # Gemma 4: its per-kind head geometry, KV sharing, per-layer inputs
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -156,6 +163,11 @@ class ModelConfig:
 
     def kv_bytes_per_token(self, bytes_per_value: int = 4) -> int:
         """Keys and values of one position, in the full-attention layers (a hybrid's linear layers keep none)."""
+        if self.gemma4 is not None:  # Gemma 4: the layers that own keys, each kind at its own width
+            g = self.gemma4
+            return 2 * bytes_per_value * sum(
+                g.global_kv_heads * g.global_head_dim if i not in self.sliding_layers else self.kv_size
+                for i in range(self.num_layers) if g.owns_kv(i))
         full = self.num_layers - (len(self.linear_attention.layers) if self.linear_attention is not None else 0)
         return 2 * full * self.kv_size * bytes_per_value
 

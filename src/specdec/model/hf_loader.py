@@ -14,6 +14,8 @@ from specdec.model.config import (ModelConfig, linear_rope_factors, llama3_rope_
                                   unsupported_reason)
 from specdec.model.errors import ModelFileError
 from specdec.model.files import read_json_object, safetensors_header
+from specdec.model.gemma4_checkpoint import PUBLISHED as GEMMA4_PUBLISHED
+from specdec.model.gemma4_checkpoint import gemma4_config, published_text, text_names
 from specdec.model.moe_config import moe_from_hf
 from specdec.model import qwen3next_checkpoint as qwen3next
 from specdec.model.qwen3next_checkpoint import fused_rows
@@ -25,7 +27,8 @@ from specdec.model.qwen35_checkpoint import (HYBRID_ARCHS, PUBLISHED, adds_one, 
 _ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mimo": "qwen2", "gemma3_text": "gemma3",
                        "qwen3_moe": "qwen3moe", "glm4_moe": "glm4moe",
                        "qwen3_5_text": "qwen35", "qwen3_5": "qwen35",  # Qwen3.5: model/qwen35_checkpoint.py
-                       "qwen3_5_moe_text": "qwen35moe", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next"}
+                       "qwen3_5_moe_text": "qwen35moe", "qwen3_5_moe": "qwen35moe", "qwen3_next": "qwen3next",
+                       "gemma4_text": "gemma4", "gemma4": "gemma4"}  # Gemma 4: model/gemma4_checkpoint.py
 # config.json activation names -> ModelConfig.mlp_act
 _ACTIVATIONS = {None: "silu", "silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -67,6 +70,7 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
     raw = read_json_object(cfg_file)
     try:
         raw = text_config(raw)  # a published Qwen3.5 folder: its text model
+        raw = published_text(raw) if raw.get("model_type") == GEMMA4_PUBLISHED else raw  # Gemma 4's, likewise
     except ValueError as exc:
         raise ModelFileError(path, str(exc)) from None
     shards = sorted(path.glob("*.safetensors"))
@@ -99,6 +103,9 @@ def read_hf_folder(path: str | os.PathLike) -> HFModel:
     stored = {}
     if raw.get("model_type") in PUBLISHED:  # the text model's tensors by its own names; the vision tower left out
         stored = {text_tensor_name(name): name for name in files if text_tensor_name(name) is not None}
+        files = {name: files[original] for name, original in stored.items()}
+    if raw.get("model_type") == GEMMA4_PUBLISHED:
+        stored = text_names(files)
         files = {name: files[original] for name, original in stored.items()}
     config = config_from_hf(path, raw, files)
     quant = "BF16" if "BF16" in dtypes else "F16" if "F16" in dtypes else "F32"
@@ -150,6 +157,8 @@ def config_from_hf(path, raw: dict, tensor_names) -> ModelConfig:
         head_dim = int(raw.get("head_dim") or hidden // heads)
         if arch == "gemma3":
             return _gemma3_config(path, raw, tensor_names)
+        if arch == "gemma4":
+            return gemma4_config(path, raw, _tied(path, raw, tensor_names, default=True))
         if arch in HYBRID_ARCHS:
             return qwen35_config(path, raw, _tied(path, raw, tensor_names))
         theta = rope_theta_of(raw, 10000.0)
@@ -216,7 +225,8 @@ def _check_types(path, raw: dict) -> None:
         if key in _NUMBERS and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                     and math.isfinite(value)):
             raise bad(key, "a finite number")
-        if key in _FLAGS and not isinstance(value, bool):
+        if key in _FLAGS and not isinstance(value, bool) and not (  # Gemma 4 names which tokens attend both ways
+                key == "use_bidirectional_attention" and value in ("vision", "all")):
             raise bad(key, "true or false")
         if key in _OBJECTS and not isinstance(value, dict):
             raise bad(key, "an object of settings")

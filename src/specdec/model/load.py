@@ -101,15 +101,17 @@ def load_model(name_or_path: str, weights_format: str | None = None, progress: b
     if device != "cpu" and c.linear_attention is not None:
         raise ValueError(f"{Path(path).name} is a hybrid model (Gated DeltaNet layers), which specdec runs on the CPU "
                          "only; use --device cpu")
+    if device != "cpu" and c.gemma4 is not None:
+        raise ValueError(f"{Path(path).name} is a Gemma 4 model, which specdec runs on the CPU only; use --device cpu")
     sha = checkpoint_digest(path)
     params = param_count(checkpoint)
     # shown only while converting (a read from the cache makes no progress calls)
     bar = tqdm(total=c.num_layers, desc=f"load {Path(path).name} ({weights_format})", unit="layer",
                disable=not progress, file=sys.stderr, leave=False, delay=0.5)
     # gguf converts nothing; a mixture's experts and a hybrid's layers are converted at every load (the cache holds
-    # dense layers)
-    if weights_format != "gguf" and c.moe is None and c.linear_attention is None and worth_caching(params,
-                                                                                                    weight_cache):
+    # dense layers; Gemma 4's are converted at every load too)
+    dense = c.moe is None and c.linear_attention is None and c.gemma4 is None
+    if weights_format != "gguf" and dense and worth_caching(params, weight_cache):
         transformer = load_or_build(checkpoint, sha, weights_format, progress=bar.update)
     else:
         transformer = build_transformer(checkpoint, weights_format, progress=bar.update)
