@@ -19,9 +19,10 @@ from specdec.drafters.block.config import BlockConfig, DFlashError, fit_problem
 from specdec.drafters.draft_model import MAX_VOCAB_PADDING, DraftCompatibilityError, check_compatible
 from specdec.drafters.eagle3 import Eagle3Error, check_eagle3_folder
 from specdec.drafters.eagle_formats import is_eagle_folder
+from specdec.drafters.gemma4_assistant import assistant_mismatch
 from specdec.drafters.mtp import mtp_head_mismatch
 from specdec.model.catalogue import resolve
-from specdec.model.checkpoint_facts import raw_checkpoint
+from specdec.model.checkpoint_facts import ASSISTANT_TYPE, raw_checkpoint
 from specdec.model.errors import ModelFileError
 from specdec.model.load import open_checkpoint
 
@@ -76,6 +77,8 @@ def _head_mismatch(raw: dict, target_config, target_name, draft_name, kind: str 
         except Eagle3Error as exc:
             return str(exc)
         return None
+    if kind == registry.kind_of_head("mtp") and raw.get("model_type") == ASSISTANT_TYPE:  # Gemma 4's assistant
+        return assistant_mismatch(raw, target_config, target_name, draft_name)
     if kind == registry.kind_of_head("mtp"):
         if path is not None and not (Path(path) / "model.safetensors").is_file():  # as generate refuses it
             return f"the MTP head {path} has no model.safetensors"

@@ -38,6 +38,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from specdec.drafters.base import DEFAULT_DRAFT_LENGTH
+from specdec.drafters.gemma4_assistant import make_assistant_drafter
 from specdec.drafters.hidden import HiddenHead, HiddenStateDrafter
 from specdec.model.checkpoint_facts import sidecar_path
 from specdec.model.errors import SpecdecError
@@ -359,6 +360,8 @@ def save_mtp_head(head: MTPHead, folder, target_info: dict) -> Path:
 
 def make_mtp_drafter(model, p_min: float = 0.0, max_len: int = 4096, topk: int = 1,
                      budget: int = DEFAULT_DRAFT_LENGTH, folder=None):
+    if model.config.arch == "gemma4":  # its MTP drafter is a separate assistant checkpoint
+        return make_assistant_drafter(model, folder, p_min, max_len, topk, budget)
     head, where = load_mtp_head(model, max_len, folder)
     drafter = HiddenStateDrafter(head, "draft-mtp", model.config.vocab_size, topk=topk, budget=budget, p_min=p_min,
                                  max_len=max_len)

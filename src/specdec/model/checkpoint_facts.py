@@ -42,11 +42,43 @@ def sidecar_path(model_path) -> Path:
     return p.with_name(p.name + ".mtp")
 
 
+ASSISTANT_TYPE = "gemma4_assistant"  # Gemma 4's MTP drafter, a checkpoint of its own (drafters/gemma4_assistant.py)
+
+
+def is_assistant_folder(path) -> bool:
+    """Whether `path` is a folder whose config.json names model_type gemma4_assistant."""
+    cfg = Path(path) / "config.json"
+    try:
+        return cfg.is_file() and read_json_object(cfg).get("model_type") == ASSISTANT_TYPE
+    except ModelFileError:  # a config.json that is no JSON object is not an assistant's
+        return False
+
+
+def assistant_beside(model_path) -> Path | None:
+    """A Gemma 4 assistant folder beside the model: `<model>-assistant` (the Hugging Face repositories' naming)
+    or `<model>.mtp`; None when there is none."""
+    p = Path(model_path)
+    return next((f for f in (p.with_name(p.name + "-assistant"), sidecar_path(p)) if is_assistant_folder(f)), None)
+
+
+def assistant_note(model_path, draft=None) -> str:
+    """What a Gemma 4 target's MTP drafter is and where it was found, for people (inspect's MTP line)."""
+    found = assistant_beside(model_path)
+    where = (f"given with -md ({draft})" if draft is not None and is_assistant_folder(draft) else
+             f"found beside the model ({found})" if found is not None else
+             f"none given (-md FOLDER, or put it beside the model as {Path(model_path).name}-assistant)")
+    return f"Gemma 4's MTP drafter is a separate assistant checkpoint (gemma4_assistant): {where}; draft-mtp runs it"
+
+
 def target_facts(checkpoint, model_path, name: str, weights_format: str) -> TargetFacts:
-    """TargetFacts of a checkpoint (opened or raw); an MTP head beside the model counts as its own MTP layers."""
+    """TargetFacts of a checkpoint (opened or raw); an MTP head beside the model counts as its own MTP layers, and
+    so does a Gemma 4 target's assistant beside it."""
     mtp = mtp_info(checkpoint)
     present, source = mtp["weights_present"], ""
     sidecar = sidecar_path(model_path)
+    helper = assistant_beside(model_path) if getattr(getattr(checkpoint, "config", None), "gemma4", None) else None
+    if helper is not None:
+        present, source = True, f"Gemma 4 assistant beside the model ({helper})"
     if not present and (sidecar / "model.safetensors").is_file():
         try:
             safetensors_names(sidecar / "model.safetensors")
