@@ -26,7 +26,7 @@ from specdec.engine.config import SpecConfig
 from specdec.engine.setup import check_ctx_size, check_explicit
 from specdec.engine.spec_request import AutoTarget, build_spec
 from specdec.model.errors import SpecdecError
-from specdec.model.checkpoint_facts import mtp_info, sidecar_path
+from specdec.model.checkpoint_facts import assistant_beside, is_assistant_folder, mtp_info, sidecar_path
 from specdec.model.load import open_checkpoint, weights_format_for
 from specdec.model import catalogue
 
@@ -252,8 +252,8 @@ def specdec_mtp_source(spec: SpecConfig, model: str) -> str | None:
     or when draft-mtp is not used)."""
     if spec.model_kind is None or not registry.entry(spec.model_kind).own_layers:
         return None
-    if spec.draft_model:
-        return f"a trained head, {spec.draft_model}"
+    if spec.draft_model:  # a Gemma 4 assistant is no head of specdec's: llama.cpp runs it with -md too
+        return None if is_assistant_folder(spec.draft_model) else f"a trained head, {spec.draft_model}"
     path = catalogue.resolve(model, auto_pull=False)
     checkpoint = open_checkpoint(path)[0]
     if mtp_info(checkpoint)["weights_present"]:
@@ -287,11 +287,28 @@ def shipped_drafter(spec: SpecConfig, model: str) -> tuple[SpecConfig, list[str]
                                                         f"{head}: the commands below name it as the draft model"]
 
 
+def gemma4_assistant(spec: SpecConfig, model: str) -> tuple[SpecConfig, list[str]]:
+    """draft-mtp for a Gemma 4 target runs its assistant checkpoint: the one beside the model when -md names none
+    (the commands name it as the draft model, as llama.cpp's draft-mtp loads it)."""
+    if spec.model_kind is None or not registry.entry(spec.model_kind).own_layers:
+        return spec, []
+    path = catalogue.resolve(model, auto_pull=False)
+    found = spec.draft_model or (assistant_beside(path) if getattr(open_checkpoint(path)[0].config, "gemma4", None)
+                                 else None)
+    if found is None or not is_assistant_folder(found):
+        return spec, []
+    notes = [f"note: draft-mtp runs the Gemma 4 assistant {found} (vLLM and SGLang: whether they run a "
+             "gemma4_assistant as their MTP drafter is not checked here)"]
+    return spec.with_overrides(draft_model=str(found)), notes
+
+
 def cmd_export(args) -> int:
     check_ctx_size(args.ctx_size)
     spec, notes = spec_for_export(args)
     spec, shipped = shipped_drafter(spec, args.model)
     notes += shipped
+    spec, helper = gemma4_assistant(spec, args.model)
+    notes += helper
     for flag, value, what in (("--device", args.device, "where the target runs"),
                               ("--weights", args.weights, "specdec's in-memory weight format"),
                               ("--cache-type", args.cache_type, "specdec's KV cache format")):

@@ -23,7 +23,9 @@ from specdec.drafters.mtp import shipped_head_for
 from specdec.engine.auto import runnable_model_drafters
 from specdec.engine.spec_request import AutoTarget, SpecRequest, build_spec
 from specdec.model.errors import ModelFileError
-from specdec.model.checkpoint_facts import mtp_info, param_count, raw_checkpoint, target_facts
+from specdec.model.checkpoint_facts import assistant_note, mtp_info, param_count, raw_checkpoint, target_facts
+from specdec.model.gemma4_checkpoint import FAMILY_NOTE as GEMMA4_NOTE
+from specdec.model.gemma4_checkpoint import layout_summary
 from specdec.model.linear import WEIGHT_FORMATS
 from specdec.model.load import open_checkpoint, weights_format_for
 from specdec.model import catalogue
@@ -76,6 +78,10 @@ def inspect_model(name_or_path: str, draft: str | None = None, weights: str | No
             "eos_ids": tokenizer.eos_ids, "eos": [tokenizer.token_text(i) for i in tokenizer.eos_ids],
             "add_bos": tokenizer.add_bos, "chat_template": bool(tokenizer.chat_template)}
     mtp = mtp_info(checkpoint)
+    if c is not None and c.gemma4 is not None:  # its MTP drafter is a checkpoint of its own
+        report["config"]["gemma4"] = layout_summary(c)
+        report["family_note"] = GEMMA4_NOTE
+        mtp = {**mtp, "note": assistant_note(path, draft)}
     report["mtp"] = mtp
     if c is not None:
         report["memory"] = {
@@ -189,6 +195,8 @@ def format_report(r: dict) -> str:
         lines.append(f"shape         {c['layers']} layers, hidden {c['hidden_size']}, heads {c['heads']} "
                      f"(kv {c['kv_heads']}, dim {c['head_dim']}), ffn {c['intermediate_size']}, vocab {c['vocab_size']}"
                      + (", tied embeddings" if c["tied_embeddings"] else ""))
+        if c.get("gemma4"):
+            lines.append(f"layers        {c['gemma4']}")
     if r.get("tokenizer"):
         t = r["tokenizer"]
         lines.append(f"tokenizer     {t['kind']}, {t['vocab_size']} tokens, BOS {t['bos']!r}, EOS {t['eos']}, "

@@ -12,6 +12,10 @@ from specdec.model.gemma4_layout import Gemma4Layout, kv_sources
 from specdec.model.linear import QLinear
 
 _KINDS = ("sliding_attention", "full_attention")
+# what `specdec inspect` says of the family: what runs, what lights up, what checked it
+FAMILY_NOTE = ("Gemma 4 dense text (CPU; chains and trees); its gemma4_assistant checkpoint lights up draft-mtp (-md, "
+               "or beside the model as MODEL-assistant); checked against transformers on tiny reference checkpoints "
+               "only, no real file tested; Gemma 4 MoE blocks and GGUF files are not read")
 PUBLISHED = "gemma4"  # the model_type of Google's folders: the text model beside vision and audio towers
 _LANGUAGE_MODEL = "model.language_model."
 
