@@ -17,9 +17,9 @@ Weights are read in the layouts real checkpoints use (tensor names as in the fil
 
 The block must be a dense layer of the target's family (llama / qwen2 / qwen3 / gemma3; Qwen3.5's: the
 gated-attention layer of model/gated_attention.py, whose later steps are fed the normed output in either
-layout, as vLLM and llama.cpp run it), or, for a mixture-of-experts target (GLM-4.5's nextn layer), that layer
-with its MLP a mixture (model/moe.py, float32, the target's MoEConfig); MLA blocks are not something this
-runtime runs. An MTP head trained by `specdec train mtp` is
+layout, as vLLM and llama.cpp run it), or, for a mixture-of-experts target (GLM-4.5's nextn layer, the MTP
+layer of Qwen3.5-MoE / Qwen3-Next), that layer with its MLP a mixture (model/moe.py, float32, the target's
+MoEConfig); MLA blocks are not something this runtime runs. An MTP head trained by `specdec train mtp` is
 saved in the deepseek layout in a folder (config.json + model.safetensors) and found
 beside the model (`<model path>.mtp/`) or among the heads shipped with specdec.
 """
@@ -181,7 +181,8 @@ class MTPHead(HiddenHead):
                 except KeyError:
                     if key in BLOCK_KEYS:
                         raise MTPError(f"MTP module {prefix!r} lacks tensor {prefix + key}: specdec runs MTP blocks "
-                                       "that are dense llama/qwen2/qwen3/gemma3 layers only") from None
+                                       "that are llama/qwen2/qwen3/gemma3/Qwen3.5 layers, "
+                                       "dense or with the target's mixture MLP") from None
             own = mod.state_dict()
             for k, v in state.items():
                 if k in own and tuple(own[k].shape) != tuple(v.shape):
