@@ -327,12 +327,15 @@ def test_the_opt_outs_write_nothing(tmp_path, home, monkeypatch):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_qlinear_from_its_tensors_computes_the_same(fmt):
     g = torch.Generator().manual_seed(0)
-    # k = 80: int4 and w8a8 fall back to int8; k = 72: int8 (and so int4, w8a8) falls back to bf16
-    for n, k in ((48, 64), (40, 80), (40, 72)):
+    # k = 80: int4 and w8a8 fall back to int8; k = 72: int8 (and so int4, w8a8) falls back to bf16;
+    # n = 8: int4 (whose packing takes blocks of 16 rows) falls back to int8
+    for n, k in ((48, 64), (40, 80), (40, 72), (8, 64)):
         q = QLinear(torch.randn(n, k, generator=g), torch.randn(n, generator=g), fmt)
         again = QLinear.from_tensors(q.tensors(), fmt, n, k)
         x = torch.randn(3, k, generator=g)
         assert again.fmt == q.fmt and torch.equal(again(x), q(x))
+        if (n, k) == (8, 64):
+            assert q.fmt == {"int4": "int8"}.get(fmt, fmt)
         with pytest.raises(ValueError):
             QLinear.from_tensors({**q.tensors(), "weight": q.weight[:-1]}, fmt, n, k)
 

@@ -51,10 +51,12 @@ DENSE_MIN_ROWS = 32  # an exact=False call with this many rows or more takes the
 PREFILL_CHUNK_BYTES = 4 << 20  # the dense path converts this many bytes of weight values per GEMM (QLinear.prefill)
 
 
-def _stored_format(fmt: str, in_features: int) -> str:
-    """The format a (N, in_features) weight is stored in when `fmt` is asked for."""
+def _stored_format(fmt: str, out_features: int, in_features: int) -> str:
+    """The format an (out_features, in_features) weight is stored in when `fmt` is asked for."""
     if fmt in ("int4", "w8a8") and in_features % INT4_GROUP != 0:
         fmt = "int8"  # rows that do not split into groups of 32 fall back to int8
+    if fmt == "int4" and out_features % 16 != 0:
+        fmt = "int8"  # torch's int4 packing takes whole blocks of 16 output rows (torch 2.13)
     if fmt == "int8" and in_features % INT8_MULTIPLE != 0:
         # torch's int8 kernel reads whole blocks of 16: other widths give garbage or crash (torch 2.13)
         fmt = "bf16"
@@ -144,7 +146,7 @@ class QLinear:
         weight = weight.float()
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else bias.float().contiguous()
-        fmt = self.fmt = _stored_format(fmt, self.in_features)
+        fmt = self.fmt = _stored_format(fmt, self.out_features, self.in_features)
         if fmt == "fp32":
             self.weight = weight.contiguous()
             if self.weight.data_ptr() % 64:  # e.g. a view into a mapped file: MKL's fp32 bits depend on alignment
@@ -213,7 +215,7 @@ class QLinear:
                              "it is never converted or cached")
         self = cls.__new__(cls)
         self.out_features, self.in_features = out_features, in_features
-        self.fmt = _stored_format(fmt, in_features)
+        self.fmt = _stored_format(fmt, out_features, in_features)
         expected = _layout(self.fmt, out_features, in_features)
         if "bias" in tensors:
             expected["bias"] = (torch.float32, (out_features,))
