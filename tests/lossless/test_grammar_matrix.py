@@ -28,6 +28,7 @@ from helpers.matrix import MODEL_FREE, OPTIONS, ROWS
 from helpers.tiny import EAGLE3_DRAFT_IDS, random_eagle3_head
 from helpers.tree_law import exact_law
 from helpers.distribution import law_gap
+from specdec.drafters.base import Draft, DrafterBase
 from specdec.drafters.block.drafter import BlockDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.hidden import HiddenStateDrafter
@@ -203,3 +204,34 @@ def test_plain_sampling_follows_the_constrained_law(tiny_model, law_case, monkey
     law = exact_law(monkeypatch, Engine(tiny_model, max_len=MAX_LEN), prompt, max_tokens=LAW_TOKENS, grammar=grammar,
                     **SAMPLING)
     assert law_gap(law.tokens, laws[(tuple(prompt), grammar.text)]) < TOLERANCE
+
+
+class _Ending(DrafterBase):
+    """Drafts the plain constrained answer exactly, then the end of the answer, then a token past it: the
+    draft that closes the object and ends the answer in one verification (what suffix drafting does on an
+    agent's repeated JSON)."""
+
+    name = "ending"
+
+    def __init__(self, prompt: list[int], answer: list[int], eos: int):
+        self.prompt, self.tail, self.eos, self.ended = prompt, list(answer) + [eos, eos], eos, 0
+
+    def propose(self, context, draft_length: int) -> Draft:
+        done = len(context) - len(self.prompt)
+        tokens = self.tail[done : done + draft_length]
+        self.ended += self.eos in tokens
+        return Draft.chain(tokens)
+
+
+@pytest.mark.parametrize("draft_length", [4, 5])
+def test_a_draft_that_ends_the_answer_keeps_it(tiny_model, greedy_case, draft_length):
+    prompt, schema, plain, _ = greedy_case
+    assert len(plain) < GREEDY_TOKENS, "the plain answer must end under the schema for this test to mean anything"
+    drafter = _Ending(prompt, plain, tiny_model.tokenizer.eos_ids[0])
+    spec = SpecConfig(drafters=("suffix",), draft_n_max=draft_length, draft_n_min=1)
+    engine = Engine(tiny_model, spec, max_len=MAX_LEN, drafter_factory=lambda drafter_spec, spec: drafter)
+    engine.grammar_drafts = False
+    out = engine.generate(prompt, SamplingParams(grammar=schema), GREEDY_TOKENS, spec=spec)
+    assert out.token_ids == plain and out.finish_reason == "stop"
+    assert drafter.ended > 0, "no draft held the end of the answer: this test would prove nothing"
+    assert out.stats.accepted == out.stats.drafted  # every draft verified whole, up to the end

@@ -130,3 +130,20 @@ def test_a_draft_tree_is_walked_and_the_state_rolled_back(tiny_model, vocab):
     chain_kept, chain_masks = state.walk([brace, quote, x], [-1, 0, 1])  # 'x' after '{"' is no key
     assert chain_kept == [0, 1] and torch.equal(chain_masks, masks[:3])
     assert torch.equal(state.mask(), before)
+
+
+def test_a_draft_ending_the_answer_leaves_the_state_as_it_was(tiny_model, vocab):
+    """A draft that closes the value and then drafts the end of the answer: the end token is kept (the grammar
+    allows it there) and ends its branch, and the state is where it was, so committing the accepted part
+    works (found by the agentic bench: suffix drafting under a schema then raised 'forbids it')."""
+    state = GrammarState(compile_grammar("json_schema", json.dumps(SCHEMA), vocab))
+    state.advance(ids(tiny_model, '{"name": "a", "ok": true'))
+    (close,), eos = ids(tiny_model, "}"), tiny_model.tokenizer.eos_ids[0]
+    before = state.mask()
+    kept, masks = state.walk([close, eos, close], [-1, 0, 1])  # nothing may follow the end of the answer
+    assert kept == [0, 1]
+    assert allowed(masks[1]) == allowed(masks[2]) == set(tiny_model.tokenizer.eos_ids)
+    assert torch.equal(state.mask(), before)
+    state.advance([close])  # the accepted '}' commits
+    assert allowed(state.mask()) == set(tiny_model.tokenizer.eos_ids)
+    state.advance([eos])

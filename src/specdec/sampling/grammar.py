@@ -49,6 +49,7 @@ class GrammarVocabulary:
         if not eos_ids:
             raise ValueError("constrained decoding needs an end-of-answer token; this tokenizer names none")
         self.size = len(token_bytes.tokens)
+        self.eos_ids = frozenset(int(t) for t in eos_ids)
         self.tokenizer = llguidance.LLTokenizer(_Wrapper(token_bytes, list(eos_ids), encode), n_vocab=self.size,
                                                 eos_token=list(eos_ids))
         self.grammars: OrderedDict = OrderedDict()  # engine.constrain.compile_for's cache: (kind, text) -> Grammar
@@ -151,13 +152,20 @@ class GrammarState:
         """(kept, masks) for a draft tree (TokenTree's tokens and parents, -1 the last committed token; a chain's
         parents are -1, 0, 1, ...): kept, the nodes whose token the grammar allows after their path (a node under
         a forbidden one goes too), in tree order; masks (1 + len(kept), V): row 0 the mask after the last
-        committed token, row 1 + j the mask after kept[j]'s path. The state is as it was afterwards."""
+        committed token, row 1 + j the mask after kept[j]'s path. An end-of-answer node is kept where its parent's
+        mask allows it, is never given to the matcher (llguidance does not roll its stop back) and has no kept
+        children; its row allows only the end tokens. The state is as it was afterwards."""
         rows = {-1: self.mask()}
+        ended: dict[int, torch.Tensor] = {}  # end-of-answer nodes -> their rows
         kept: list[int] = []
         paths = {-1: []}  # node -> the nodes from the root's first child down to it
         held: list[int] = []  # the nodes whose tokens the matcher holds now, root first
         for i, (token, parent) in enumerate(zip(tokens, parents)):
             if parent not in rows or not bool(rows[parent][token]):
+                continue
+            if token in self.grammar.vocabulary.eos_ids:
+                ended[i] = self._end_row()
+                kept.append(i)
                 continue
             paths[i] = paths[parent] + [i]
             common = 0
@@ -169,7 +177,13 @@ class GrammarState:
             rows[i] = self.mask()
             kept.append(i)
         self._rollback(len(held))
-        return kept, torch.stack([rows[-1]] + [rows[i] for i in kept])
+        return kept, torch.stack([rows[-1]] + [ended[i] if i in ended else rows[i] for i in kept])
+
+    def _end_row(self) -> torch.Tensor:
+        """(V,) bool allowing only the end-of-answer tokens: what may follow the end of the answer."""
+        row = torch.zeros(self.grammar.vocabulary.size, dtype=torch.bool)
+        row[list(self.grammar.vocabulary.eos_ids)] = True
+        return row
 
     def _rollback(self, n: int) -> None:
         if n and not self.matcher.rollback(n):
