@@ -27,8 +27,7 @@ UNSUPPORTED_FAMILIES = {
     "deepseek_v3": "DeepSeek-V3 attends with multi-head latent attention (MLA)",
     "deepseek_v2": "DeepSeek-V2 attends with multi-head latent attention (MLA)",
     "deepseek2": "DeepSeek-V2/V3 attend with multi-head latent attention (MLA)",
-    # a config.json model_type gemma4 runs (its text model); the GGUF architecture gemma4 is refused
-    "gemma4": "Gemma 4 GGUF files are not read yet (specdec runs Gemma 4 from its Hugging Face folder)",
+    # Gemma 4 runs from a folder (model_type gemma4: its text model) and a gemma4 GGUF file; not its assistant's GGUF
     "gemma4-assistant": "a Gemma 4 assistant GGUF file is not read; give the assistant's Hugging Face folder with -md",
     "gemma4_assistant": "'gemma4_assistant' is Gemma 4's drafter, not a model to generate with: give it with -md "
                         "beside its Gemma 4 target",

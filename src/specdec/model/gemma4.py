@@ -126,10 +126,9 @@ class Gemma4Transformer(Transformer):
                                                                                              c.head_dim)
 
     def weight_bytes_per_token(self) -> int:
-        row = self.embed.shape[1] * self.embed.element_size()
-        total = self.lm_head.nbytes() + row
+        total = self.lm_head.nbytes() + _row_bytes(self.embed)
         if self.ple is not None:
-            total += self.ple.proj.nbytes() + self.ple.embed.shape[1] * self.ple.embed.element_size()
+            total += self.ple.proj.nbytes() + _row_bytes(self.ple.embed)
         for layer in self.layers:
             total += sum(m.nbytes() for m in (layer.qkv, layer.o, layer.gate_up, layer.down, layer.ple_gate,
                                               layer.ple_proj) if m is not None)
@@ -220,3 +219,8 @@ class Gemma4Transformer(Transformer):
         source = self.config.gemma4.kv_source[layer]
         part, i = cache.part(self.is_global[source]), self.cache_index[source]
         return part.k[i, slot, :, :length].float(), part.v[i, slot, :, :length].float()
+
+
+def _row_bytes(table) -> int:
+    """Bytes of one row of a table: a tensor's, or a GGUF file's blocks (BlockRows)."""
+    return table.row_bytes() if hasattr(table, "row_bytes") else table.shape[1] * table.element_size()

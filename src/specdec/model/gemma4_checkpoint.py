@@ -9,13 +9,14 @@ from specdec.model.config import ModelConfig
 from specdec.model.errors import ModelFileError
 from specdec.model.gemma4 import Gemma4Layer, Gemma4Transformer, PerLayerInputs
 from specdec.model.gemma4_layout import Gemma4Layout, kv_sources
-from specdec.model.linear import QLinear
+from specdec.model.linear import BlockRows, QLinear
 
 _KINDS = ("sliding_attention", "full_attention")
 # what `specdec inspect` says of the family: what runs, what lights up, what checked it
 FAMILY_NOTE = ("Gemma 4 dense text (CPU; chains and trees); its gemma4_assistant checkpoint lights up draft-mtp (-md, "
                "or beside the model as MODEL-assistant); checked against transformers on tiny reference checkpoints "
-               "only, no real file tested; Gemma 4 MoE blocks and GGUF files are not read")
+               "only, no real file tested; read from folders and llama.cpp's gemma4 GGUF files; Gemma 4 MoE blocks and "
+               "the assistant's GGUF file (gemma4-assistant) are not read")
 PUBLISHED = "gemma4"  # the model_type of Google's folders: the text model beside vision and audio towers
 _LANGUAGE_MODEL = "model.language_model."
 
@@ -165,10 +166,19 @@ def build_gemma4(source, c: ModelConfig, get, linear, weights_format: str, progr
     ple = None
     if c.gemma4.ple_size:
         name = "model.embed_tokens_per_layer.weight"
-        table = get(name, shapes[name])
-        ple = PerLayerInputs(embed=table if weights_format == "fp32" else table.to(torch.bfloat16),
-                             proj=mat(["model.per_layer_model_projection.weight"]),
+        if weights_format == "gguf":  # a GGUF file's: rows dequantized as they are looked up (float32 if not blocks)
+            table = _table_rows(source, name, shapes[name])
+        else:
+            table = get(name, shapes[name])
+            table = table if weights_format == "fp32" else table.to(torch.bfloat16)
+        ple = PerLayerInputs(embed=table, proj=mat(["model.per_layer_model_projection.weight"]),
                              norm=get("model.per_layer_projection_norm.weight", (c.gemma4.ple_size,)))
+    if weights_format == "gguf":  # model/build.py's reading of a GGUF file's embedding and head
+        name = "model.embed_tokens.weight" if c.tie_embeddings else "lm_head.weight"
+        lm_head = QLinear.from_gguf([source.blocks(name)], None)
+        embed = _table_rows(source, "model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
+        return Gemma4Transformer(c, embed, layers, get("model.norm.weight", (c.hidden_size,)), lm_head,
+                                 weights_format, ple)
     embed = get("model.embed_tokens.weight", (c.vocab_size, c.hidden_size))
     head = embed if c.tie_embeddings else get("lm_head.weight", (c.vocab_size, c.hidden_size))
     lm_head = QLinear(head, None, weights_format)
@@ -176,6 +186,15 @@ def build_gemma4(source, c: ModelConfig, get, linear, weights_format: str, progr
         embed if weights_format == "fp32" else embed.to(torch.bfloat16))
     return Gemma4Transformer(c, embed.contiguous(), layers, get("model.norm.weight", (c.hidden_size,)), lm_head,
                              weights_format, ple)
+
+
+def _table_rows(source, name: str, shape: tuple[int, int]):
+    """A GGUF file's table (an embedding) as BlockRows of its blocks, or float32 where not blocks; shape checked."""
+    kind, blocks = source.blocks(name)
+    table = blocks if kind == "F32" else BlockRows(kind, blocks)
+    if tuple(table.shape) != shape:
+        raise ModelFileError(source.path, f"tensor {name} has shape {tuple(table.shape)}, expected {shape}")
+    return table
 
 
 def layout_summary(c: ModelConfig) -> str:

@@ -19,6 +19,8 @@ from gguf.quants import dequantize
 
 from specdec.model.config import SUPPORTED_ARCHS, ModelConfig, linear_rope_factors, unsupported_reason
 from specdec.model.errors import ModelFileError, unread_bias
+from specdec.model.gemma4_checkpoint import gemma4_shapes
+from specdec.model.gemma4_gguf import ARCH as GEMMA4, gemma4_gguf_config
 from specdec.model.gguf_names import hf_name
 from specdec.model.gguf_reader import reader_class
 from specdec.model.linear import GGUF_KERNEL_TYPES
@@ -220,6 +222,8 @@ def _config(path, arch: str, meta: dict, tensors: dict, rope_freqs=None) -> Mode
     if meta.get(f"{arch}.expert_count") and arch not in MOE_ARCHS:  # Mixtral's llama files: dense would be wrong
         raise ModelFileError(path, f"{arch}.expert_count is {meta[f'{arch}.expert_count']}: a mixture-of-experts "
                              "model, which specdec cannot run yet")
+    if arch == GEMMA4:  # per-layer arrays and its own keys: model/gemma4_gguf.py
+        return gemma4_gguf_config(path, meta, tensors, rope_freqs)
     _check_sizes(path, arch, meta, tensors)
     if arch in HYBRID_ARCHS:  # hybrid: model/qwen35_checkpoint.py
         return qwen35_gguf_config(path, meta, tensors)
@@ -345,8 +349,8 @@ def _check_shapes(model: GGUFModel) -> None:
     if not c.tie_embeddings:  # the gguf kernel reads the head's rows as the shape says: a narrow one past its end
         expected["lm_head.weight"] = (c.vocab_size, c.hidden_size)
     hybrid = c.linear_attention is not None  # Qwen3.5's layers: hybrid_build.hybrid_shapes
-    expected.update(hybrid_shapes(c) if hybrid else {})
-    for i in range(0 if hybrid else c.num_layers):
+    expected.update(hybrid_shapes(c) if hybrid else gemma4_shapes(c) if c.gemma4 is not None else {})
+    for i in range(0 if hybrid or c.gemma4 is not None else c.num_layers):
         p = f"model.layers.{i}."
         expected.update({
             p + "self_attn.q_proj.weight": (c.q_size, c.hidden_size),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+from specdec.model.gemma4_gguf import GLOBAL_NAMES as GEMMA4_GLOBAL_NAMES
+from specdec.model.gemma4_gguf import LAYER_NAMES as GEMMA4_LAYER_NAMES
 from specdec.model.qwen3next_checkpoint import GGUF_NAMES as QWEN3NEXT_GGUF_NAMES
 from specdec.model.qwen35_checkpoint import GGUF_NAMES as QWEN35_GGUF_NAMES
 
@@ -70,10 +72,12 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     None for one the model builder does not read (rope_freqs.weight, ...)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    if arch == "gemma4" and gguf_name in GEMMA4_GLOBAL_NAMES:  # Gemma 4's per-layer inputs: model/gemma4_gguf.py
+        return GEMMA4_GLOBAL_NAMES[gguf_name]
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    layer_names = {"gemma3": _GEMMA3_NAMES, "glm4moe": _GLM4MOE_NAMES, "qwen35": _QWEN35_NAMES,
-                   "qwen35moe": _QWEN35_NAMES, "qwen3next": _QWEN3NEXT_NAMES}.get(arch,
-                                                                                                   _LAYER_NAMES)
+    layer_names = {"gemma3": _GEMMA3_NAMES, "gemma4": GEMMA4_LAYER_NAMES, "glm4moe": _GLM4MOE_NAMES,
+                   "qwen35": _QWEN35_NAMES, "qwen35moe": _QWEN35_NAMES,
+                   "qwen3next": _QWEN3NEXT_NAMES}.get(arch, _LAYER_NAMES)
     if m and m.group(2) in layer_names:
         return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}"
     if m and m.group(2) in _NEXTN_NAMES:

@@ -4,7 +4,8 @@ Byte-level BPE (the `gpt2` tokenizer model of GGUF, used by SmolLM2, Qwen2.5, Qw
 Llama 3) is built with the `tokenizers` library from the file's vocabulary and
 merges, with the pre-tokenizer split that `tokenizer.ggml.pre` names. SentencePiece
 (the `llama` tokenizer model: Llama 2, Mistral, Gemma) is built from the vocabulary's
-scores and token types by specdec.model.spm.
+scores and token types by specdec.model.spm. Gemma 4's (`gemma4`) is BPE by merges over SentencePiece-style
+pieces with byte fallback, built with the `tokenizers` library.
 """
 
 from __future__ import annotations
@@ -62,9 +63,12 @@ def _tokenizer_from_gguf(path, reader, metadata: dict) -> Tokenizer:
     kind = metadata.get("tokenizer.ggml.model")
     if kind == "llama":
         return _spm_from_gguf(reader, metadata)
+    if kind == "gemma4":
+        return _gemma4_from_gguf(reader, metadata)
     if kind != "gpt2":
         raise ModelFileError(path, f"tokenizer model {kind!r} is not supported yet (specdec builds byte-level BPE, "
-                             "'gpt2', and SentencePiece, 'llama'); use an HF folder with tokenizer.json instead")
+                             "'gpt2', SentencePiece, 'llama', and Gemma 4's, 'gemma4'); use an HF folder with tokenizer.json "
+                             "instead")
     tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     merges = reader.fields["tokenizer.ggml.merges"].contents() if "tokenizer.ggml.merges" in reader.fields else []
     types = reader.fields["tokenizer.ggml.token_type"].contents() if "tokenizer.ggml.token_type" in reader.fields else []
@@ -129,6 +133,30 @@ def _spm_from_gguf(reader, metadata: dict) -> Tokenizer:
     # Without the flag llama.cpp adds BOS to a SentencePiece vocabulary.
     return Tokenizer(backend, None if bos is None else int(bos), _end_of_generation(metadata, tokens),
                      bool(metadata.get("tokenizer.ggml.add_bos_token", True)), template, "gguf")
+
+
+def _gemma4_from_gguf(reader, metadata: dict) -> Tokenizer:
+    """Gemma 4's (tokenizer model gemma4), as llama.cpp reads it: BPE by the file's merges over SentencePiece-style
+    pieces (each space a '▁', no prefix), on raw UTF-8 with <0xNN> byte fallback, the text split only into runs
+    of newlines and runs of anything else; a BOS first unless the file says not to."""
+    def array(key):
+        return reader.fields[key].contents() if key in reader.fields else []
+
+    tokens, types = array("tokenizer.ggml.tokens"), array("tokenizer.ggml.token_type")
+    backend = Backend(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, dropout=None, fuse_unk=False,
+                                 merges=[tuple(m.split(" ", 1)) for m in array("tokenizer.ggml.merges")],
+                                 byte_fallback=True))
+    backend.normalizer = normalizers.Replace(" ", "\u2581")
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t, ty in zip(tokens, types)
+                                if ty == _CONTROL])
+    backend.add_tokens([AddedToken(t, normalized=False, special=False) for t, ty in zip(tokens, types)
+                        if ty == _USER_DEFINED])
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    return Tokenizer(backend, None if bos is None else int(bos), _end_of_generation(metadata, tokens),
+                     bool(metadata.get("tokenizer.ggml.add_bos_token", True)), metadata.get("tokenizer.chat_template"),
+                     "gguf")
 
 
 _END_IDS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
