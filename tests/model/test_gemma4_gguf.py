@@ -14,7 +14,7 @@ import pytest
 import torch
 from gguf import GGUFReader
 
-from helpers.gemma4 import FIXTURE
+from helpers.gemma4 import FIXTURE, echo_assistant_folder
 from helpers.gemma4_gguf import F32, Q8, gemma_tokenizer
 from helpers.llama_converter import NO_TREE, convert_to_gguf, llama_cpp_tree
 from helpers.oracle import Oracle, plain
@@ -114,6 +114,24 @@ def test_greedy_speculation_is_plain_decoding(path, fmt):
         suffix = Engine(target, SpecConfig(drafters=("suffix",), draft_n_max=4, draft_n_min=1), max_len=128)
         assert suffix.generate(prompt + prompt, SamplingParams(), max_tokens=n).token_ids == \
             plain(target, prompt + prompt, n)
+
+
+@pytest.mark.parametrize("path,fmt", MODELS, ids=[f"{p.stem}-{f}" for p, f in MODELS])
+def test_the_assistant_folder_drafts_for_the_gguf_target(path, fmt, tmp_path):
+    """draft-mtp with the assistant folder (-md) on the GGUF target: the random assistant's drafts rejected, the
+    echo assistant's (helpers/gemma4, its head hf/'s embedding) accepted; plain decoding's tokens both times."""
+    if fmt == "gguf" and kernels.gguf() is None:
+        pytest.skip("no GGUF kernel here (no cc or no AVX2)")
+    target, n = load(path, fmt), 20
+    accepted = {}
+    for name, helper in (("random", FIXTURE / "assistant"), ("echo", echo_assistant_folder(tmp_path / "echo"))):
+        engine = Engine(target, SpecConfig(drafters=("draft-mtp",), draft_model=str(helper), draft_n_max=3),
+                        max_len=128)
+        for prompt in PROMPTS[:2]:
+            r = engine.generate(prompt, SamplingParams(), max_tokens=n)
+            assert r.token_ids == plain(target, prompt, n) and r.stats.drafted > 0
+            accepted[name] = accepted.get(name, 0) + r.stats.accepted
+    assert accepted["echo"] > 0
 
 
 def test_the_gemma4_tokenizer_is_the_tokenizer_json_it_was_converted_from():
