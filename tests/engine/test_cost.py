@@ -254,3 +254,20 @@ def test_a_draft_below_n_min_lets_the_next_drafter_draft(tiny_model):
     out = engine.generate(prompt, SamplingParams(), max_tokens=20)
     assert out.token_ids == plain
     assert out.stats.drafted > 0 and out.stats.accepted == out.stats.drafted
+
+
+def test_a_plain_cache_is_measured_without_a_prefill(tiny_model):
+    """The context is zero rows put in place (a 128-token prefill was most of a 1.5B's first adaptive request):
+    only the measured widths run, each after `context` rows, and the slot is given back empty."""
+    transformer = tiny_model.transformer
+    cache = transformer.new_cache(64)
+    widths = []
+
+    class Counting:
+        def forward(self, tokens, cache_, slots, **kw):
+            widths.append((tokens.shape[1], cache_.lengths[slots[0]]))
+            return transformer.forward(tokens, cache_, slots, **kw)
+
+    measure_forward_cost(Counting(), cache, 3, context=16, repeats=2)
+    assert widths == [(1, 16), (2, 16), (3, 16)] * 2
+    assert cache.free_slots == [0] and cache.lengths == [0]
