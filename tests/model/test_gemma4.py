@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helpers.gemma4 import FIXTURE, published_folder
+from helpers.reference import assert_close, specdec_logits as logits
 from specdec.engine.engine import Engine
 from specdec.model.errors import ModelFileError
 from specdec.model.gemma4_layout import kv_sources
@@ -31,18 +32,6 @@ def reference(folder=HF):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-
-def logits(model, tokens, exact=True) -> torch.Tensor:
-    tr = model.transformer
-    cache = tr.new_cache(128)
-    return tr.forward(torch.tensor([tokens]), cache, [cache.allocate()], exact=exact).logits[0]
-
-
-def assert_close(ours, theirs, rel=1e-5):
-    err, scale = (ours - theirs).abs().max().item(), max(1.0, theirs.abs().max().item())
-    assert err <= rel * scale, f"max |specdec - transformers| = {err:.2e}, largest logit {scale:.2f}"
-    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
 def test_config_reads_every_feature_of_the_checkpoint():

@@ -17,7 +17,7 @@ from gguf import GGUFReader
 from helpers.gemma4 import FIXTURE, echo_assistant_folder
 from helpers.gemma4_gguf import F32, Q8, gemma_tokenizer
 from helpers.llama_converter import NO_TREE, convert_to_gguf, llama_cpp_tree
-from helpers.oracle import Oracle, plain
+from helpers.oracle import assert_oracle_keeps_plain, plain
 from specdec.engine.engine import Engine
 from specdec.engine.config import SpecConfig
 from specdec.model import kernels
@@ -105,12 +105,7 @@ def test_greedy_speculation_is_plain_decoding(path, fmt):
         pytest.skip("no GGUF kernel here (no cc or no AVX2)")
     target, n = load(path, fmt), 20
     for prompt in PROMPTS:
-        answer = plain(target, prompt, n)
-        oracle = Oracle(prompt, answer, target.config.vocab_size)
-        engine = Engine(target, SpecConfig(drafters=("suffix",), draft_n_max=4, draft_n_min=1), max_len=128,
-                        drafter_factory=lambda drafter_spec, spec: oracle)
-        assert engine.generate(prompt, SamplingParams(), max_tokens=n).token_ids == answer
-        assert oracle.accepted > 0 and oracle.rejected > 0
+        answer = assert_oracle_keeps_plain(target, prompt, n)
         suffix = Engine(target, SpecConfig(drafters=("suffix",), draft_n_max=4, draft_n_min=1), max_len=128)
         assert suffix.generate(prompt + prompt, SamplingParams(), max_tokens=n).token_ids == \
             plain(target, prompt + prompt, n)

@@ -14,6 +14,7 @@ import torch
 from gguf import GGUFReader
 
 from helpers.qwen35 import FIXTURE, NO_TREE, convert_to_gguf, llama_cpp_tree, transformers_folder
+from helpers.reference import assert_close, specdec_logits, transformers_logits
 from specdec.cache.recurrent import RecurrentRollbackError
 from specdec.engine.engine import Engine
 from specdec.model import kernels
@@ -28,23 +29,11 @@ HF, F32, Q8 = FIXTURE / "hf", FIXTURE / "f32.gguf", FIXTURE / "q8_0.gguf"
 
 
 def reference_logits(folder, tokens=TOKENS) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
-    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return ref(input_ids=torch.tensor([tokens])).logits[0]  # (T, V)
+    return transformers_logits(folder, tokens)
 
 
 def logits(model, tokens=TOKENS, exact=True) -> torch.Tensor:
-    tr = model.transformer
-    cache = tr.new_cache(256)
-    return tr.forward(torch.tensor([tokens]), cache, [cache.allocate()], exact=exact).logits[0]
-
-
-def assert_close(ours, theirs, rel=1e-5):
-    err, scale = (ours - theirs).abs().max().item(), max(1.0, theirs.abs().max().item())
-    assert err <= rel * scale, f"max |specdec - transformers| = {err:.2e}, largest logit {scale:.2f}"
-    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    return specdec_logits(model, tokens, exact)
 
 
 

@@ -18,9 +18,10 @@ from gguf import GGUFReader
 
 from helpers.distribution import engine_law, law_gap
 from helpers.drafts import Biased, likely_bias
-from helpers.oracle import Oracle, plain
+from helpers.oracle import assert_batched_oracles_keep_plain, assert_oracle_keeps_plain, plain
 from helpers.qwen35moe import (FIXTURE, NEXT_FIXTURE, NO_TREE, convert_to_gguf, fixture_folder, llama_cpp_tree,
                                mtp_reference, transformers_folder)
+from helpers.reference import assert_close, specdec_logits, transformers_logits
 from helpers.spec import spec_for_model
 from helpers.tree_law import exact_law
 from specdec.cli.inspect import inspect_model
@@ -57,23 +58,11 @@ def fixture_of(folder):
 
 
 def reference_logits(path, tokens=TOKENS) -> torch.Tensor:
-    from transformers import AutoModelForCausalLM
-
-    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return ref(input_ids=torch.tensor([tokens])).logits[0]  # (T, V)
+    return transformers_logits(path, tokens)
 
 
 def logits(model, tokens=TOKENS, exact=True) -> torch.Tensor:
-    tr = model.transformer
-    cache = tr.new_cache(256)
-    return tr.forward(torch.tensor([tokens]), cache, [cache.allocate()], exact=exact).logits[0]
-
-
-def assert_close(ours, theirs, rel=1e-5):
-    err, scale = (ours - theirs).abs().max().item(), max(1.0, theirs.abs().max().item())
-    assert err <= rel * scale, f"max |specdec - transformers| = {err:.2e}, largest logit {scale:.2f}"
-    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    return specdec_logits(model, tokens, exact)
 
 
 # -- against transformers -----------------------------------------------------------------------------------
@@ -199,12 +188,7 @@ def test_a_verify_is_bitwise_its_single_steps(target):
 def test_greedy_speculation_is_plain_decoding_through_every_rollback(target):
     n = 20
     for prompt in PROMPTS:
-        answer = plain(target, prompt, n)
-        oracle = Oracle(prompt, answer, target.config.vocab_size)
-        engine = Engine(target, SpecConfig(drafters=("suffix",), draft_n_max=4, draft_n_min=1), max_len=128,
-                        drafter_factory=lambda drafter_spec, spec: oracle)
-        assert engine.generate(prompt, SamplingParams(), max_tokens=n).token_ids == answer
-        assert oracle.accepted > 0 and oracle.rejected > 0
+        answer = assert_oracle_keeps_plain(target, prompt, n)
         r = Engine(target, SpecConfig(drafters=("draft-mtp",)), max_len=128).generate(prompt, SamplingParams(),
                                                                                          max_tokens=n)
         assert r.token_ids == answer and r.stats.drafted > 0
@@ -214,21 +198,8 @@ def test_batched_requests_give_their_solo_answers(target):
     """Three requests in one forward a step (the third joining late, prefilling beside the others' verify), with
     an oracle's drafts and then with draft-mtp's."""
     n = [18, 12, 14]
+    assert_batched_oracles_keep_plain(target, PROMPTS, n)
     answers = [plain(target, p, k) for p, k in zip(PROMPTS, n)]
-    oracles = iter([Oracle(p, a, target.config.vocab_size) for p, a in zip(PROMPTS, answers)])
-    engine = Engine(target, SpecConfig(drafters=("suffix",), draft_n_max=4, draft_n_min=1), max_len=128,
-                    drafter_factory=lambda drafter_spec, spec: next(oracles), max_sequences=3)
-    reqs = [engine.admit(PROMPTS[0], SamplingParams(), n[0]), engine.admit(PROMPTS[1], SamplingParams(), n[1])]
-    for step in range(100):
-        if step == 2:
-            reqs.append(engine.admit(PROMPTS[2], SamplingParams(), n[2]))
-        if len(reqs) == 3 and all(r.finished for r in reqs):
-            break
-        engine.step_batch([r for r in reqs if not r.finished])
-    for req, answer in zip(reqs, answers):
-        engine.finish(req)
-        assert req.output == answer
-    assert sum(r.stats.accepted for r in reqs) > 0 and sum(r.stats.drafted - r.stats.accepted for r in reqs) > 0
     engine = Engine(target, SpecConfig(drafters=("draft-mtp",)), max_len=128, max_sequences=3)
     reqs = [engine.admit(p, SamplingParams(), k) for p, k in zip(PROMPTS, n)]
     while not all(r.finished for r in reqs):

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from helpers.distribution import engine_law, law_gap
 from helpers.drafts import Biased, likely_bias, random_mtp_head
-from helpers.oracle import Oracle, plain
+from helpers.oracle import assert_batched_oracles_keep_plain, assert_oracle_keeps_plain, plain
 from helpers.qwen35 import FIXTURE, mtp_reference
 from helpers.spec import spec_for_model
 from helpers.tree_law import exact_law
@@ -105,12 +105,7 @@ def test_draft_mtp_lights_up_by_itself_and_drafts(path, fmt):
 def test_greedy_speculation_is_plain_decoding_through_every_rollback(target):
     n = 24
     for prompt in PROMPTS:
-        answer = plain(target, prompt, n)
-        oracle = Oracle(prompt, answer, target.config.vocab_size)
-        engine = Engine(target, SpecConfig(drafters=("suffix",), draft_n_max=4, draft_n_min=1), max_len=128,
-                        drafter_factory=lambda drafter_spec, spec: oracle)
-        assert engine.generate(prompt, SamplingParams(), max_tokens=n).token_ids == answer
-        assert oracle.accepted > 0 and oracle.rejected > 0
+        answer = assert_oracle_keeps_plain(target, prompt, n)
         mtp = Engine(target, SpecConfig(drafters=("draft-mtp",)), max_len=128)
         r = mtp.generate(prompt, SamplingParams(), max_tokens=n)
         assert r.token_ids == answer and r.stats.drafted > 0
@@ -119,21 +114,7 @@ def test_greedy_speculation_is_plain_decoding_through_every_rollback(target):
 def test_batched_requests_give_their_solo_answers(target):
     """Three requests in one forward a step, the third joining late and prefilling beside the others' verify."""
     n = [20, 14, 16]
-    answers = [plain(target, p, k) for p, k in zip(PROMPTS, n)]
-    oracles = iter([Oracle(p, a, target.config.vocab_size) for p, a in zip(PROMPTS, answers)])
-    engine = Engine(target, SpecConfig(drafters=("suffix",), draft_n_max=4, draft_n_min=1), max_len=128,
-                    drafter_factory=lambda drafter_spec, spec: next(oracles), max_sequences=3)
-    reqs = [engine.admit(PROMPTS[0], SamplingParams(), n[0]), engine.admit(PROMPTS[1], SamplingParams(), n[1])]
-    for step in range(100):
-        if step == 2:
-            reqs.append(engine.admit(PROMPTS[2], SamplingParams(), n[2]))
-        if len(reqs) == 3 and all(r.finished for r in reqs):
-            break
-        engine.step_batch([r for r in reqs if not r.finished])
-    for req, answer in zip(reqs, answers):
-        engine.finish(req)
-        assert req.output == answer
-    assert sum(r.stats.accepted for r in reqs) > 0 and sum(r.stats.drafted - r.stats.accepted for r in reqs) > 0
+    assert_batched_oracles_keep_plain(target, PROMPTS, n)
 
 
 def test_a_batched_verify_is_bitwise_each_sequence_alone_with_draft_mtp(target):
