@@ -207,6 +207,26 @@ def caveats(r: dict) -> list[str]:
     return notes
 
 
+def _section_paths(out_dir) -> dict[str, Path]:
+    """out_dir (made if missing)'s results.json and report.md, by kind."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return {"json": out / "results.json", "markdown": out / "report.md"}
+
+
+def _add_to_method_bench(paths: dict[str, Path], key: str, section: dict) -> bool:
+    """Where a normal bench's results.json is already there: it gains `key` and its report.md is rewritten
+    with the section at the end (True); False where there is none."""
+    out = paths["json"].parent
+    existing = method_results(out)
+    if existing is None:
+        return False
+    existing[key] = section
+    write_text(paths["json"], json.dumps(existing, indent=1))
+    write_text(paths["markdown"], markdown(existing, {k: n for k, n in PLOTS.items() if (out / n).is_file()}))
+    return True
+
+
 # -- server load (bench/load.py) ---------------------------------------------------------------
 def write_load(load: dict, out_dir, runtime: dict | None = None) -> dict[str, Path]:
     """Put the load section into out_dir/results.json and report.md; returns their paths.
@@ -214,15 +234,8 @@ def write_load(load: dict, out_dir, runtime: dict | None = None) -> dict[str, Pa
     A results.json of a normal bench already there keeps its contents and gains a "load" key (its
     report.md is rewritten with the load section at the end); otherwise both files hold the load run alone.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "markdown": out / "report.md"}
-    existing = method_results(out)
-    if existing is not None:
-        existing["load"] = load
-        write_text(paths["json"], json.dumps(existing, indent=1))
-        plots = {k: name for k, name in PLOTS.items() if (out / name).is_file()}
-        write_text(paths["markdown"], markdown(existing, plots))
+    paths = _section_paths(out_dir)
+    if _add_to_method_bench(paths, "load", load):
         return paths
     results = {"schema": load["schema"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runtime": runtime or {},
                "load": load}
@@ -317,14 +330,8 @@ def load_markdown(load: dict) -> list[str]:
 def write_sessions(section: dict, out_dir, runtime: dict | None = None, artifact: dict | None = None) -> dict:
     """Put the section into out_dir/results.json and report.md (a method bench already there gains a
     "sessions" key and its report the section at the end); returns the paths by kind."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json", "markdown": out / "report.md"}
-    existing = method_results(out)
-    if existing is not None:
-        existing["sessions"] = section
-        write_text(paths["json"], json.dumps(existing, indent=1))
-        write_text(paths["markdown"], markdown(existing, {k: n for k, n in PLOTS.items() if (out / n).is_file()}))
+    paths = _section_paths(out_dir)
+    if _add_to_method_bench(paths, "sessions", section):
         return paths
     results = {"schema": section["schema"], "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                "runtime": runtime or {}, "artifacts": {"target": artifact or {}}, "sessions": section}
