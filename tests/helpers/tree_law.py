@@ -13,8 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from helpers.branches import Branches
-from helpers.distribution import prefill_once
+from helpers.distribution import law_gap, prefill_once
+from specdec.drafters.hidden import HiddenStateDrafter
 from specdec.engine import engine as engine_module
+from specdec.engine.config import SpecConfig
+from specdec.engine.engine import Engine
 from specdec.sampling import SamplingParams
 
 
@@ -67,3 +70,16 @@ def exact_law(monkeypatch, engine, prompt: list[int], spec=None, max_tokens: int
         law[tokens] = law.get(tokens, 0.0) + p
     return Law(law, sum(p * a for (_, a, _), p in outcomes.items()),
                sum(p for (_, _, later), p in outcomes.items() if later))
+
+
+def mtp_law(monkeypatch, model, head, prompt: list[int], **sampling) -> tuple[Law, float]:
+    """The exact law of 4 sampled tokens drafted by an MTP `head` (draft-mtp, chains of 2, max_len 64), and its
+    law_gap to plain sampling's law of the same tokens."""
+    engine = Engine(model, max_len=64)
+    engine.drafter_factory = lambda drafter_spec, s: HiddenStateDrafter(head, "draft-mtp", model.config.vocab_size,
+                                                                        budget=2, max_len=64)
+    law = exact_law(monkeypatch, engine, prompt, spec=SpecConfig(drafters=("draft-mtp",), draft_n_max=2),
+                    max_tokens=4, **sampling)
+    with monkeypatch.context() as patch:
+        reference = exact_law(patch, Engine(model, max_len=64), prompt, max_tokens=4, **sampling).tokens
+    return law, law_gap(law.tokens, reference)

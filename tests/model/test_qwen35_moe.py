@@ -16,16 +16,15 @@ import pytest
 import torch
 from gguf import GGUFReader
 
-from helpers.distribution import engine_law, law_gap
+from helpers.distribution import engine_law
 from helpers.drafts import Biased, likely_bias
 from helpers.oracle import assert_batched_oracles_keep_plain, assert_oracle_keeps_plain, plain
 from helpers.qwen35moe import (FIXTURE, NEXT_FIXTURE, NO_TREE, convert_to_gguf, fixture_folder, llama_cpp_tree,
                                mtp_reference, transformers_folder)
 from helpers.reference import assert_close, specdec_logits, transformers_logits
 from helpers.spec import spec_for_model
-from helpers.tree_law import exact_law
+from helpers.tree_law import mtp_law
 from specdec.cli.inspect import inspect_model
-from specdec.drafters.hidden import HiddenStateDrafter
 from specdec.drafters.mtp import load_mtp_head
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
@@ -219,12 +218,6 @@ def test_sampled_output_follows_the_target_law(monkeypatch):
     likely = {t for seq in engine_law(model, prompt, SamplingParams(**SAMPLING), depth=3) for t in seq[1:]}
     head, _ = load_mtp_head(model, 64)
     head.lm_head = Biased(head.lm_head, likely_bias(model, likely))
-    spec = SpecConfig(drafters=("draft-mtp",), draft_n_max=2)
-    engine = Engine(model, max_len=64)
-    engine.drafter_factory = lambda drafter_spec, s: HiddenStateDrafter(head, "draft-mtp", model.config.vocab_size,
-                                                                        budget=2, max_len=64)
-    law = exact_law(monkeypatch, engine, prompt, spec=spec, max_tokens=4, **SAMPLING)
+    law, gap = mtp_law(monkeypatch, model, head, prompt, **SAMPLING)
     assert 0 < law.accepted < 2
-    with pytest.MonkeyPatch.context() as patch:
-        reference = exact_law(patch, Engine(model, max_len=64), prompt, max_tokens=4, **SAMPLING).tokens
-    assert law_gap(law.tokens, reference) < 1e-6
+    assert gap < 1e-6
