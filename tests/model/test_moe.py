@@ -17,6 +17,7 @@ import torch
 
 from helpers.distribution import law_gap
 from helpers.drafts import looping_prompt
+from helpers.oracle import assert_oracle_keeps_plain
 from helpers.moe import (FAMILIES, FIXTURE, NO_TREE, convert_to_gguf, fixture_folder, llama_cpp_tree, reference,
                          transformers_folder)
 from helpers.tree_law import exact_law
@@ -231,14 +232,15 @@ def test_greedy_speculative_output_is_plain_output_alone_and_in_a_batch(family, 
     prompts = [(loop, 24), (loop[-12:], 16), (PROMPT, 12)]
     plain = [Engine(model, max_len=128).generate(p, SamplingParams(), max_tokens=n).token_ids for p, n in prompts]
     spec = SpecConfig(drafters=(DrafterSpec.of(kind),), draft_n_max=4)
-    drafted = accepted = 0
     for (p, n), want in zip(prompts, plain):
         out = Engine(model, max_len=128).generate(p, SamplingParams(), max_tokens=n, spec=spec)
         assert out.token_ids == want, f"{kind} changed the greedy answer on {family}"
-        drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
-    assert 0 < accepted < drafted, f"drafted {drafted}, accepted {accepted}: both branches must run"
+    # whether the random model's greedy text loops, so that these drafters draft and get accepted, depends on
+    # the CPU's float rounding (on an AVX2-only EPYC qwen3_moe's did not); the Oracle's drafts are accepted
+    # whole, in part and not at all on any machine
+    assert_oracle_keeps_plain(model, loop, 24)
 
-    engine = Engine(model, spec, max_len=128, max_sequences=3)
+    engine = Engine(model, spec, max_len=128, max_sequences=len(prompts))
     reqs = [engine.admit(p, SamplingParams(), n, spec=spec) for p, n in prompts]
     for _ in range(200):
         if all(r.finished for r in reqs):

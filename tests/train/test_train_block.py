@@ -12,6 +12,7 @@ from helpers.tiny import make_hf_model
 from specdec.engine.config import SpecConfig
 from specdec.engine.engine import Engine
 from specdec.model.load import load_model
+from specdec.train.data import load_sequences
 
 COMMON = ["--generate", "64", "--gen-tokens", "48", "--corpus-seqs", "8", "--batch", "8", "--val", "8",
           "--seq-len", "64", "--lr", "1e-2", "--threads", "1", "--device", "cpu", "--block-size", "4",
@@ -111,8 +112,13 @@ def test_trained_drafters_are_accepted_and_greedy_equals_plain(trained, kind):
     drafter = make_block_drafter(m, root / kind, f"draft-{kind}", max_len=256)
     engine = Engine(m, SpecConfig(drafters=(drafter.name,), draft_n_max=4), max_len=256,
                     drafter_factory=lambda name, spec: drafter)
-    prompt = list(range(10, 30))
-    plain = Engine(m, SpecConfig(), max_len=256).generate(prompt, max_tokens=48).token_ids
-    result = engine.generate(prompt, max_tokens=48)
-    assert result.token_ids == plain
-    assert result.stats.accepted > 0
+    # openings of the training text: what the drafter learnt to continue (on an arbitrary prompt, whether a
+    # drafter this small gets a token accepted depends on the CPU's float rounding)
+    sequences = load_sequences(root / "dflash" / "data.rank0.npz")
+    accepted = 0
+    for prompt in [list(range(10, 30))] + [seq[:16] for seq in sequences[:3]]:
+        plain = Engine(m, SpecConfig(), max_len=256).generate(prompt, max_tokens=48).token_ids
+        result = engine.generate(prompt, max_tokens=48)
+        assert result.token_ids == plain
+        accepted += result.stats.accepted
+    assert accepted > 0
