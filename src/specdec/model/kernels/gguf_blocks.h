@@ -110,6 +110,18 @@ static inline void scales_mins_k4(const uint8_t *packed, uint8_t out[16]) {
     memcpy(out, u, 16);
 }
 
+// The same 16 bytes in a register, for the dot loop: there, scales_mins_k4's bytes stored to the stack and read
+// back as two 8-byte loads (each spanning two 4-byte stores, which the store buffer does not forward) held up
+// every group; in a register, qwen2.5-coder-1.5b's Q4_K linears at one row took 0.88-0.91x the time (AVX2 AMD
+// EPYC, 2 threads; four rows 0.94-0.96x). The same bytes, so the same bits.
+static inline __m128i scales_mins_k4_reg(const uint8_t *packed) {
+    uint32_t u0, u1, u2;
+    memcpy(&u0, packed, 4), memcpy(&u1, packed + 4, 4), memcpy(&u2, packed + 8, 4);
+    const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
+    const uint32_t sc47 = (u2 & four) | (((u0 >> 6) & two) << 4), m47 = ((u2 >> 4) & four) | (((u1 >> 6) & two) << 4);
+    return _mm_set_epi32((int)m47, (int)(u1 & six), (int)sc47, (int)(u0 & six));  // sc[0..7], m[0..7]
+}
+
 // -- Groups of 256 values, interleaved ---------------------------------------------------------------
 // The kernel keeps a tensor's groups of 256 values (a K-quant super-block, or 8 blocks of a legacy type)
 // with their bits moved (gguf_repack: the same bytes per group, the same values and scales) so that one

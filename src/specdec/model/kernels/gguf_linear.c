@@ -129,9 +129,6 @@ typedef struct {
     float acc[TILE][8], accm[TILE][8];
 } Sums;
 
-static inline __m256 cvt8_ps(const uint8_t *p) {  // 8 uint8 -> 8 floats
-    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
-}
 static inline __m256 cvt8_ph(const uint8_t *p) {  // 8 fp16 -> 8 floats
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
@@ -158,10 +155,10 @@ static inline __attribute__((always_inline)) void dot_groups(int type, const uin
         __m256 a, c = _mm256_setzero_ps();
         prefetch_bytes(p + ahead, bytes);
         if (kquant) {
-            uint8_t sm[16];
-            scales_mins_k4(p + 4, sm);
-            a = _mm256_mul_ps(_mm256_set1_ps(f16(p)), cvt8_ps(sm));
-            c = _mm256_mul_ps(_mm256_set1_ps(-f16(p + 2)), cvt8_ps(sm + 8));
+            const __m128i sm = scales_mins_k4_reg(p + 4);
+            a = _mm256_mul_ps(_mm256_set1_ps(f16(p)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
+            c = _mm256_mul_ps(_mm256_set1_ps(-f16(p + 2)),
+                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
         } else {
             a = cvt8_ph(p);
             if (mins) c = cvt8_ph(p + 16);
