@@ -97,9 +97,9 @@ def test_unknown_quantization(tmp_path):
         _load(path)
 
 
-def _rewritten_gguf(tmp_path, tensors=lambda name, array: array, fields=lambda name, value: value):
+def _rewritten_gguf(tmp_path, tensors=lambda name, array: array, fields=lambda name, value: value, extra=None):
     """The tiny GGUF written again with each tensor and metadata value passed through the functions (a field
-    whose function gives None is left out)."""
+    whose function gives None is left out), and the tensors of `extra` ({GGUF name: array}) added."""
     reader = gguf.GGUFReader(make_gguf_model(tmp_path / "ok.gguf"))
     bad = tmp_path / "bad.gguf"
     w = gguf.GGUFWriter(str(bad), "llama")
@@ -113,8 +113,23 @@ def _rewritten_gguf(tmp_path, tensors=lambda name, array: array, fields=lambda n
             w.add_key_value(field.name, value, vtype, sub_type=sub)
     for t in reader.tensors:
         w.add_tensor(t.name, tensors(t.name, np.array(t.data)))
+    for name, array in (extra or {}).items():
+        w.add_tensor(name, array)
     _finish(w)
     return bad
+
+
+def test_a_tensor_no_layer_reads_is_refused(tmp_path):
+    """A GGUF tensor that no name of the architecture's model maps (here gpt-oss's attention sinks, and a
+    classifier head) vanished at load, and the model computed something else than its file's."""
+    sinks = {f"blk.{i}.attn_sinks.weight": np.ones(4, dtype=np.float32) for i in range(2)}
+    with pytest.raises(ModelFileError, match=r"tensor blk.0.attn_sinks.weight \(and 1 more: blk.1.attn_sinks.weight\) "
+                                             r"is not one specdec's llama model reads; running without it would change"):
+        _load(_rewritten_gguf(tmp_path, extra=sinks))
+    with pytest.raises(ModelFileError, match=r"tensor cls.weight is not one specdec's llama model reads"):
+        _load(_rewritten_gguf(tmp_path, extra={"cls.weight": np.ones((2, 64), dtype=np.float32)}))
+    # llama.cpp's RoPE frequency factors are read apart (Llama 3.x's scaling): not refused
+    assert _load(_rewritten_gguf(tmp_path, extra={"rope_freqs.weight": np.ones(8, dtype=np.float32)})) is not None
 
 
 def test_tensor_of_the_wrong_shape(tmp_path):

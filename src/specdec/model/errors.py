@@ -22,6 +22,14 @@ def unread_bias(path, names: list[str]) -> ModelFileError:
                           "biases); running without it would change the model's output")
 
 
+def unread_tensors(path, arch: str, names: list[str]) -> ModelFileError:
+    """The error for GGUF tensors no name of specdec's `arch` model maps (a part of a model specdec does not
+    compute, e.g. attention sinks): loaded without them, the model would compute another output than its file's."""
+    more = f" (and {len(names) - 1} more: {', '.join(names[1:4])}{', ...' if len(names) > 4 else ''})" if len(names) > 1 else ""
+    return ModelFileError(path, f"tensor {names[0]}{more} is not one specdec's {arch} model reads; running "
+                          "without it would change the model's output")
+
+
 class CacheOverflowError(SpecdecError):
     """A key or value too large for the float16 KV cache (it would be stored as inf)."""
 

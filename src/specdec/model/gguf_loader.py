@@ -18,7 +18,7 @@ import torch
 from gguf.quants import dequantize
 
 from specdec.model.config import SUPPORTED_ARCHS, ModelConfig, linear_rope_factors, unsupported_reason
-from specdec.model.errors import ModelFileError, unread_bias
+from specdec.model.errors import ModelFileError, unread_bias, unread_tensors
 from specdec.model.gemma4_checkpoint import gemma4_shapes
 from specdec.model.gemma4_gguf import ARCH as GEMMA4, gemma4_gguf_config
 from specdec.model.gguf_names import hf_name
@@ -29,6 +29,9 @@ from specdec.model.moe_config import moe_from_gguf, moe_shapes
 from specdec.model import qwen3next_checkpoint as qwen3next
 from specdec.model.qwen3next_checkpoint import fused_rows
 from specdec.model.qwen35_checkpoint import HYBRID_ARCHS, qwen35_gguf_config
+
+# tensors no HF name maps that are read apart: llama.cpp's RoPE frequency factors (_config takes them)
+READ_APART = {"rope_freqs.weight"}
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
 SUPPORTED_GGML_TYPES = {
@@ -178,7 +181,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         raise ModelFileError(path, "architecture " + unsupported_reason(arch, ", ".join(SUPPORTED_ARCHS)))
 
     tensors, types = {}, {}
-    gguf_names = []
+    gguf_names, unread = [], []
     for t in reader.tensors:
         gguf_names.append(t.name)
         types[t.name] = t.tensor_type.name
@@ -190,6 +193,10 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
             tensors[hf] = t
         elif t.name.startswith("blk.") and t.name.endswith(".bias"):  # a bias the layers do not add: refused
             raise unread_bias(path, [t.name])
+        elif t.name not in READ_APART:
+            unread.append(t.name)
+    if unread:  # a tensor no name maps would vanish, and the model compute something else than the file
+        raise unread_tensors(path, arch, unread)
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     try:
         config = _config(path, arch, meta, tensors, freqs)
