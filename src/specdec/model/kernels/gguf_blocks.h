@@ -97,29 +97,22 @@ static inline Unpacked unpack(int type, const uint8_t *row, int64_t b) {
     return u;
 }
 
-// The 6-bit scales and mins of a Q4_K / Q5_K super-block's 12 bytes: sc[j] = bytes 0..7, m[j] = bytes 8..15
-static inline void scales_mins_k4(const uint8_t *packed, uint8_t out[16]) {
-    uint32_t u[4];
-    memcpy(u, packed, 12);
-    const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
-    u[3] = ((u[2] >> 4) & four) | (((u[1] >> 6) & two) << 4);  // m[4..7]
-    const uint32_t m03 = u[1] & six;                             // m[0..3]
-    u[1] = (u[2] & four) | (((u[0] >> 6) & two) << 4);          // sc[4..7]
-    u[2] = m03;
-    u[0] &= six;                                                 // sc[0..3]
-    memcpy(out, u, 16);
-}
-
-// The same 16 bytes in a register, for the dot loop: there, scales_mins_k4's bytes stored to the stack and read
-// back as two 8-byte loads (each spanning two 4-byte stores, which the store buffer does not forward) held up
-// every group; in a register, qwen2.5-coder-1.5b's Q4_K linears at one row took 0.88-0.91x the time (AVX2 AMD
-// EPYC, 2 threads; four rows 0.94-0.96x). The same bytes, so the same bits.
+// The 6-bit scales and mins of a Q4_K / Q5_K super-block's 12 bytes, in a register: sc[j] = bytes 0..7,
+// m[j] = bytes 8..15. The dot loop takes them from there: through 16 bytes on the stack, read back as two
+// 8-byte loads (each spanning two 4-byte stores, which the store buffer does not forward), they held up every
+// group; in a register, qwen2.5-coder-1.5b's Q4_K linears at one row took 0.88-0.91x the time (AVX2 AMD EPYC,
+// 2 threads; four rows 0.94-0.96x).
 static inline __m128i scales_mins_k4_reg(const uint8_t *packed) {
     uint32_t u0, u1, u2;
     memcpy(&u0, packed, 4), memcpy(&u1, packed + 4, 4), memcpy(&u2, packed + 8, 4);
     const uint32_t six = 0x3f3f3f3f, four = 0x0f0f0f0f, two = 0x03030303;
     const uint32_t sc47 = (u2 & four) | (((u0 >> 6) & two) << 4), m47 = ((u2 >> 4) & four) | (((u1 >> 6) & two) << 4);
     return _mm_set_epi32((int)m47, (int)(u1 & six), (int)sc47, (int)(u0 & six));  // sc[0..7], m[0..7]
+}
+
+// the same 16 bytes in memory (gguf_values.c)
+static inline void scales_mins_k4(const uint8_t *packed, uint8_t out[16]) {
+    _mm_storeu_si128((__m128i *)out, scales_mins_k4_reg(packed));
 }
 
 // -- Groups of 256 values, interleaved ---------------------------------------------------------------
