@@ -30,8 +30,8 @@ from specdec.model import qwen3next_checkpoint as qwen3next
 from specdec.model.qwen3next_checkpoint import fused_rows
 from specdec.model.qwen35_checkpoint import HYBRID_ARCHS, qwen35_gguf_config
 
-# tensors no HF name maps that are read apart: llama.cpp's RoPE frequency factors (_config takes them)
-READ_APART = {"rope_freqs.weight"}
+# the one tensor no HF name maps that is read apart: llama.cpp's RoPE frequency factors (_config takes them)
+ROPE_FREQS = "rope_freqs.weight"
 
 # GGML types we dequantize (the gguf package can do more; these are the ones we test).
 SUPPORTED_GGML_TYPES = {
@@ -181,7 +181,7 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
         raise ModelFileError(path, "architecture " + unsupported_reason(arch, ", ".join(SUPPORTED_ARCHS)))
 
     tensors, types = {}, {}
-    gguf_names, unread = [], []
+    gguf_names, unread, freqs = [], [], None
     for t in reader.tensors:
         gguf_names.append(t.name)
         types[t.name] = t.tensor_type.name
@@ -193,11 +193,12 @@ def read_gguf(path: str | os.PathLike) -> GGUFModel:
             tensors[hf] = t
         elif t.name.startswith("blk.") and t.name.endswith(".bias"):  # a bias the layers do not add: refused
             raise unread_bias(path, [t.name])
-        elif t.name not in READ_APART:
+        elif t.name == ROPE_FREQS:
+            freqs = t
+        else:
             unread.append(t.name)
     if unread:  # a tensor no name maps would vanish, and the model compute something else than the file
         raise unread_tensors(path, arch, unread)
-    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     try:
         config = _config(path, arch, meta, tensors, freqs)
     except (TypeError, ValueError) as exc:  # a metadata value of the wrong type, or sizes that do not fit
