@@ -63,13 +63,14 @@ class HiddenHead(nn.Module):
         """The head's decoder layer on new rows over its cache.
 
         attn_in: (B, T, A) normed attention input; x: (B, T, H) residual stream; positions: (B, T);
-        past_k/v: (B, nkv, P, hd) or None; mask: (B or 1, T, P + T) bool, True = may attend.
-        Returns (out (B, T, H), k, v (B, nkv, T, hd) of the new rows)."""
+        past_k/v: (B, nkv, P, hd) or None; mask: (B or 1, T, P + T) bool, True = may attend, or an Attend that
+        holds the past itself (train/ttt.py's ChainAttention). Returns (out (B, T, H), k, v (B, nkv, T, hd) of
+        the new rows)."""
         B, T, H = x.shape
         if positions.numel():
             self.cover_rope(int(positions.max()) + 1)
         cos, sin = rope_rows(self.rope_cos, self.rope_sin, positions)
-        attend = MaskedAttention(B, past_k, past_v, mask)
+        attend = mask if callable(mask) else MaskedAttention(B, past_k, past_v, mask)
         out = layer(x.reshape(B * T, H), attend, cos, sin, attn_in.reshape(B * T, -1))
         return out.reshape(B, T, H), attend.k, attend.v
 

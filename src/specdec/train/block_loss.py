@@ -43,8 +43,8 @@ def block_loss(model, target, tokens: torch.Tensor, valid: torch.Tensor, anchors
     Bt, T = tokens.shape
     A, S, n = anchors.shape[1], cfg.block_size, cfg.drafts_per_block
     dev = tokens.device
-    target_logits, hidden = target.forward(tokens, valid, hidden_layers=cfg.hidden_layers)
-    ctx = model.context(hidden)  # (Bt, T, H)
+    out_t = target.outputs(tokens, valid, hidden_layers=cfg.hidden_layers)
+    ctx = model.context(out_t.hidden)  # (Bt, T, H)
     positions = torch.arange(T, device=dev)[None].expand(Bt, T)
     past = [model.context_kv(layer, ctx, positions) for layer in model.layers]
     block_tokens = torch.full((Bt, A, S), cfg.mask_token_id, dtype=torch.long, device=dev)
@@ -73,7 +73,7 @@ def block_loss(model, target, tokens: torch.Tensor, valid: torch.Tensor, anchors
     weights = ok.float() * torch.exp(-torch.arange(n, device=dev, dtype=torch.float32) / decay)
     denom = weights.sum().clamp(min=1e-6)
     V = logits.shape[-1]
-    t_logits = target_logits.gather(1, (safe - 1).view(Bt, -1, 1).expand(-1, -1, V)).view(Bt, A, n, V)
+    t_logits = out_t.logits(rows=(safe - 1).view(Bt, -1)).view(Bt, A, n, V)  # at x_{a+d}: predicting x_{a+1+d}
     # cross-entropy against the target's own distribution at x_{a+1+d} (self-distillation, as the MTP and
     # EAGLE-3 heads here): the published recipe's hard labels x_{a+1+d} are its samples in expectation, on
     # text the target regenerated; specdec's data also holds plain corpus text the target would not write

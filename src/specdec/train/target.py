@@ -54,9 +54,10 @@ class DenseTarget:
     def final_norm(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.norm, self.config.rms_norm_eps)
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (..., H) pre-norm hidden -> (..., V) float32 logits."""
-        return softcap(F.linear(self.final_norm(x), self.lm_head).float(), self.config.final_logit_softcap)
+    def logits(self, x: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (..., H) pre-norm hidden -> (..., V) float32 logits; over the ids `vocab` only, (..., len(vocab))."""
+        W = self.lm_head if vocab is None else self.lm_head[vocab]
+        return softcap(F.linear(self.final_norm(x), W).float(), self.config.final_logit_softcap)
 
     def embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """The first layer's input: embedding rows, times the model's embedding scale (in float32)."""
@@ -72,6 +73,24 @@ class DenseTarget:
         Returns (logits (B, T, V) float32, {layer: (B, T, H)}). With `cache` (a list that this call
         extends with one {"k", "v", "valid"} per layer), the new tokens attend the cached ones too
         (generation)."""
+        x, hidden = self._layers(tokens, valid, hidden_layers, cache, positions)
+        return self.logits(x), hidden
+
+    @torch.no_grad()
+    def outputs(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, hidden_layers=()) -> "TargetOutputs":
+        """What the training losses read over a padded batch (TargetOutputs), without the (B, T, V) logits."""
+        x, hidden = self._layers(tokens, valid, hidden_layers)
+        return TargetOutputs(self, hidden, x, self.top_ids(x))
+
+    @torch.no_grad()
+    def top_ids(self, x: torch.Tensor, rows: int = 1024) -> torch.Tensor:
+        """(..., H) pre-norm hidden -> (...) the id of each row's largest logit, `rows` rows of logits at a time."""
+        flat = x.reshape(-1, x.shape[-1])
+        top = [self.logits(flat[i : i + rows]).argmax(-1) for i in range(0, flat.shape[0], rows)]
+        return torch.cat(top).view(x.shape[:-1]) if top else torch.zeros(x.shape[:-1], dtype=torch.long)
+
+    def _layers(self, tokens, valid, hidden_layers, cache=None, positions=None):
+        """forward's pass through the layers: (x (B, T, H) before the final norm, {layer: (B, T, H)})."""
         B, T = tokens.shape
         dev = self.device
         if valid is None:
@@ -111,7 +130,7 @@ class DenseTarget:
                     cache[li] = entry
             if li + 1 in hidden_layers:
                 hidden[li + 1] = x.reshape(B, T, -1)
-        return self.logits(x.reshape(B, T, -1)), hidden
+        return x.reshape(B, T, -1), hidden
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new: int, temperature: float, eos: set[int],
@@ -152,3 +171,18 @@ class DenseTarget:
                     break
                 out[b].append(t)
         return out
+
+
+class TargetOutputs:
+    """The frozen target over a padded batch, as the training losses read it: `hidden` {layer: (B, T, H)},
+    `last` (B, T, H) the final hidden state before the norm, `top` (B, T) the id of the largest logit at each
+    position (over the whole vocabulary); logits() computes only the rows and the vocabulary a loss asks for."""
+
+    def __init__(self, target: DenseTarget, hidden: dict, last: torch.Tensor, top: torch.Tensor):
+        self.target, self.hidden, self.last, self.top = target, hidden, last, top
+
+    def logits(self, vocab: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits over `vocab` (ids; default all) at every position, or at `rows` (B, R) positions of
+        each sequence: (B, T or R, V or len(vocab))."""
+        x = self.last if rows is None else self.last.gather(1, rows[..., None].expand(-1, -1, self.last.shape[-1]))
+        return self.target.logits(x, vocab)

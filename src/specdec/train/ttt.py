@@ -14,26 +14,29 @@ length a chain of those steps would get, 1 + sum_s prod_{t<=s} acc_t.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 
 def ttt_loss(head, kind: str, target, tokens: torch.Tensor, valid: torch.Tensor, steps: int,
              draft_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float], list[int]]:
-    """Loss over `steps` TTT steps; also (per-step top-1 matches, per-step counted positions)."""
-    target_logits, hidden = target.forward(tokens, valid, hidden_layers=head.hidden_layers)
+    """Loss over `steps` TTT steps; also (per-step top-1 matches, per-step counted positions).
+    target: a DenseTarget or a FeatureCache (its .outputs)."""
+    out_t = target.outputs(tokens, valid, hidden_layers=head.hidden_layers)
+    # the soft labels: EAGLE-3 over its draft vocabulary, MTP over the whole one; the top ids for the metric
+    labels = out_t.logits(draft_ids if kind == "eagle3" else None)  # (B, T, V')
     B, T = tokens.shape
     n = T - 1  # pairs j = 0 .. T-2
     dev = tokens.device
-    feats = head.feature({k: v[:, :n] for k, v in hidden.items()}).float()  # (B, n, H)
+    feats = head.feature({k: v[:, :n] for k, v in out_t.hidden.items()}).float()  # (B, n, H)
     keys: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (module, k, v) per step
-    idx = torch.arange(n, device=dev)
-    causal = (idx[None, :] <= idx[:, None])[None] & valid[:, None, :n]  # (B, n, n)
-    eye = torch.eye(n, dtype=torch.bool, device=dev)[None].expand(B, n, n)
     total = torch.zeros((), device=dev)
     matches, counts = [], []
     prefix = torch.ones(B, n, dtype=torch.bool, device=dev)  # pairs whose steps so far all matched the target
     modules = getattr(head, "num_modules", 1)
+    idx = torch.arange(n, device=dev)
     for s in range(steps):
         lab = 1 + s  # row of the target's distribution for pair j: j + 1 + s
         if lab >= T:
@@ -43,22 +46,15 @@ def ttt_loss(head, kind: str, target, tokens: torch.Tensor, valid: torch.Tensor,
         ok = torch.zeros(B, n, dtype=torch.bool, device=dev)
         ok[:, : T - 1 - lab] = valid[:, lab : T - 1] & valid[:, lab + 1 : T]  # input token and label row exist
         module = s % modules
-        past = [(m, k, v) for (m, k, v) in keys if m == module]
+        past = [(k, v) for (m, k, v) in keys if m == module]
         # step 0 (module 0) keys: causal over pairs; any other step's keys: only the same pair j
-        masks = [causal if (module == 0 and i == 0) else eye for i in range(len(past))]
-        masks.append(causal if s == 0 else eye)
-        mask = torch.cat(masks, dim=-1)  # (B, n, n * (len(past) + 1))
-        past_k = torch.cat([k for _, k, _ in past], dim=2) if past else None
-        past_v = torch.cat([v for _, _, v in past], dim=2) if past else None
+        attend = ChainAttention(B, past, module == 0 and bool(past), s == 0, valid[:, :n])
         positions = (idx + s)[None].expand(B, n)
         if kind == "eagle3":
-            logits, out, k, v = head.draft_logits(feats, in_tok, positions, past_k, past_v, mask)
-            t_logits = target_logits[:, lab : lab + n][..., draft_ids] if draft_ids is not None else None
+            logits, out, k, v = head.draft_logits(feats, in_tok, positions, None, None, attend)
         else:
-            logits, out, k, v = head.step(module, feats, in_tok, positions, past_k, past_v, mask)
-            t_logits = target_logits[:, lab : lab + n]
-        if t_logits.shape[1] < n:
-            t_logits = F.pad(t_logits, (0, 0, 0, n - t_logits.shape[1]))
+            logits, out, k, v = head.step(module, feats, in_tok, positions, None, None, attend)
+        t_logits = _rows(labels, lab, n)
         keys.append((module, k, v))
         logp = torch.log_softmax(logits.float(), -1)
         target_probs = torch.softmax(t_logits.float(), -1)
@@ -66,9 +62,7 @@ def ttt_loss(head, kind: str, target, tokens: torch.Tensor, valid: torch.Tensor,
         w = ok.float()
         total = total + (0.8 ** s) * (per_pos * w).sum() / w.sum().clamp(min=1)
         with torch.no_grad():
-            full = target_logits[:, lab : lab + n].argmax(-1)
-            if full.shape[1] < n:
-                full = F.pad(full, (0, n - full.shape[1]))
+            full = _rows(out_t.top, lab, n)
             guess = logits.argmax(-1)
             if kind == "eagle3" and draft_ids is not None:
                 guess = draft_ids[guess]
@@ -79,6 +73,61 @@ def ttt_loss(head, kind: str, target, tokens: torch.Tensor, valid: torch.Tensor,
             matches.append(float(prefix.sum()))
         feats = out.float()  # what drafting feeds back (MTPHead.step picks normed or pre-norm per layout)
     return total, matches, counts
+
+
+def _rows(x: torch.Tensor, first: int, n: int) -> torch.Tensor:
+    """x[:, first : first + n], zero-padded to n rows."""
+    rows = x[:, first : first + n]
+    if rows.shape[1] < n:
+        pad = [0, 0] * (x.dim() - 2) + [0, n - rows.shape[1]]
+        rows = F.pad(rows, pad)
+    return rows
+
+
+class ChainAttention:
+    """The Attend of TTT step s (model/layers.py's protocol: called with the new rows' q, k, v; .k, .v hold the
+    new keys and values after the call), over what drafting would have in its cache at pair j:
+
+        past[0]        step 0's keys of every pair i <= j      (when `causal_past`: module 0 at a later step)
+        past[1:]       the later steps' keys of pair j alone
+        the new keys   of every pair i <= j at step 0 (`causal_new`), else of pair j alone
+
+    A key block that only its own pair sees is one score a row, (B, nh, n), not an n x n masked block: a step
+    costs one n x n block whatever s is (as a dense mask, step s cost s + 1 of them)."""
+
+    def __init__(self, batch: int, past: list[tuple[torch.Tensor, torch.Tensor]], causal_past: bool,
+                 causal_new: bool, valid: torch.Tensor):
+        """past: (k, v) per earlier step of this module, (B, nkv, n, hd) each; valid: (B, n), False = padding."""
+        self.batch, self.past, self.causal_past, self.causal_new, self.valid = batch, past, causal_past, causal_new, valid
+        self.k = self.v = None
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B = self.batch
+        n, nh, hd = q.shape[0] // B, q.shape[1], q.shape[2]
+        self.k = k.view(B, n, -1, hd).transpose(1, 2)  # (B, nkv, n, hd)
+        self.v = v.view(B, n, -1, hd).transpose(1, 2)
+        blocks = self.past + [(self.k, self.v)]
+        causal = 0 if self.causal_past else (len(blocks) - 1 if self.causal_new else None)
+        nkv = self.k.shape[1]
+        qg = q.view(B, n, nkv, nh // nkv, hd).permute(0, 2, 3, 1, 4) / math.sqrt(hd)  # (B, nkv, g, n, hd)
+        scores, values = [], []
+        for i, (bk, bv) in enumerate(blocks):
+            if i == causal:
+                s = qg @ bk[:, :, None].transpose(-1, -2)  # (B, nkv, g, n, n)
+                idx = torch.arange(n, device=q.device)
+                see = (idx[None, :] <= idx[:, None])[None] & self.valid[:, None, :]  # (B, n, n)
+                scores.append(s.masked_fill(~see[:, None, None], float("-inf")))
+            else:
+                scores.append((qg * bk[:, :, None]).sum(-1, keepdim=True))  # (B, nkv, g, n, 1)
+            values.append(bv)
+        p = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+        out, col = 0, 0
+        for i, bv in enumerate(values):
+            width = scores[i].shape[-1]
+            part = p[..., col : col + width]
+            out = out + (part @ bv[:, :, None] if i == causal else part * bv[:, :, None])  # (B, nkv, g, n, hd)
+            col += width
+        return out.reshape(B, nh, n, hd).transpose(1, 2).reshape(B * n, nh, hd)
 
 
 class TTTLoss(torch.nn.Module):
