@@ -32,6 +32,23 @@ def pad_batch(seqs: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor
     return tokens.to(device), valid.to(device)
 
 
+def length_grouped_order(lengths: list[int], batch: int, generator: torch.Generator, window: int = 16) -> list[int]:
+    """A shuffled order of the sequences whose consecutive groups of `batch` hold sequences of like length, so
+    that padding each batch to its longest wastes little (random batches of the shipped heads' data were 60-70%
+    real tokens): the shuffled order is cut into windows of `window` batches, each window sorted by length and
+    cut into batches, and the batches shuffled. A batch left short (the last window's) goes last, where an
+    epoch that takes whole batches leaves it out, as it left out the tail of a plain shuffled order."""
+    perm = torch.randperm(len(lengths), generator=generator).tolist()
+    span = batch * window
+    full, short = [], []
+    for i in range(0, len(perm), span):
+        chunk = sorted(perm[i : i + span], key=lambda j: lengths[j])
+        for k in range(0, len(chunk), batch):
+            (full if len(chunk) - k >= batch else short).append(chunk[k : k + batch])
+    full = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
+    return [j for b in full + short for j in b]
+
+
 def mean_accept_length(accs: list[float]) -> float:
     """1 + sum_s prod_{t<=s} accs[t]: the mean accepted length of a chain whose step s matches at the
     conditional rate accs[s]. [0.5, 0.5] -> 1 + 0.5 + 0.25 = 1.75."""
@@ -147,6 +164,7 @@ class Trainer:
         positions before); self.val_loss: their mean loss per batch."""
         self.head.eval()
         m_tot, c_tot, losses = None, None, []
+        seqs = sorted(seqs, key=len)  # batches of like length: little padding
         for i in range(0, len(seqs), self.batch):
             tokens, valid = pad_batch(seqs[i : i + self.batch], device)
             loss, m, c = self.evaluate(tokens, valid)
@@ -180,11 +198,12 @@ class Trainer:
                    disable=self.rank != 0, dynamic_ncols=True)
         accs = []
         saved = self._data
+        lengths = [len(t) for t in train]
         if saved is not None and sorted(saved["order"]) == list(range(len(train))):  # resumed where it was
             g.set_state(saved["rng"])
             order, pos = list(saved["order"]), int(saved["pos"])
         else:
-            order = torch.randperm(len(train), generator=g).tolist()
+            order = length_grouped_order(lengths, self.batch, g)
             pos = (self.step * self.batch) % max(len(train), 1)
         use_amp = str(device).startswith("cuda")
         start, t_start, t_first = self.step, time.perf_counter(), time.perf_counter()
@@ -193,7 +212,7 @@ class Trainer:
             if pos + self.batch > len(order):  # an epoch ends: validated (once a step), reshuffled
                 if val and self.step > 0 and (not self.history or self.history[-1]["step"] != self.step):
                     accs = self.record(val, device, self.step * self.batch / max(len(train), 1))
-                order = torch.randperm(len(train), generator=g).tolist()
+                order = length_grouped_order(lengths, self.batch, g)
                 pos = 0
             seqs = [train[i] for i in order[pos : pos + self.batch]]
             pos += self.batch
