@@ -626,3 +626,34 @@ def test_the_torchrun_entry_point_says_a_bad_flag_in_one_line(tiny_hf_dir):
                           "-1"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr
     assert run.stderr.strip() == "specdec: error: --steps must be at least 0, got -1"
+
+
+def test_init_from_goes_on_training_a_trained_head(trained, tmp_path):
+    """--init-from: the run starts from the given head (its weights and draft vocabulary), not a fresh one, and
+    a folder it cannot start from is refused before any text is generated."""
+    from safetensors.torch import load_file
+
+    from specdec.cli.train import main
+
+    folder, eagle_dir = trained
+    data = ["--sequences", str(eagle_dir / "data.rank0.npz")]
+    flags = ["--model", str(folder), "--steps", "1", "--draft-vocab", "128"] + COMMON + data + ["--lr", "1e-12"]
+    assert main(["eagle3", "--init-from", str(eagle_dir), "--out", str(tmp_path / "on")] + flags) == 0
+    assert main(["eagle3", "--out", str(tmp_path / "fresh")] + flags) == 0
+    theirs = load_file(eagle_dir / "model.safetensors")
+    went_on, fresh = (load_file(tmp_path / d / "model.safetensors") for d in ("on", "fresh"))
+    assert torch.equal(went_on["d2t"], theirs["d2t"])  # 256 draft ids, not --draft-vocab 128 of the data
+    assert len(fresh["d2t"]) == 128
+    for name, t in theirs.items():  # one step at lr 1e-12: the trained weights, not a fresh head's
+        assert torch.allclose(went_on[name].float(), t.float(), atol=1e-2), name
+    summary = json.loads((tmp_path / "on" / "train_summary.json").read_text())
+    trained_acc = json.loads((eagle_dir / "train_summary.json").read_text())["val_top1_per_step"][0]
+    assert summary["val_top1_per_step"][0] > 0.5 * trained_acc > json.loads(
+        (tmp_path / "fresh" / "train_summary.json").read_text())["val_top1_per_step"][0]
+
+    with pytest.raises(ValueError, match="--init-from goes on training EAGLE-3 heads"):
+        main(["mtp", "--init-from", str(eagle_dir), "--out", str(tmp_path / "m")] + flags)
+    with pytest.raises(ValueError, match="no such|not a folder|does not exist|config.json"):
+        main(["eagle3", "--init-from", str(tmp_path / "nothing"), "--out", str(tmp_path / "n")] + flags)
+    assert not (tmp_path / "m").exists()
+    assert not any((tmp_path / "n").iterdir())  # refused before anything was generated or written

@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ttt", type=int, default=None,
                    help="training-time-test steps (head fed its own outputs; default 7 for eagle3 as SpecForge, 3 for mtp)")
     p.add_argument("--draft-vocab", type=int, default=6144, help="EAGLE-3 draft vocabulary size")
+    p.add_argument("--init-from", default=None, metavar="DIR",
+                   help="eagle3: go on training the head in DIR (e.g. a shipped one) on this run's data, with its "
+                        "draft vocabulary, instead of a fresh head")
     p.add_argument("--val", type=int, default=32,
                    help="validation sequences (continuations of prompts held out of training)")
     block = p.add_argument_group("dflash / dspark")
@@ -75,6 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from DIR/state.pt")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="fit the step count (and its learning-rate schedule) into this much training time")
+    p.add_argument("--feature-cache", type=float, default=4.0, metavar="GB",
+                   help="keep the frozen target's outputs per training sequence, up to this many GB, so that later "
+                        "epochs skip the target's forward (0: compute them every time; default 4)")
 
 
 # the least each count may be (flags left at None keep their meaning: "the default")
@@ -82,12 +88,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 _LEAST = {"generate": 0, "gen_tokens": 1, "gen_slots": 1, "corpus_seqs": 0, "seq_len": 9, "steps": 0, "batch": 1,
           "ttt": 1,
           "draft_vocab": 1, "val": 0, "block_size": 2, "draft_layers": 1, "anchors": 1, "markov_rank": 0,
-          "save_every": 1, "threads": 1}
+          "save_every": 1, "threads": 1, "feature_cache": 0}
 
 
 def check_train_args(args) -> None:
     """A bad count or rate, or an --out that cannot be written, is one clear error before the target loads or
     any data is generated."""
+    if getattr(args, "init_from", None) and args.kind != "eagle3":
+        raise ValueError(f"--init-from goes on training EAGLE-3 heads; a {args.kind} head starts fresh")
     if getattr(args, "out", None) is not None:
         out_dir(args.out)
     if getattr(args, "device", None) is not None:

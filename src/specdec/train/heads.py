@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from specdec.drafters.block.config import BlockConfig, default_target_layers
 from specdec.drafters.block.model import BlockDraftModel, TargetParts
-from specdec.drafters.eagle3 import Eagle3Config, Eagle3Head, default_taps
+from specdec.drafters.eagle3 import Eagle3Config, Eagle3Head, check_eagle3_folder, default_taps
+from specdec.drafters.eagle_formats import read_tensors
 from specdec.drafters.mtp import MTPHead
 from specdec.model.catalogue import cached_sha256
 
@@ -64,6 +65,22 @@ def build_eagle3_head(target, draft_ids: torch.Tensor, seed: int = 0):
         head.lm_head.weight.copy_(target.lm_head[draft_ids.to(target.lm_head.device)].float())
         head.set_vocab_map(draft_ids.cpu())
     return head
+
+
+def eagle3_start(folder, target, name: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(draft vocabulary, weights) of the EAGLE-3 head in `folder` that a run goes on training (--init-from):
+    a head for this target in any published layout, of the shape build_eagle3_head gives it."""
+    cfg, files = check_eagle3_folder(folder, target.config, name)  # its target, names and shapes
+    tensors = read_tensors(files)
+    d2t = tensors.get("d2t")
+    draft_ids = torch.arange(cfg.draft_vocab_size) + (d2t.long() if d2t is not None else 0)
+    fresh = build_eagle3_head(target, draft_ids).state_dict()
+    differ = [f"{k} {tuple(v.shape)} (here {tuple(fresh[k].shape)})" for k, v in tensors.items()
+              if k in fresh and v.shape != fresh[k].shape]
+    if differ or tuple(cfg.taps) != default_taps(target.config.num_layers):
+        raise ValueError(f"--init-from {folder}: the head is shaped otherwise than the one specdec trains for this "
+                         f"target ({'; '.join(differ) or f'taps {tuple(cfg.taps)}'}): train a fresh head")
+    return draft_ids, {k: v.float() for k, v in tensors.items() if k in fresh and k not in ("d2t", "t2d")}
 
 
 def block_settings(args, c) -> tuple[list[int], int]:

@@ -16,7 +16,8 @@ import torch
 from tqdm import tqdm
 
 from specdec.drafters.block.io import save_block_drafter
-from specdec.drafters.eagle3 import save_eagle3_head
+from specdec.drafters.eagle3 import check_eagle3_folder, save_eagle3_head
+from specdec.drafters.eagle_formats import Eagle3Error
 from specdec.drafters.mtp import save_mtp_head
 from specdec.model.catalogue import resolve, specdec_home
 from specdec.model.checkpoint_facts import sidecar_path
@@ -26,8 +27,9 @@ from specdec.model.load import checkpoint_digest, load_model, open_checkpoint
 from specdec.train.block_loss import BlockLoss
 from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
 from specdec.train.engine_gen import EngineGenerator
+from specdec.train.features import FeatureCache
 from specdec.train.heads import (block_settings, build_block_model, build_eagle3_head, build_mtp_head,
-                                 frequent_tokens, target_info)
+                                 eagle3_start, frequent_tokens, target_info)
 from specdec.train.loop import Trainer
 from specdec.train.resume import check_out, resume_settings, resumed_state
 from specdec.train.summary import write_summary
@@ -52,6 +54,11 @@ def run_training(args, rank: int, world: int, dist_device) -> int:
     if generating:  # the files are read and the counts checked now, not after the target has loaded
         prompts, corpus = _read_texts(args, rank, world)
     checkpoint, tokenizer = open_checkpoint(path)
+    if getattr(args, "init_from", None):  # checked now, not after hours of generating text
+        try:
+            check_eagle3_folder(args.init_from, checkpoint.config, args.name or args.model)
+        except Eagle3Error as exc:
+            raise ValueError(f"--init-from: {exc}") from None
     seq_len = _sequence_length(args, checkpoint.config.context_length, generating)
     layer_ids = mask = None
     if args.kind in ("dflash", "dspark"):  # checked against the target's shapes before anything is generated
@@ -78,8 +85,11 @@ def run_training(args, rank: int, world: int, dist_device) -> int:
         raise ValueError(f"{len(seqs)} training sequences and --val {args.val} held out: none left to train on "
                          "(lower --val or generate more)")
     info = target_info(args.name or args.model, path, checkpoint)
-    head, draft_ids, loss_module, save = _new_head(args, target, seqs, info, device, rank, world, layer_ids, mask)
-    trainer = Trainer(head, args.kind, target, out, save, args.steps, args.batch, args.lr, args.ttt, draft_ids,
+    # what the losses read from the target: kept per sequence after its first epoch (train/features.py)
+    outputs = FeatureCache(target, int(args.feature_cache * 2**30)) if args.feature_cache > 0 else target
+    head, draft_ids, loss_module, save = _new_head(args, target, outputs, seqs, info, device, rank, world, layer_ids,
+                                                   mask)
+    trainer = Trainer(head, args.kind, outputs, out, save, args.steps, args.batch, args.lr, args.ttt, draft_ids,
                       args.save_every, log, rank, world, loss=loss_module, settings=settings)
     if resumed is not None and trainer.resume(resumed):
         if draft_ids is not None and not torch.equal(head.draft_to_target(), draft_ids):
@@ -213,9 +223,10 @@ def _writer(args, target, seq_len: int, log):
     return EngineGenerator(model, args.gen_slots, seq_len // 2 + args.gen_tokens + 8)
 
 
-def _new_head(args, target, seqs, info: dict, device, rank: int, world: int, layer_ids, mask):
+def _new_head(args, target, outputs, seqs, info: dict, device, rank: int, world: int, layer_ids, mask):
     """A fresh head of args.kind on the target: (head, its draft vocabulary or None, its loss module or None
-    (the Trainer's TTT loss), save(head, folder) writing it in its published format)."""
+    (the Trainer's TTT loss), save(head, folder) writing it in its published format). outputs: where the
+    losses read the target's outputs (the target, or its FeatureCache)."""
     loss_module = None  # the TTT loss of MTP / EAGLE-3 heads
     if args.kind == "mtp":
         head = build_mtp_head(target, 1, args.seed).to(device)
@@ -228,15 +239,22 @@ def _new_head(args, target, seqs, info: dict, device, rank: int, world: int, lay
                                  args.markov_rank, args.markov_head, args.seed).to(device)
         draft_ids = None
         spark = args.kind == "dspark"
-        loss_module = BlockLoss(head, target, args.anchors, args.loss_decay, 0.1 if spark else 1.0,
+        loss_module = BlockLoss(head, outputs, args.anchors, args.loss_decay, 0.1 if spark else 1.0,
                                 0.9 if spark else 0.0, 1.0, args.seed + rank)
 
         def save(h, folder):
             extra = dict(embed_tokens=target.embed, lm_head=target.lm_head) if spark else {}
             save_block_drafter(h, folder, info, **extra)
     else:
-        draft_ids = frequent_tokens(seqs, args.draft_vocab, target.config.vocab_size, device, world)
-        head = build_eagle3_head(target, draft_ids, args.seed).to(device)
+        start = None
+        if getattr(args, "init_from", None):  # a trained head goes on learning: its draft vocabulary and weights
+            draft_ids, start = eagle3_start(args.init_from, target, args.name or args.model)
+        else:
+            draft_ids = frequent_tokens(seqs, args.draft_vocab, target.config.vocab_size, device, world)
+        head = build_eagle3_head(target, draft_ids, args.seed)
+        if start is not None:
+            head.load_state_dict(start, strict=False)
+        head = head.to(device)
         draft_ids = draft_ids.to(device)
 
         def save(h, folder):
