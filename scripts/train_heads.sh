@@ -10,13 +10,17 @@
 # made on one H200); it runs on a CPU too, slowly. Python: `python3`, or $PYTHON. Environment:
 # GENERATE, GEN_TOKENS, CORPUS_SEQS, VAL, SAVE_EVERY size the run; DEADLINE (seconds) caps it;
 # SEQUENCES=src/specdec/heads/smollm2-135m/train_data.npz trains on the shipped heads' data.
+# PROMPTS=FILE continues those prompts instead of the built-in ones (the recipe's:
+# $SPECDEC_HOME/train/prompts-v1.jsonl, `python -m specdec.train.recipe build`); EAGLE3_TTT
+# sets EAGLE-3's training-time-test steps (4 made the shipped head; SpecForge's recipe is 7).
 set -euo pipefail
 out=${1:?usage: scripts/train_heads.sh OUT [TRAIN_MINUTES] [MODEL]}
 minutes=${2:-5}
 model=${3:-smollm2-135m}
 py=${PYTHON:-python3}
 common=(--model "$model" --name "$model" --generate "${GENERATE:-4096}" --gen-tokens "${GEN_TOKENS:-256}"
-        --seq-len 384 --corpus-seqs "${CORPUS_SEQS:-1024}" --val "${VAL:-64}" --seed 0)
+        --seq-len 384 --corpus-seqs "${CORPUS_SEQS:-1024}" --val "${VAL:-64}" --seed 0
+        ${PROMPTS:+--prompts "$PROMPTS"})
 
 # 1. the data (OUT/mtp/data.rank0.npz; --steps 0 trains nothing), or SEQUENCES=FILE from an earlier run
 if [[ -n "${SEQUENCES:-}" ]]; then
@@ -36,7 +40,7 @@ fi
 "$py" -m specdec.cli train mtp "${common[@]}" "${data[@]}" --steps 100000 --batch 32 --lr 5e-4 --ttt 3 \
     --save-every "${SAVE_EVERY:-500}" --max-minutes "$minutes" --out "$out/mtp" > "$out/mtp.log" 2>&1 &
 mtp=$!
-"$py" -m specdec.cli train eagle3 "${common[@]}" "${data[@]}" --steps 100000 --batch 64 --lr 5e-4 --ttt 4 \
+"$py" -m specdec.cli train eagle3 "${common[@]}" "${data[@]}" --steps 100000 --batch 64 --lr 5e-4 --ttt "${EAGLE3_TTT:-4}" \
     --draft-vocab 4096 --save-every "${SAVE_EVERY:-500}" --max-minutes "$minutes" --out "$out/eagle3" \
     > "$out/eagle3.log" 2>&1 &
 eagle=$!
