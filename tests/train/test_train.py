@@ -442,6 +442,8 @@ def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
     (["--target-layers", "1;2"], "--target-layers '1;2': give layer numbers separated by commas"),
     (["--mask-token-id", "100000"], "--mask-token-id 100000 is outside the vocabulary"),
     (["--seed", str(2**70)], "--seed must be between -2**62 and 2**62"),  # 'Overflow when unpacking long long'
+    (["--gen-temperature", "-1"], "--gen-temperature must be 0 (greedy) or a positive number, got -1.0"),
+    (["--gen-temperature", "nan"], "--gen-temperature must be 0 (greedy) or a positive number, got nan"),
 ])
 def test_block_training_settings_are_checked_before_any_data_is_generated(tiny_hf_dir, tmp_path, flags, message):
     from specdec.cli.train import main
@@ -657,3 +659,30 @@ def test_init_from_goes_on_training_a_trained_head(trained, tmp_path):
         main(["eagle3", "--init-from", str(tmp_path / "nothing"), "--out", str(tmp_path / "n")] + flags)
     assert not (tmp_path / "m").exists()
     assert not any((tmp_path / "n").iterdir())  # refused before anything was generated or written
+
+
+def test_gen_temperature_0_writes_the_targets_greedy_answers(tiny_hf_dir, tmp_path):
+    """--gen-temperature 0: the answers are the target's greedy ones, whatever the seed; 0.7 samples."""
+    from specdec.cli.train import main
+    from specdec.train.data import load_sequences
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Name a colour.\nCount to five.\nSay hello.\nWhat is two plus two?\n")
+
+    def data(temperature, seed):  # the four prompts, each once, in an order the seed draws
+        out = tmp_path / f"t{temperature}-s{seed}"
+        assert main(["mtp", "--model", str(tiny_hf_dir), "--out", str(out), "--device", "cpu", "--steps", "0",
+                     "--prompts", str(prompts), "--generate", "4", "--gen-tokens", "12", "--corpus-seqs", "0",
+                     "--val", "0", "--gen-engine", "dense", "--gen-temperature", str(temperature), "--seed",
+                     str(seed)]) == 0
+        return sorted(load_sequences(out / "data.rank0.npz"))
+
+    greedy = data(0, 1)
+    assert greedy == data(0, 2)
+    assert data(0.7, 1) != data(0.7, 2)
+    from specdec.model.load import open_checkpoint
+    from specdec.train.target import DenseTarget
+    target = DenseTarget(open_checkpoint(tiny_hf_dir)[0])
+    for s in greedy:  # an answer's last token is the target's argmax after what precedes it
+        logits, _ = target.forward(torch.tensor([s[:-1]]))
+        assert s[-1] == int(logits[0, -1].argmax())

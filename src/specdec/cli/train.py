@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train on these token sequences (.npz from an earlier run) instead of generating")
     p.add_argument("--generate", type=int, default=512, help="sequences the target generates from prompts")
     p.add_argument("--gen-tokens", type=int, default=192, help="tokens generated per prompt")
+    p.add_argument("--gen-temperature", type=float, default=0.7,
+                   help="temperature the target writes its answers at (0: greedy, the text drafting at T=0 sees)")
     p.add_argument("--gen-engine", choices=["specdec", "dense"], default=None,
                    help="what writes the answers: specdec's engine on the model as it runs at inference (default on "
                         "a CPU), or the float training copy (default on a GPU)")
@@ -106,6 +108,9 @@ def check_train_args(args) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     if not -(2**62) <= args.seed < 2**62:  # torch's generators take 64 bits, and runs add the step and rank to it
         raise ValueError(f"--seed must be between -2**62 and 2**62, got {args.seed}")
+    temperature = getattr(args, "gen_temperature", 0.7)
+    if not 0 <= temperature < float("inf"):
+        raise ValueError(f"--gen-temperature must be 0 (greedy) or a positive number, got {temperature}")
     for name in ("lr", "loss_decay", "max_minutes"):
         value = getattr(args, name, None)
         if value is not None and not 0 < value < float("inf"):

@@ -171,9 +171,12 @@ def _generate_sequences(args, target, tokenizer, prompts, corpus, seq_len: int, 
     # what generation has written so far, kept after each batch, so that a --resume of a run stopped while
     # generating goes on from there (the key: everything the text depends on; another key starts afresh)
     partial = data_file.with_name(f"data.rank{rank}.partial.npz")
-    key = hashlib.sha256(json.dumps([prompts, corpus, n_gen, args.gen_tokens, seq_len, args.corpus_seqs, args.seed,
-                                     args.val, rank, world, type(writer).__name__, batch, checkpoint_digest(
-                                         resolve(args.model))]).encode()).hexdigest()
+    temperature = getattr(args, "gen_temperature", 0.7)
+    keyed = [prompts, corpus, n_gen, args.gen_tokens, seq_len, args.corpus_seqs, args.seed, args.val, rank, world,
+             type(writer).__name__, batch, checkpoint_digest(resolve(args.model))]
+    if temperature != 0.7:  # (another temperature: another text; the default keeps the key runs had before)
+        keyed.append(temperature)
+    key = hashlib.sha256(json.dumps(keyed).encode()).hexdigest()
     done = _partial_data(partial, key, target.config.vocab_size, log) if args.resume else []
     out.mkdir(parents=True, exist_ok=True)
 
@@ -185,7 +188,8 @@ def _generate_sequences(args, target, tokenizer, prompts, corpus, seq_len: int, 
     bar = tqdm(total=n_gen, desc="generate", unit="seq", file=sys.stderr, disable=rank != 0)
     seqs = build_sequences(writer, tokenizer, prompts, corpus, n_gen, args.gen_tokens, seq_len,
                            args.corpus_seqs // world, args.seed + rank, progress=bar.update,
-                           held_out=args.val if rank == 0 else 0, batch=batch, done=done, on_chunk=keep)
+                           held_out=args.val if rank == 0 else 0, batch=batch, temperature=temperature, done=done,
+                           on_chunk=keep)
     bar.close()
     seqs = [s for s in seqs if len(s) >= MIN_SEQUENCE_TOKENS]
     with replaced(data_file) as tmp:
