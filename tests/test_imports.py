@@ -25,7 +25,7 @@ LAYERS = [
     {"specdec.engine"},
     {"specdec.train.target", "specdec.train.data", "specdec.train.loop", "specdec.bench.methods",
      "specdec.train.ttt", "specdec.train.block_loss", "specdec.train.resume", "specdec.train.distributed",
-     "specdec.train.heads", "specdec.train.run", "specdec.train.summary",
+     "specdec.train.heads", "specdec.train.run", "specdec.train.summary", "specdec.train.features",
      "specdec.bench.memory", "specdec.bench.prompts", "specdec.bench.runner", "specdec.bench.peers",
      "specdec.bench.report", "specdec.server.app", "specdec.server.jobs", "specdec.server.metrics",
      "specdec.server.schemas", "specdec.server.overrides", "specdec.server.scheduler", "specdec.cli.options",
