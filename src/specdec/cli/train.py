@@ -20,6 +20,7 @@ import argparse
 
 from specdec.model.device import pick_device
 from specdec.model.files import out_dir
+from specdec.train.data import GEN_TEMPERATURE
 from specdec.train.distributed import finish_distributed, init_distributed
 from specdec.train.run import run_training
 
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train on these token sequences (.npz from an earlier run) instead of generating")
     p.add_argument("--generate", type=int, default=512, help="sequences the target generates from prompts")
     p.add_argument("--gen-tokens", type=int, default=192, help="tokens generated per prompt")
-    p.add_argument("--gen-temperature", type=float, default=0.7,
+    p.add_argument("--gen-temperature", type=float, default=GEN_TEMPERATURE,
                    help="temperature the target writes its answers at (0: greedy, the text drafting at T=0 sees)")
     p.add_argument("--gen-engine", choices=["specdec", "dense"], default=None,
                    help="what writes the answers: specdec's engine on the model as it runs at inference (default on "
@@ -96,7 +97,7 @@ _LEAST = {"generate": 0, "gen_tokens": 1, "gen_slots": 1, "corpus_seqs": 0, "seq
 def check_train_args(args) -> None:
     """A bad count or rate, or an --out that cannot be written, is one clear error before the target loads or
     any data is generated."""
-    if getattr(args, "init_from", None) and args.kind != "eagle3":
+    if args.init_from and args.kind != "eagle3":
         raise ValueError(f"--init-from goes on training EAGLE-3 heads; a {args.kind} head starts fresh")
     if getattr(args, "out", None) is not None:
         out_dir(args.out)
@@ -108,9 +109,8 @@ def check_train_args(args) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
     if not -(2**62) <= args.seed < 2**62:  # torch's generators take 64 bits, and runs add the step and rank to it
         raise ValueError(f"--seed must be between -2**62 and 2**62, got {args.seed}")
-    temperature = getattr(args, "gen_temperature", 0.7)
-    if not 0 <= temperature < float("inf"):
-        raise ValueError(f"--gen-temperature must be 0 (greedy) or a positive number, got {temperature}")
+    if not 0 <= args.gen_temperature < float("inf"):
+        raise ValueError(f"--gen-temperature must be 0 (greedy) or a positive number, got {args.gen_temperature}")
     for name in ("lr", "loss_decay", "max_minutes"):
         value = getattr(args, name, None)
         if value is not None and not 0 < value < float("inf"):

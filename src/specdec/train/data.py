@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+GEN_TEMPERATURE = 0.7  # what the target samples its training answers at unless told (--gen-temperature)
+
 _TOPICS = ["the ocean", "a lighthouse keeper", "volcanoes", "bread baking", "the moon landing", "honey bees",
            "a lost robot", "winter in the mountains", "coffee", "the printing press", "rainforests", "chess",
            "a small village library", "electric cars", "the water cycle", "friendship", "photosynthesis",
@@ -136,7 +138,7 @@ def chat_prompt_ids(tokenizer, prompt: str, keep: int | None = None) -> list[int
 
 
 def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], num_generated: int, gen_tokens: int,
-                    seq_len: int, num_corpus: int, seed: int, batch: int = 512, temperature: float = 0.7,
+                    seq_len: int, num_corpus: int, seed: int, batch: int = 512, temperature: float = GEN_TEMPERATURE,
                     progress=None, held_out: int = 0, done: list[list[int]] = (), on_chunk=None) -> list[list[int]]:
     """Token sequences (each <= seq_len): target-generated continuations, then corpus chunks.
 

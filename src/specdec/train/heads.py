@@ -67,20 +67,23 @@ def build_eagle3_head(target, draft_ids: torch.Tensor, seed: int = 0):
     return head
 
 
-def eagle3_start(folder, target, name: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(draft vocabulary, weights) of the EAGLE-3 head in `folder` that a run goes on training (--init-from):
-    a head for this target in any published layout, of the shape build_eagle3_head gives it."""
+def continued_eagle3_head(folder, target, name: str, seed: int = 0) -> tuple[Eagle3Head, torch.Tensor]:
+    """(head, draft vocabulary) of the EAGLE-3 head in `folder` that a run goes on training (--init-from): a
+    head for this target in any published layout, of the shape build_eagle3_head gives it, with its weights."""
     cfg, files = check_eagle3_folder(folder, target.config, name)  # its target, names and shapes
     tensors = read_tensors(files)
     d2t = tensors.get("d2t")
     draft_ids = torch.arange(cfg.draft_vocab_size) + (d2t.long() if d2t is not None else 0)
-    fresh = build_eagle3_head(target, draft_ids).state_dict()
+    head = build_eagle3_head(target, draft_ids, seed)
+    fresh = head.state_dict()
     differ = [f"{k} {tuple(v.shape)} (here {tuple(fresh[k].shape)})" for k, v in tensors.items()
               if k in fresh and v.shape != fresh[k].shape]
     if differ or tuple(cfg.taps) != default_taps(target.config.num_layers):
         raise ValueError(f"--init-from {folder}: the head is shaped otherwise than the one specdec trains for this "
                          f"target ({'; '.join(differ) or f'taps {tuple(cfg.taps)}'}): train a fresh head")
-    return draft_ids, {k: v.float() for k, v in tensors.items() if k in fresh and k not in ("d2t", "t2d")}
+    head.load_state_dict({k: v.float() for k, v in tensors.items() if k in fresh and k not in ("d2t", "t2d")},
+                         strict=False)
+    return head, draft_ids
 
 
 def block_settings(args, c) -> tuple[list[int], int]:

@@ -79,7 +79,7 @@ def resume_settings(args, path, world: int, seq_len: int, sequences: Path | None
         settings["ttt"] = args.ttt
     if args.kind == "eagle3":
         settings["draft_vocab"] = args.draft_vocab
-        if getattr(args, "init_from", None):  # the head it went on training (and its draft vocabulary)
+        if args.init_from:  # the head it went on training (and its draft vocabulary)
             settings["init_from"] = checkpoint_digest(args.init_from)
     elif args.kind in ("dflash", "dspark"):
         settings.update(block_size=args.block_size, draft_layers=args.draft_layers, target_layers=list(layer_ids),

@@ -25,11 +25,11 @@ from specdec.model.device import pick_device
 from specdec.model.files import out_dir, replaced
 from specdec.model.load import checkpoint_digest, load_model, open_checkpoint
 from specdec.train.block_loss import BlockLoss
-from specdec.train.data import build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
+from specdec.train.data import GEN_TEMPERATURE, build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
 from specdec.train.engine_gen import EngineGenerator
 from specdec.train.features import FeatureCache
 from specdec.train.heads import (block_settings, build_block_model, build_eagle3_head, build_mtp_head,
-                                 eagle3_start, frequent_tokens, target_info)
+                                 continued_eagle3_head, frequent_tokens, target_info)
 from specdec.train.loop import Trainer
 from specdec.train.resume import check_out, resume_settings, resumed_state
 from specdec.train.summary import write_summary
@@ -54,7 +54,7 @@ def run_training(args, rank: int, world: int, dist_device) -> int:
     if generating:  # the files are read and the counts checked now, not after the target has loaded
         prompts, corpus = _read_texts(args, rank, world)
     checkpoint, tokenizer = open_checkpoint(path)
-    if getattr(args, "init_from", None):  # checked now, not after hours of generating text
+    if args.init_from:  # checked now, not after hours of generating text
         try:
             check_eagle3_folder(args.init_from, checkpoint.config, args.name or args.model)
         except Eagle3Error as exc:
@@ -171,10 +171,10 @@ def _generate_sequences(args, target, tokenizer, prompts, corpus, seq_len: int, 
     # what generation has written so far, kept after each batch, so that a --resume of a run stopped while
     # generating goes on from there (the key: everything the text depends on; another key starts afresh)
     partial = data_file.with_name(f"data.rank{rank}.partial.npz")
-    temperature = getattr(args, "gen_temperature", 0.7)
+    temperature = args.gen_temperature
     keyed = [prompts, corpus, n_gen, args.gen_tokens, seq_len, args.corpus_seqs, args.seed, args.val, rank, world,
              type(writer).__name__, batch, checkpoint_digest(resolve(args.model))]
-    if temperature != 0.7:  # (another temperature: another text; the default keeps the key runs had before)
+    if temperature != GEN_TEMPERATURE:  # (another temperature: another text; the default keeps the key runs had before)
         keyed.append(temperature)
     key = hashlib.sha256(json.dumps(keyed).encode()).hexdigest()
     done = _partial_data(partial, key, target.config.vocab_size, log) if args.resume else []
@@ -250,14 +250,11 @@ def _new_head(args, target, outputs, seqs, info: dict, device, rank: int, world:
             extra = dict(embed_tokens=target.embed, lm_head=target.lm_head) if spark else {}
             save_block_drafter(h, folder, info, **extra)
     else:
-        start = None
-        if getattr(args, "init_from", None):  # a trained head goes on learning: its draft vocabulary and weights
-            draft_ids, start = eagle3_start(args.init_from, target, args.name or args.model)
+        if args.init_from:  # a trained head goes on learning: its draft vocabulary and weights
+            head, draft_ids = continued_eagle3_head(args.init_from, target, args.name or args.model, args.seed)
         else:
             draft_ids = frequent_tokens(seqs, args.draft_vocab, target.config.vocab_size, device, world)
-        head = build_eagle3_head(target, draft_ids, args.seed)
-        if start is not None:
-            head.load_state_dict(start, strict=False)
+            head = build_eagle3_head(target, draft_ids, args.seed)
         head = head.to(device)
         draft_ids = draft_ids.to(device)
 

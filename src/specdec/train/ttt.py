@@ -110,8 +110,8 @@ class ChainAttention:
         causal = 0 if self.causal_past else (len(blocks) - 1 if self.causal_new else None)
         nkv = self.k.shape[1]
         qg = q.view(B, n, nkv, nh // nkv, hd).permute(0, 2, 3, 1, 4) / math.sqrt(hd)  # (B, nkv, g, n, hd)
-        scores, values = [], []
-        for i, (bk, bv) in enumerate(blocks):
+        scores = []
+        for i, (bk, _) in enumerate(blocks):
             if i == causal:
                 s = qg @ bk[:, :, None].transpose(-1, -2)  # (B, nkv, g, n, n)
                 idx = torch.arange(n, device=q.device)
@@ -119,10 +119,9 @@ class ChainAttention:
                 scores.append(s.masked_fill(~see[:, None, None], float("-inf")))
             else:
                 scores.append((qg * bk[:, :, None]).sum(-1, keepdim=True))  # (B, nkv, g, n, 1)
-            values.append(bv)
         p = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
         out, col = 0, 0
-        for i, bv in enumerate(values):
+        for i, (_, bv) in enumerate(blocks):
             width = scores[i].shape[-1]
             part = p[..., col : col + width]
             out = out + (part @ bv[:, :, None] if i == causal else part * bv[:, :, None])  # (B, nkv, g, n, hd)
