@@ -444,6 +444,7 @@ def test_bad_training_input_is_one_clear_error(tiny_hf_dir, tmp_path):
     (["--seed", str(2**70)], "--seed must be between -2**62 and 2**62"),  # 'Overflow when unpacking long long'
     (["--gen-temperature", "-1"], "--gen-temperature must be 0 (greedy) or a positive number, got -1.0"),
     (["--gen-temperature", "nan"], "--gen-temperature must be 0 (greedy) or a positive number, got nan"),
+    (["--feature-cache", "-1"], "--feature-cache must be at least 0, got -1.0"),
 ])
 def test_block_training_settings_are_checked_before_any_data_is_generated(tiny_hf_dir, tmp_path, flags, message):
     from specdec.cli.train import main
