@@ -14,7 +14,7 @@ def test_kept_outputs_are_the_targets_own_and_do_not_depend_on_the_batch(tiny_hf
     g = torch.Generator().manual_seed(0)
     seqs = [torch.randint(0, target.config.vocab_size, (n,), generator=g).tolist() for n in (9, 5, 12)]
     layers = (1, 2)
-    tokens, valid = pad_batch(seqs, "cpu")
+    tokens, valid, _ = pad_batch(seqs, "cpu")
     batched = target.outputs(tokens, valid, layers)
 
     cache = FeatureCache(target, budget=1 << 30)
@@ -33,7 +33,7 @@ def test_kept_outputs_are_the_targets_own_and_do_not_depend_on_the_batch(tiny_hf
     # another batch order and width: the rows come back from the cache, bit for bit what a cache that kept
     # nothing computes (a resumed run starts with an empty cache)
     order = [2, 0]
-    tokens2, valid2 = pad_batch([seqs[i] for i in order], "cpu")
+    tokens2, valid2, _ = pad_batch([seqs[i] for i in order], "cpu")
     again = cache.outputs(tokens2, valid2, layers)
     assert (cache.hits, cache.misses) == (2, 3)
     nothing = FeatureCache(target, budget=0)

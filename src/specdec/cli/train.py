@@ -57,7 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--ttt", type=int, default=None,
                    help="training-time-test steps (head fed its own outputs; default 7 for eagle3 as SpecForge, 3 for mtp)")
-    p.add_argument("--draft-vocab", type=int, default=6144, help="EAGLE-3 draft vocabulary size")
+    p.add_argument("--draft-vocab", type=int, default=6144,
+                   help="EAGLE-3 draft vocabulary size (the answers' most frequent tokens)")
     p.add_argument("--init-from", default=None, metavar="DIR",
                    help="eagle3: go on training the head in DIR (e.g. a shipped one) on this run's data, with its "
                         "draft vocabulary, instead of a fresh head")

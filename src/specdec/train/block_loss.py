@@ -6,12 +6,16 @@ import torch
 import torch.nn.functional as F
 
 
-def sample_anchors(valid: torch.Tensor, count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_anchors(valid: torch.Tensor, count: int, generator: torch.Generator, answer: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """Block drafter training: `count` random anchor positions a per sequence (sorted) where the anchor
-    and its first label a + 1 are real tokens, as DeepSpec samples them. valid (B, T) ->
+    and its first label a + 1 are real tokens, as DeepSpec samples them; with `answer` (B, T), anchors on
+    the answer's tokens only (drafting anchors a block at a token the target wrote). valid (B, T) ->
     (anchors (B, count), keep (B, count): False for the padding anchors of short sequences)."""
     B, T = valid.shape
     ok = valid[:, :-1] & valid[:, 1:]  # (B, T-1): candidate anchors
+    if answer is not None:
+        ok &= answer[:, :-1]
     scores = torch.rand(ok.shape, generator=generator).to(valid.device).masked_fill(~ok, 2.0)
     k = min(count, T - 1)
     picked = scores.argsort(dim=1)[:, :k]  # valid candidates first, in random order
@@ -107,17 +111,14 @@ class BlockLoss(torch.nn.Module):
         self.weights = dict(decay=decay, ce_weight=ce_weight, l1_weight=l1_weight, confidence_weight=confidence_weight)
         self.generator = torch.Generator().manual_seed(seed)
 
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        anchors, keep = sample_anchors(valid, self.anchors, self.generator)
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, answer: torch.Tensor | None = None) -> torch.Tensor:
+        anchors, keep = sample_anchors(valid, self.anchors, self.generator, answer)
         return block_loss(self.head, self.target, tokens, valid, anchors, keep, **self.weights)[0]
 
-    def measure(self, tokens: torch.Tensor, valid: torch.Tensor) -> tuple[list[float], list[int]]:
-        """Validation (matches, counts) per draft position, on anchors drawn with a fixed seed."""
-        return self.evaluate(tokens, valid)[1:]
-
-    def evaluate(self, tokens: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, list[float], list[int]]:
+    def evaluate(self, tokens: torch.Tensor, valid: torch.Tensor, answer: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, list[float], list[int]]:
         """Validation (loss, matches, counts per draft position) on anchors drawn with a fixed seed (the
         training draws are left where they are)."""
-        anchors, keep = sample_anchors(valid, self.anchors, torch.Generator().manual_seed(1234))
+        anchors, keep = sample_anchors(valid, self.anchors, torch.Generator().manual_seed(1234), answer)
         return block_loss(self.head, self.target, tokens, valid, anchors, keep, **self.weights)
 

@@ -137,6 +137,32 @@ def chat_prompt_ids(tokenizer, prompt: str, keep: int | None = None) -> list[int
     return tokenizer.encode(prompt)
 
 
+def answer_marker(tokenizer) -> tuple[int, ...]:
+    """The ids the chat template writes before every answer, its generation prompt (ChatML's
+    "<|im_start|>assistant\n", Gemma's "<start_of_turn>model\n"); () for a model without a template."""
+    if not tokenizer.chat_template:
+        return ()
+    turn = [{"role": "user", "content": "Hi"}]
+    asked = tokenizer.encode(tokenizer.apply_chat_template(turn), add_bos=False)
+    bare = tokenizer.encode(tokenizer.apply_chat_template(turn, add_generation_prompt=False), add_bos=False)
+    same = 0
+    while same < min(len(asked), len(bare)) and asked[same] == bare[same]:
+        same += 1
+    return tuple(asked[same:])
+
+
+def answer_start(seq: list[int], marker: tuple[int, ...]) -> int:
+    """Where the target's own answer begins in a training sequence: after the last `marker` in it, or 0 (all
+    of it) where there is none (a corpus chunk, a model without a chat template). Drafting proposes answer
+    tokens only, so the losses score the pairs and anchors of the answer (loop.pad_batch's `answer`).
+    [5, 1, 2, 7, 8] with marker (1, 2) -> 3."""
+    k = len(marker)
+    for i in range(len(seq) - k, -1, -1) if k else ():
+        if seq[i] == marker[0] and tuple(seq[i : i + k]) == marker:
+            return i + k
+    return 0
+
+
 def build_sequences(target, tokenizer, prompts: list[str], corpus: list[str], num_generated: int, gen_tokens: int,
                     seq_len: int, num_corpus: int, seed: int, batch: int = 512, temperature: float = GEN_TEMPERATURE,
                     progress=None, held_out: int = 0, done: list[list[int]] = (), on_chunk=None) -> list[list[int]]:

@@ -17,19 +17,24 @@ from tqdm import tqdm
 
 from specdec.model.files import replaced
 from specdec.train.curves import write_curves
+from specdec.train.data import answer_start
 from specdec.train.resume import read_state
 from specdec.train.ttt import TTTLoss, ttt_loss
 
 
-def pad_batch(seqs: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """B sequences -> (tokens (B, T) zero-padded, valid (B, T): True on real tokens), T the longest."""
+def pad_batch(seqs: list[list[int]], device, marker: tuple[int, ...] = ()
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """B sequences -> (tokens (B, T) zero-padded, valid (B, T): True on real tokens, answer (B, T): True on
+    the tokens of the target's answer, from data.answer_start(seq, marker) on), T the longest."""
     width = max(len(s) for s in seqs)
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
     valid = torch.zeros(len(seqs), width, dtype=torch.bool)
+    answer = torch.zeros(len(seqs), width, dtype=torch.bool)
     for b, s in enumerate(seqs):
         tokens[b, : len(s)] = torch.tensor(s)
         valid[b, : len(s)] = True
-    return tokens.to(device), valid.to(device)
+        answer[b, answer_start(s, marker) : len(s)] = True
+    return tokens.to(device), valid.to(device), answer.to(device)
 
 
 def length_grouped_order(lengths: list[int], batch: int, generator: torch.Generator, window: int = 16) -> list[int]:
@@ -64,21 +69,22 @@ class Trainer:
 
     def __init__(self, head, kind: str, target, out: Path, save, steps: int, batch: int, lr: float, ttt: int,
                  draft_ids=None, save_every: int = 200, log=print, rank: int = 0, world: int = 1,
-                 loss: torch.nn.Module | None = None, settings: dict | None = None):
-        """loss: a module whose forward(tokens, valid) is the training loss and whose measure(tokens, valid)
-        gives (matches, counts) per draft position (default: TTT for MTP / EAGLE-3 heads). settings: what a
-        resumed run must repeat (check_resume), saved in state.pt."""
+                 loss: torch.nn.Module | None = None, settings: dict | None = None, marker: tuple[int, ...] = ()):
+        """loss: a module whose forward(tokens, valid, answer) is the training loss and whose evaluate(tokens,
+        valid, answer) gives (loss, matches, counts per draft position) (default: TTT for MTP / EAGLE-3 heads).
+        settings: what a resumed run must repeat (check_resume), saved in state.pt. marker: the ids before each
+        answer (data.answer_marker): losses and validation score the answers' tokens only."""
         self.head, self.kind, self.target, self.out, self.save = head, kind, target, Path(out), save
         self.settings = settings or {}
         self.steps, self.batch, self.lr, self.ttt = steps, batch, lr, ttt
-        self.draft_ids = draft_ids
+        self.draft_ids, self.marker = draft_ids, tuple(marker)
         self.save_every, self.log, self.rank, self.world = save_every, log, rank, world
         params = [p for p in head.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.loss = loss if loss is not None else TTTLoss(head, kind, target, ttt, draft_ids)
         # validation: (loss, matches, counts) per draft position; a block drafter's on anchors of a fixed seed
         self.evaluate = getattr(self.loss, "evaluate", None) or (
-            lambda tokens, valid: ttt_loss(head, kind, target, tokens, valid, ttt, draft_ids))
+            lambda tokens, valid, answer: ttt_loss(head, kind, target, tokens, valid, ttt, draft_ids, answer))
         if world > 1:  # data parallel under torchrun: DDP averages the gradients of all ranks
             self.loss = DistributedDataParallel(self.loss, broadcast_buffers=False)
         self.step = 0
@@ -160,14 +166,15 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self, seqs: list[list[int]], device) -> list[float]:
-        """Per draft position, the rate the held-out sequences agree with the target at (conditional on the
-        positions before); self.val_loss: their mean loss per batch."""
+        """Per draft position, the rate the held-out answers agree with the target at (conditional on the
+        positions before; pairs and anchors in the answers only, as drafting meets them); self.val_loss: their
+        mean loss per batch."""
         self.head.eval()
         m_tot, c_tot, losses = None, None, []
         seqs = sorted(seqs, key=len)  # batches of like length: little padding
         for i in range(0, len(seqs), self.batch):
-            tokens, valid = pad_batch(seqs[i : i + self.batch], device)
-            loss, m, c = self.evaluate(tokens, valid)
+            tokens, valid, answer = pad_batch(seqs[i : i + self.batch], device, self.marker)
+            loss, m, c = self.evaluate(tokens, valid, answer)
             losses.append(float(loss))
             m_tot = m if m_tot is None else [a + b for a, b in zip(m_tot, m)]
             c_tot = c if c_tot is None else [a + b for a, b in zip(c_tot, c)]
@@ -217,11 +224,11 @@ class Trainer:
             seqs = [train[i] for i in order[pos : pos + self.batch]]
             pos += self.batch
             self._data = {"rng": g.get_state(), "order": order, "pos": pos}
-            tokens, valid = pad_batch(seqs, device)
+            tokens, valid, answer = pad_batch(seqs, device, self.marker)
             for group in self.opt.param_groups:
                 group["lr"] = self.lr_at(self.step)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=use_amp):
-                loss = self.loss(tokens, valid)
+                loss = self.loss(tokens, valid, answer)
             self.opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)

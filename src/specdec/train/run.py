@@ -25,7 +25,8 @@ from specdec.model.device import pick_device
 from specdec.model.files import out_dir, replaced
 from specdec.model.load import checkpoint_digest, load_model, open_checkpoint
 from specdec.train.block_loss import BlockLoss
-from specdec.train.data import GEN_TEMPERATURE, build_sequences, load_sequences, read_corpus, read_prompts, save_sequences
+from specdec.train.data import (GEN_TEMPERATURE, answer_marker, answer_start, build_sequences, load_sequences, read_corpus,
+                                read_prompts, save_sequences)
 from specdec.train.engine_gen import EngineGenerator
 from specdec.train.features import FeatureCache
 from specdec.train.heads import (block_settings, build_block_model, build_eagle3_head, build_mtp_head,
@@ -87,10 +88,12 @@ def run_training(args, rank: int, world: int, dist_device) -> int:
     info = target_info(args.name or args.model, path, checkpoint)
     # what the losses read from the target: kept per sequence after its first epoch (train/features.py)
     outputs = FeatureCache(target, int(args.feature_cache * 2**30)) if args.feature_cache > 0 else target
+    marker = answer_marker(tokenizer)  # what comes before each answer: the losses score the answers only
     head, draft_ids, loss_module, save = _new_head(args, target, outputs, seqs, info, device, rank, world, layer_ids,
-                                                   mask)
+                                                   mask, marker)
     trainer = Trainer(head, args.kind, outputs, out, save, args.steps, args.batch, args.lr, args.ttt, draft_ids,
-                      args.save_every, log, rank, world, loss=loss_module, settings=settings)
+                      args.save_every, log, rank, world, loss=loss_module, settings=settings,
+                      marker=marker)
     if resumed is not None and trainer.resume(resumed):
         if draft_ids is not None and not torch.equal(head.draft_to_target(), draft_ids):
             raise ValueError(f"--resume: the draft vocabulary of {out / 'state.pt'} is not the one its data gives "
@@ -227,7 +230,8 @@ def _writer(args, target, seq_len: int, log):
     return EngineGenerator(model, args.gen_slots, seq_len // 2 + args.gen_tokens + 8)
 
 
-def _new_head(args, target, outputs, seqs, info: dict, device, rank: int, world: int, layer_ids, mask):
+def _new_head(args, target, outputs, seqs, info: dict, device, rank: int, world: int, layer_ids, mask,
+              marker: tuple[int, ...]):
     """A fresh head of args.kind on the target: (head, its draft vocabulary or None, its loss module or None
     (the Trainer's TTT loss), save(head, folder) writing it in its published format). outputs: where the
     losses read the target's outputs (the target, or its FeatureCache)."""
@@ -253,7 +257,8 @@ def _new_head(args, target, outputs, seqs, info: dict, device, rank: int, world:
         if args.init_from:  # a trained head goes on learning: its draft vocabulary and weights
             head, draft_ids = continued_eagle3_head(args.init_from, target, args.name or args.model, args.seed)
         else:
-            draft_ids = frequent_tokens(seqs, args.draft_vocab, target.config.vocab_size, device, world)
+            answers = [s[answer_start(s, marker):] for s in seqs]  # the tokens a draft proposes
+            draft_ids = frequent_tokens(answers, args.draft_vocab, target.config.vocab_size, device, world)
             head = build_eagle3_head(target, draft_ids, args.seed)
         head = head.to(device)
         draft_ids = draft_ids.to(device)

@@ -21,9 +21,12 @@ import torch.nn.functional as F
 
 
 def ttt_loss(head, kind: str, target, tokens: torch.Tensor, valid: torch.Tensor, steps: int,
-             draft_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, list[float], list[int]]:
+             draft_ids: torch.Tensor | None = None, answer: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, list[float], list[int]]:
     """Loss over `steps` TTT steps; also (per-step top-1 matches, per-step counted positions).
-    target: a DenseTarget or a FeatureCache (its .outputs)."""
+    target: a DenseTarget or a FeatureCache (its .outputs). answer (B, T): where given, only the pairs whose
+    token x_{j+1} is in it are scored (loss and counts), as drafting starts a chain only after a token of the
+    answer; the prompt's pairs are still attended."""
     out_t = target.outputs(tokens, valid, hidden_layers=head.hidden_layers)
     # the soft labels: EAGLE-3 over its draft vocabulary, MTP over the whole one; the top ids for the metric
     labels = out_t.logits(draft_ids if kind == "eagle3" else None)  # (B, T, V')
@@ -45,6 +48,8 @@ def ttt_loss(head, kind: str, target, tokens: torch.Tensor, valid: torch.Tensor,
         in_tok[:, : n - s] = tokens[:, 1 + s : 1 + s + n - s]
         ok = torch.zeros(B, n, dtype=torch.bool, device=dev)
         ok[:, : T - 1 - lab] = valid[:, lab : T - 1] & valid[:, lab + 1 : T]  # input token and label row exist
+        if answer is not None:
+            ok &= answer[:, 1:T]
         module = s % modules
         past = [(k, v) for (m, k, v) in keys if m == module]
         # step 0 (module 0) keys: causal over pairs; any other step's keys: only the same pair j
@@ -136,6 +141,6 @@ class TTTLoss(torch.nn.Module):
         super().__init__()
         self.head, self.kind, self.target, self.steps, self.draft_ids = head, kind, target, steps, draft_ids
 
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        return ttt_loss(self.head, self.kind, self.target, tokens, valid, self.steps, self.draft_ids)[0]
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor, answer: torch.Tensor | None = None) -> torch.Tensor:
+        return ttt_loss(self.head, self.kind, self.target, tokens, valid, self.steps, self.draft_ids, answer)[0]
 
