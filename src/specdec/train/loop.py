@@ -54,6 +54,13 @@ def length_grouped_order(lengths: list[int], batch: int, generator: torch.Genera
     return [j for b in full + short for j in b]
 
 
+def mean_padded(order: list[int], lengths: list[int], batch: int) -> float:
+    """The mean size of a padded batch (batch x its longest sequence) over the whole batches of `order`: what a
+    step of this epoch costs, in tokens. lengths [3, 5, 2, 2], order [0, 1, 2, 3], batch 2 -> (10 + 4) / 2 = 7."""
+    sizes = [batch * max(lengths[j] for j in order[i : i + batch]) for i in range(0, len(order) - batch + 1, batch)]
+    return sum(sizes) / len(sizes) if sizes else 1.0
+
+
 def mean_accept_length(accs: list[float]) -> float:
     """1 + sum_s prod_{t<=s} accs[t]: the mean accepted length of a chain whose step s matches at the
     conditional rate accs[s]. [0.5, 0.5] -> 1 + 0.5 + 0.25 = 1.75."""
@@ -197,8 +204,8 @@ class Trainer:
 
     def run(self, train: list[list[int]], val: list[list[int]], device, seed: int = 0,
             max_seconds: float | None = None) -> list[float]:
-        """Train to self.steps; with max_seconds, the step count shrinks to what fits (measured after 20
-        steps), and training stops when the time is up whatever the estimate said."""
+        """Train to self.steps; with max_seconds, the step count shrinks to what fits (fitted after 30 steps and
+        again after 100), and training stops when the time is up whatever the estimate said."""
         g = torch.Generator().manual_seed(seed + self.step)
         self.head.train()
         bar = tqdm(total=self.steps, initial=self.step, desc=f"train {self.kind}", unit="step", file=sys.stderr,
@@ -214,7 +221,7 @@ class Trainer:
             pos = (self.step * self.batch) % max(len(train), 1)
         use_amp = str(device).startswith("cuda")
         start, t_start, t_first = self.step, time.perf_counter(), time.perf_counter()
-        tokens_start = self.tokens
+        tokens_start, asked, timed = self.tokens, self.steps, 0  # timed: padded tokens since t_first
         while self.step < self.steps:
             if pos + self.batch > len(order):  # an epoch ends: validated (once a step), reshuffled
                 if val and self.step > 0 and (not self.history or self.history[-1]["step"] != self.step):
@@ -238,17 +245,20 @@ class Trainer:
             self._loss_n += 1
             self.tokens += int(valid.sum()) * self.world  # (ranks train batches of alike size)
             bar.update(1)
+            timed += tokens.numel()
             if self.step == start + 20:  # time steps after the warm-up (allocator, kernel choice, the other jobs)
-                t_first = time.perf_counter()
+                t_first, timed = time.perf_counter(), 0
             if max_seconds and self._agree(time.perf_counter() - t_start > max_seconds, max):
                 self.steps = self.step  # out of time: validate, save and stop here
-            elif max_seconds and self.step == start + 100:
-                per_step = (time.perf_counter() - t_first) / 80
+            elif max_seconds and self.step in (start + 30, start + 100):
+                # fitted early, so that a short run's warm-up (a tenth of its steps: lr_at) is planned for the
+                # steps it will run, and again on more steps; a step's time per padded token, times this
+                # epoch's mean batch (batches of like length vary several-fold)
+                step_s = (time.perf_counter() - t_first) / max(timed, 1) * mean_padded(order, lengths, self.batch)
                 left = max_seconds - (time.perf_counter() - t_start)
-                fit = self._agree(self.step + int(left / per_step * 0.95), min)
-                if fit < self.steps:
-                    self.steps = max(fit, self.step)
-                    bar.total = self.steps
+                fit = self._agree(self.step + int(left / step_s * 0.95), min)
+                self.steps = max(min(fit, asked), self.step)
+                bar.total = self.steps
             post = {"loss": f"{loss.item():.3f}"}
             if self.step % self.save_every == 0 or self.step == self.steps:  # on every rank (checkpoint's check)
                 if val:
