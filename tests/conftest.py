@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,22 @@ MACHINE_SKIPS = (
     "no llama.cpp source tree here",  # its converter beside the committed fixtures (helpers/llama_converter.py)
     "no llama-server binary here",  # the agentic sessions' peer (tests/bench/test_session_bench.py)
 )
+
+
+def pytest_configure(config):
+    """The tests run with a $SPECDEC_HOME of their own: the real one's entries (the pulled models, the converted
+    weights) linked in, all but `tune/`. auto reads `specdec tune`'s calibrations from there, and the tests of
+    auto's choice assume nothing was measured: a developer who had run tune on a model saw them fail."""
+    from specdec.model.catalogue import specdec_home
+
+    real = specdec_home()
+    own = Path(tempfile.mkdtemp(prefix="specdec-home-"))
+    for name in ("models", "converted"):  # written to during the session as before, and kept
+        (real / name).mkdir(parents=True, exist_ok=True)
+    for entry in real.iterdir():
+        if entry.name != "tune":
+            (own / entry.name).symlink_to(entry)
+    os.environ["SPECDEC_HOME"] = str(own)
 
 
 def in_ci() -> bool:
