@@ -69,7 +69,8 @@ def test_ttt_scores_the_answers_pairs_only(chat_batch):
     seqs, marker, target, start = chat_batch
     tokens, valid, answer = pad_batch(seqs, "cpu", marker)
     for b, s in enumerate(seqs):
-        assert answer[b].nonzero()[0].item() == answer_start(s, marker) and int(answer[b].sum()) == len(s) - answer_start(s, marker)
+        start_b = answer_start(s, marker)
+        assert answer[b].nonzero()[0].item() == start_b and int(answer[b].sum()) == len(s) - start_b
     head = build_eagle3_head(target, torch.arange(256), seed=0)
     draft_ids = head.draft_to_target()
     with torch.no_grad():

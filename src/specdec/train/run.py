@@ -25,8 +25,8 @@ from specdec.model.device import pick_device
 from specdec.model.files import out_dir, replaced
 from specdec.model.load import checkpoint_digest, load_model, open_checkpoint
 from specdec.train.block_loss import BlockLoss
-from specdec.train.data import (GEN_TEMPERATURE, answer_marker, answer_start, build_sequences, load_sequences, read_corpus,
-                                read_prompts, save_sequences)
+from specdec.train.data import (GEN_TEMPERATURE, answer_marker, answer_start, build_sequences, load_sequences,
+                                read_corpus, read_prompts, save_sequences)
 from specdec.train.engine_gen import EngineGenerator
 from specdec.train.features import FeatureCache
 from specdec.train.heads import (block_settings, build_block_model, build_eagle3_head, build_mtp_head,
@@ -92,8 +92,7 @@ def run_training(args, rank: int, world: int, dist_device) -> int:
     head, draft_ids, loss_module, save = _new_head(args, target, outputs, seqs, info, device, rank, world, layer_ids,
                                                    mask, marker)
     trainer = Trainer(head, args.kind, outputs, out, save, args.steps, args.batch, args.lr, args.ttt, draft_ids,
-                      args.save_every, log, rank, world, loss=loss_module, settings=settings,
-                      marker=marker)
+                      args.save_every, log, rank, world, loss=loss_module, settings=settings, marker=marker)
     if resumed is not None and trainer.resume(resumed):
         if draft_ids is not None and not torch.equal(head.draft_to_target(), draft_ids):
             raise ValueError(f"--resume: the draft vocabulary of {out / 'state.pt'} is not the one its data gives "
